@@ -1,0 +1,442 @@
+"""Loopback OpenAI-compatible endpoint that forwards rollout calls to LiteLLM in-process.
+
+Rollouts only ever see ``http://127.0.0.1:<port>/v1/rollouts/<rollout_id>`` and a
+per-session bearer; provider keys stay in this process (contract §4.7). Routing by
+rollout id in the URL lets the bridge sum tokens per work item without trusting the
+client. LiteLLM is imported inside the functions that call it: importing it costs
+~3 s and plain pytest runs must not pay that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_osmosis.errors import ModelPreflightError
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = ["EMBEDDED_MODEL_PATH", "Bridge", "ModelRoute", "resolve_route"]
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODEL_PATH = "osmosis/embedded"
+
+# Only these request fields reach the provider: the rollout must not be able to
+# change the model, the credentials or the endpoint the user configured.
+_FORWARDED = ("messages", "temperature", "top_p", "max_tokens", "tools", "tool_choice")
+
+# Contract §5.5: these LiteLLM exceptions mean the configuration is wrong, not flaky.
+_PREFLIGHT_FATAL = frozenset(
+    {
+        "AuthenticationError",
+        "BudgetExceededError",
+        "NotFoundError",
+        "UnsupportedParamsError",
+        "APIConnectionError",
+        "BadRequestError",
+        "PermissionDeniedError",
+        "UnprocessableEntityError",
+    }
+)
+# LiteLLM reports a refused connection or a missing OpenAI key as an
+# InternalServerError; the cause chain tells them apart from a real provider 500.
+_CONNECT_ERRORS = frozenset(
+    {"APIConnectionError", "ConnectError", "ClientConnectorError", "ConnectTimeout"}
+)
+_CREDENTIAL_HINT = re.compile(r"api[ _-]?key|credential", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+_SSE_HEARTBEAT_S = 15.0
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """How LiteLLM reaches the configured model."""
+
+    model_path: str
+    """What the user configured, e.g. ``openai/gpt-5-mini`` or ``osmosis/embedded``."""
+    litellm_model: str
+    """What is passed as ``model=`` to LiteLLM."""
+    kwargs: dict[str, object] = field(default_factory=dict, hash=False)
+    """Extra LiteLLM kwargs; they win over what a rollout sends (e.g. temperature 0)."""
+
+
+def resolve_route(model_path: str) -> ModelRoute:
+    """Map the configured model to a LiteLLM call; ``osmosis/embedded`` starts the local model."""
+    if model_path == EMBEDDED_MODEL_PATH:
+        from pytest_osmosis.embedded import embedded_route
+
+        return embedded_route()
+    return ModelRoute(model_path=model_path, litellm_model=model_path, kwargs={})
+
+
+def _litellm() -> Any:
+    import litellm
+
+    # Stops LiteLLM printing "Give Feedback / Get Help" banners on every error.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def _one_line(exc: BaseException, secret_values: tuple[str, ...] = ()) -> str:
+    """A provider error as one short line, with anything that looks like a secret removed."""
+    text = str(getattr(exc, "message", None) or exc) or type(exc).__name__
+    text = text.split("Traceback (most recent call last)", 1)[0]
+    text = " ".join(text.split())
+    if text.startswith("litellm."):
+        text = text[len("litellm.") :]
+    values = {
+        value
+        for name, value in os.environ.items()
+        if _SECRET_NAME.search(name) and len(value) >= 8
+    }
+    values.update(v for v in secret_values if v and len(v) >= 4)
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, "[REDACTED]")
+    return text[:500]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    links: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and len(links) < 20 and all(link is not seen for seen in links):
+        links.append(link)
+        link = link.__cause__ or link.__context__
+    return links
+
+
+def _tool_calls(raw: Any, *, indexed: bool) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    for index, call in enumerate(raw):
+        if isinstance(call, dict):
+            item = dict(call)
+        else:
+            function = call.function
+            item = {
+                "id": call.id,
+                "type": getattr(call, "type", None) or "function",
+                "function": {"name": function.name, "arguments": function.arguments},
+            }
+        if indexed:
+            item["index"] = index
+        calls.append(item)
+    return calls
+
+
+def _usage(response: Any) -> dict[str, int] | None:
+    usage = getattr(response, "usage", None)
+    if usage is None:
+        return None
+    prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
+    completion = int(getattr(usage, "completion_tokens", 0) or 0)
+    total = getattr(usage, "total_tokens", None)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": int(total) if total is not None else prompt + completion,
+    }
+
+
+def _payload(
+    response: Any, model: str, usage: dict[str, int] | None, *, stream: bool
+) -> dict[str, Any]:
+    """OpenAI chat.completion (or its single-chunk stream form) from a LiteLLM response."""
+    choices: list[dict[str, Any]] = []
+    for index, choice in enumerate(response.choices):
+        message = choice.message
+        content = message.content
+        raw_calls = getattr(message, "tool_calls", None)
+        reasoning = getattr(message, "reasoning_content", None)
+        body: dict[str, Any]
+        if stream:
+            body = {"role": "assistant", "content": content or ""}
+        else:
+            body = {"role": "assistant", "content": content}
+        if raw_calls:
+            body["tool_calls"] = _tool_calls(raw_calls, indexed=stream)
+        if reasoning is not None:
+            body["reasoning_content"] = reasoning
+        choices.append(
+            {
+                "index": getattr(choice, "index", index) or index,
+                "delta" if stream else "message": body,
+                "finish_reason": getattr(choice, "finish_reason", None) or "stop",
+            }
+        )
+    payload: dict[str, Any] = {
+        "id": getattr(response, "id", None) or "chatcmpl-osmosis",
+        "object": "chat.completion.chunk" if stream else "chat.completion",
+        "created": int(getattr(response, "created", None) or time.time()),
+        "model": model,
+        "choices": choices,
+    }
+    if usage is not None:
+        payload["usage"] = usage
+    return payload
+
+
+class _BadRequest(Exception):
+    """The rollout sent a body the bridge cannot forward (answered 400)."""
+
+
+class Bridge:
+    """One loopback listener per session; rollouts are told apart by their URL.
+
+    `start`, `preflight` and `close` run on the caller's event loop; `open_rollout`
+    and `close_rollout` may be called from any thread.
+    """
+
+    def __init__(self, route: ModelRoute) -> None:
+        self.route = route
+        self.calls = 0
+        """Model calls forwarded for rollouts that returned a response."""
+        self.errors = 0
+        """Model calls forwarded for rollouts that failed (answered 502 / SSE error)."""
+        self.tokens_total = 0
+        """Sum of usage.total_tokens over every call served (preflight excluded)."""
+        self.preflight_warning: str | None = None
+        """Set when preflight met a non-fatal error (logged, the run goes on)."""
+        self._api_key = secrets.token_hex(16)
+        self._auth = f"Bearer {self._api_key}".encode()
+        self._tokens: dict[str, int | None] = {}
+        self._lock = threading.Lock()
+        self._runner: web.AppRunner | None = None
+        self._base = ""
+        self._route_kwargs = dict(route.kwargs)
+        self._secrets = tuple(
+            v for k, v in route.kwargs.items() if isinstance(v, str) and "key" in k.lower()
+        ) + (self._api_key,)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:<port>`` once started."""
+        if not self._base:
+            raise RuntimeError("Bridge.start() has not run")
+        return self._base
+
+    async def start(self) -> None:
+        """Bind 127.0.0.1 on an ephemeral port, on the running loop."""
+        from aiohttp import web
+
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/v1/rollouts/{rollout_id}/chat/completions", self._handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+        await site.start()
+        self._runner = runner
+        self._base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    async def close(self) -> None:
+        """Stop listening; the embedded model (if any) lives on for the process."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    def open_rollout(self, rollout_id: str) -> tuple[str, str]:
+        """Accept calls for `rollout_id`; returns (chat_completions_url, api_key)."""
+        if not rollout_id or "/" in rollout_id:
+            raise ValueError(f"rollout id must be one URL path segment, got {rollout_id!r}")
+        with self._lock:
+            self._tokens.setdefault(rollout_id, None)
+        return f"{self.base_url}/v1/rollouts/{rollout_id}", self._api_key
+
+    def close_rollout(self, rollout_id: str) -> int | None:
+        """Stop serving `rollout_id` and return its token total (None: no usage seen)."""
+        with self._lock:
+            return self._tokens.pop(rollout_id, None)
+
+    # ----------------------------------------------------------------- preflight
+
+    async def preflight(self) -> None:
+        """Fail the session early and once on a model that cannot work (contract §5.5)."""
+        litellm = _litellm()
+        route = self.route
+        kwargs = self._route_kwargs
+        api_base = kwargs.get("api_base")
+        try:
+            litellm.get_llm_provider(
+                model=route.litellm_model, api_base=api_base if isinstance(api_base, str) else None
+            )
+        except Exception as exc:
+            raise ModelPreflightError(
+                f"model preflight failed for {route.model_path!r}: not a LiteLLM model id; "
+                "use 'provider/model' (e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "
+                f"or {EMBEDDED_MODEL_PATH!r} ({_one_line(exc, self._secrets)})"
+            ) from None
+        call: dict[str, Any] = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 256,
+            **kwargs,
+        }
+        try:
+            await litellm.acompletion(model=route.litellm_model, drop_params=True, **call)
+        except Exception as exc:
+            self._classify_preflight(litellm, exc)
+
+    def _classify_preflight(self, litellm: Any, exc: Exception) -> None:
+        name = type(exc).__name__
+        if name == "RateLimitError":
+            return
+        model = self.route.model_path
+        detail = _one_line(exc, self._secrets)
+        if name == "AuthenticationError" or _CREDENTIAL_HINT.search(detail):
+            missing = self._missing_keys(litellm)
+            if missing:
+                raise ModelPreflightError(
+                    f"model preflight failed for {model!r}: no API key, set "
+                    f"{' or '.join(missing)} in the environment ({detail})"
+                ) from None
+        chain = _chain(exc)
+        if any(type(link).__name__ in _CONNECT_ERRORS for link in chain):
+            where = self._route_kwargs.get("api_base") or "the provider endpoint"
+            root = _one_line(chain[-1], self._secrets)
+            raise ModelPreflightError(
+                f"model preflight failed for {model!r}: cannot reach {where}: {root}"
+            ) from None
+        if name in _PREFLIGHT_FATAL:
+            raise ModelPreflightError(
+                f"model preflight failed for {model!r}: {name}: {detail}"
+            ) from None
+        self.preflight_warning = f"model preflight for {model!r} met {name}: {detail}"
+        logger.warning("%s", self.preflight_warning)
+
+    def _missing_keys(self, litellm: Any) -> list[str]:
+        if self._route_kwargs.get("api_key"):
+            return []
+        try:
+            report = litellm.validate_environment(model=self.route.litellm_model)
+        except Exception:
+            return []
+        missing = report.get("missing_keys") if isinstance(report, dict) else None
+        return [str(k) for k in missing or []]
+
+    # ----------------------------------------------------------------- serving
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        header = request.headers.get("Authorization", "")
+        if not secrets.compare_digest(header.encode(), self._auth):
+            return _json_error(401, "missing or wrong bearer token for the osmosis bridge")
+        rollout_id = request.match_info["rollout_id"]
+        if rollout_id not in self._tokens:
+            return _json_error(404, f"unknown or finished rollout id {rollout_id!r}")
+        try:
+            body = json.loads(await request.read())
+            if not isinstance(body, dict):
+                raise _BadRequest("request body must be a JSON object")
+            call = _forwarded(body)
+        except (ValueError, _BadRequest) as exc:
+            return _json_error(400, f"bad chat completions request: {exc}")
+        model = body.get("model")
+        echo = model if isinstance(model, str) and model else self.route.model_path
+        if body.get("stream"):
+            return await self._stream(request, rollout_id, call, echo)
+        try:
+            response = await self._complete(rollout_id, call)
+        except Exception as exc:
+            self.errors += 1
+            detail = _one_line(exc, self._secrets)
+            logger.warning("osmosis bridge: model call failed: %s", detail)
+            return _json_error(502, detail)
+        usage = _usage(response)
+        self._account(rollout_id, usage)
+        return web.Response(
+            body=json.dumps(_payload(response, echo, usage, stream=False)).encode(),
+            content_type="application/json",
+        )
+
+    async def _complete(self, rollout_id: str, call: dict[str, Any]) -> Any:
+        litellm = _litellm()
+        kwargs = self._route_kwargs
+        if kwargs:
+            call.update(kwargs)
+        response = await litellm.acompletion(
+            model=self.route.litellm_model, drop_params=True, **call
+        )
+        if not response.choices:
+            raise RuntimeError("the model returned no choices")
+        return response
+
+    def _account(self, rollout_id: str, usage: dict[str, int] | None) -> None:
+        self.calls += 1
+        if usage is None:
+            return
+        total = usage["total_tokens"]
+        self.tokens_total += total
+        with self._lock:
+            if rollout_id in self._tokens:
+                self._tokens[rollout_id] = (self._tokens[rollout_id] or 0) + total
+
+    async def _stream(
+        self, request: web.Request, rollout_id: str, call: dict[str, Any], echo: str
+    ) -> web.StreamResponse:
+        """SSE the way the official bridge does it: pings, one full chunk, [DONE]."""
+        from aiohttp import web
+
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        await response.write(b": ping\n\n")
+        task = asyncio.ensure_future(self._complete(rollout_id, call))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_SSE_HEARTBEAT_S)
+                if done:
+                    break
+                await response.write(b": ping\n\n")
+        finally:
+            if not task.done():
+                task.cancel()
+        try:
+            result = task.result()
+        except Exception as exc:
+            self.errors += 1
+            detail = _one_line(exc, self._secrets)
+            logger.warning("osmosis bridge: model call failed: %s", detail)
+            error = {
+                "detail": detail,
+                "error": {"message": detail, "type": "bridge_error", "code": 502},
+            }
+            await response.write(f"event: error\ndata: {json.dumps(error)}\n\n".encode())
+        else:
+            usage = _usage(result)
+            self._account(rollout_id, usage)
+            chunk = json.dumps(_payload(result, echo, usage, stream=True))
+            await response.write(f"data: {chunk}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _forwarded(body: dict[str, Any]) -> dict[str, Any]:
+    call: dict[str, Any] = {}
+    for key in _FORWARDED:
+        value = body.get(key)
+        if value is not None:
+            call[key] = value
+    if not isinstance(call.get("messages"), list):
+        raise _BadRequest("'messages' must be a list")
+    return call
+
+
+def _json_error(status: int, detail: str) -> web.Response:
+    from aiohttp import web
+
+    kind = "bridge_error" if status >= 500 else "invalid_request_error"
+    body = {"detail": detail, "error": {"message": detail, "type": kind, "code": status}}
+    return web.Response(
+        status=status, body=json.dumps(body).encode(), content_type="application/json"
+    )

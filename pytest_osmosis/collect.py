@@ -1,0 +1,116 @@
+"""Collection: an eval TOML becomes one pytest item per (dataset row, attempt).
+
+Items hold only indices; the row is read from the dataset when the item runs, so a
+100,000-row dataset collects quickly. Node ids name the dataset's own row
+(``row_<source row>_run_<attempt>``), so they do not change with ``-n``, ``--osmosis-limit``
+or the concurrency, and ``--lf``, ``--deselect`` and ``-k row_7_`` keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_osmosis.errors import OsmosisError
+
+if TYPE_CHECKING:
+    from _pytest._code.code import ExceptionInfo, TerminalRepr
+
+    from pytest_osmosis.plan import EvalPlan
+    from pytest_osmosis.session import EvalSession
+
+
+class EvalFailure(Exception):
+    """A row that did not pass: low reward, or a workflow/grader error."""
+
+    def __init__(self, headline: str, detail: str = "") -> None:
+        super().__init__(headline)
+        self.headline = headline
+        self.detail = detail
+
+
+class EvalConfigFile(pytest.File):
+    """``configs/eval/<name>.toml``: yields one item per selected row and attempt."""
+
+    plan: EvalPlan
+
+    def collect(self) -> Iterator[EvalItem]:
+        session: EvalSession = self.config.stash[SESSION_KEY]
+        try:
+            plan = session.plan_for(self.path)
+            session.load_rollout(plan)
+        except OsmosisError as exc:
+            raise self.CollectError(str(exc)) from None
+        self.plan = plan
+        experiment = plan.config.experiment
+        self.add_marker(
+            pytest.mark.osmosis(
+                config=self.path.stem,
+                rollout=experiment.rollout,
+                model=plan.settings.model_path,
+                dataset=experiment.dataset,
+            )
+        )
+        sources = plan.dataset.selected_source_rows
+        n = plan.settings.n
+        for row_index, source in enumerate(sources):
+            for run_index in range(n):
+                yield EvalItem.from_parent(
+                    self,
+                    name=f"row_{source}_run_{run_index}",
+                    row_index=row_index,
+                    run_index=run_index,
+                    source_row_index=source,
+                )
+
+
+class EvalItem(pytest.Item):
+    """One (row, attempt): runs the workflow and the grader, passes when reward >= threshold."""
+
+    parent: EvalConfigFile
+
+    def __init__(
+        self, *, row_index: int, run_index: int, source_row_index: int, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.row_index = row_index
+        self.run_index = run_index
+        self.source_row_index = source_row_index
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.row_index, self.run_index)
+
+    def runtest(self) -> None:
+        session: EvalSession = self.config.stash[SESSION_KEY]
+        result = session.run_item(self)
+        self.stash[RESULT_KEY] = result
+        where = f"(row {self.source_row_index}, run {self.run_index})"
+        resumed = " [resumed]" if result.get("resumed") else ""
+        status = result["status"]
+        if status == "skipped":
+            pytest.skip(f"{result.get('message') or 'sample removed'} {where}{resumed}")
+        threshold = result["pass_threshold"]
+        if status == "failed":
+            headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
+            raise EvalFailure(f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", ""))
+        reward = result["reward"]
+        if reward < threshold:
+            raise EvalFailure(f"reward {reward:.2f} < pass_threshold {threshold:.2f} {where}{resumed}")
+
+    def repr_failure(
+        self, excinfo: ExceptionInfo[BaseException], style: Any = None
+    ) -> str | TerminalRepr:
+        if isinstance(excinfo.value, EvalFailure):
+            failure = excinfo.value
+            return f"{failure.headline}\n{failure.detail}".rstrip()
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self) -> tuple[Any, int | None, str]:
+        return self.path, None, f"{self.path.name}::{self.name}"
+
+
+SESSION_KEY = pytest.StashKey["EvalSession"]()
+RESULT_KEY = pytest.StashKey[dict[str, Any]]()

@@ -1,0 +1,27 @@
+"""Error types a user meets: each carries a one-line message naming the place."""
+
+from __future__ import annotations
+
+
+class OsmosisError(Exception):
+    """Base of every error we raise on purpose; its message is shown as is."""
+
+
+class ConfigError(OsmosisError):
+    """The eval TOML or a command-line/ini override is invalid."""
+
+
+class DatasetError(OsmosisError):
+    """The dataset is missing, unreadable, or a row breaks the contract."""
+
+
+class RolloutLoadError(OsmosisError):
+    """The rollout entrypoint cannot be imported or its workflow/grader not found."""
+
+
+class ModelPreflightError(OsmosisError):
+    """The configured model cannot be reached; the session stops before any row."""
+
+
+class RunDirectoryError(OsmosisError):
+    """The run directory cannot be created, locked, resumed or written."""

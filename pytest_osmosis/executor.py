@@ -1,0 +1,143 @@
+"""One long-lived event loop per process, on its own thread, that runs work items ahead.
+
+pytest runs items one at a time; LLM work is I/O bound. Items are queued here in
+pytest's order and up to ``concurrency`` of them run at once on the loop; an item's
+``runtest()`` only waits for its own result. The loop lives for the whole session (LiteLLM
+caches clients per loop), and the main thread only ever blocks in ``Future.result()``, so
+pytest-timeout's SIGALRM lands there and never inside asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+CoroFactory = Callable[[], Coroutine[Any, Any, Any]]
+
+
+class Executor:
+    """Runs coroutine factories on a background loop, at most ``concurrency`` at a time."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = max(1, concurrency)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run_loop, name="osmosis-loop", daemon=True
+        )
+        self._thread.start()
+        self._lock = threading.Lock()
+        self._queue: collections.OrderedDict[str, tuple[CoroFactory, concurrent.futures.Future[Any]]]
+        self._queue = collections.OrderedDict()
+        self._futures: dict[str, concurrent.futures.Future[Any]] = {}
+        self._running = 0
+        self.peak_in_flight = 0
+        self._closed = False
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
+        """Run one coroutine on the loop now (not counted against the concurrency)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def submit(self, key: str, factory: CoroFactory) -> None:
+        """Queue ``factory`` under ``key`` unless it is already queued, running or done."""
+        with self._lock:
+            if self._closed or key in self._futures:
+                return
+            future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            self._futures[key] = future
+            self._queue[key] = (factory, future)
+        self._pump()
+
+    def result(self, key: str, factory: CoroFactory) -> Any:
+        """Wait for ``key``'s result, starting it now if nothing started it ahead."""
+        self.submit(key, factory)
+        with self._lock:
+            future = self._futures[key]
+            entry = self._queue.pop(key, None)
+            if entry is not None:
+                # Our turn has come: run it now even if the ahead-queue is full of later items.
+                self._queue[key] = entry
+                self._queue.move_to_end(key, last=False)
+                self._start_locked(key, force=True)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._futures.pop(key, None)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._running
+
+    def cancel_pending(self) -> list[str]:
+        """Forget queued work and cancel running work; returns the keys that never finished."""
+        with self._lock:
+            self._closed = True
+            keys = [k for k, f in self._futures.items() if not f.done()]
+            for key, (_, future) in self._queue.items():
+                future.cancel()
+            self._queue.clear()
+            running = [f for f in self._futures.values() if not f.done()]
+        for future in running:
+            future.cancel()
+        return keys
+
+    def close(self) -> None:
+        self.cancel_pending()
+
+        async def _drain() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=2.0)
+
+        if self.loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(_drain(), self.loop).result(5.0)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                pass
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5.0)
+
+    def _pump(self) -> None:
+        with self._lock:
+            while self._queue and self._running < self.concurrency:
+                key = next(iter(self._queue))
+                self._start_locked(key, force=False)
+
+    def _start_locked(self, key: str, *, force: bool) -> None:
+        factory, future = self._queue.pop(key)
+        if not force and self._running >= self.concurrency:
+            self._queue[key] = (factory, future)
+            return
+        self._running += 1
+        self.peak_in_flight = max(self.peak_in_flight, self._running)
+        task_future = asyncio.run_coroutine_threadsafe(factory(), self.loop)
+
+        def done(tf: concurrent.futures.Future[Any]) -> None:
+            with self._lock:
+                self._running -= 1
+            if future.done():
+                pass
+            elif tf.cancelled():
+                future.cancel()
+            elif (exc := tf.exception()) is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(tf.result())
+            self._pump()
+
+        def cancel_task(f: concurrent.futures.Future[Any]) -> None:
+            if f.cancelled():
+                task_future.cancel()
+
+        future.add_done_callback(cancel_task)
+        task_future.add_done_callback(done)

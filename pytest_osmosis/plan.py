@@ -1,0 +1,153 @@
+"""Resolve one eval config into everything a session needs before any row runs.
+
+A plan is built from the TOML, the command-line/ini overrides and the dataset; it names
+the run directory. The controller (or the only process, without xdist) builds it at
+session start so it can open the run directory, archive with ``--osmosis-fresh`` and
+refuse a changed resume before a single row is paid for; xdist workers rebuild the same
+plan during collection and receive the run directory from the controller.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_osmosis import __version__
+from pytest_osmosis.config import (
+    EvalConfig,
+    EvalSettings,
+    generated_run_name,
+    load_eval_config,
+    resolve_settings,
+    validate_rollout_paths,
+    validate_run_name,
+)
+from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
+
+Overrides = Mapping[str, tuple[object, str]]
+
+
+@dataclass
+class EvalPlan:
+    """One eval config, resolved: settings, dataset selection, rollout location, run dir."""
+
+    config_path: Path
+    workspace: Path
+    config: EvalConfig
+    settings: EvalSettings
+    dataset: SelectedDataset
+    rollout_dir: Path
+    entrypoint: Path
+    output_root: Path
+    run_name: str = ""
+
+    @property
+    def run_dir(self) -> Path:
+        return self.output_root / self.run_name
+
+    @property
+    def total_items(self) -> int:
+        return len(self.dataset) * self.settings.n
+
+
+def is_eval_config(path: Path) -> bool:
+    """``<workspace>/configs/eval/<name>.toml``: the layout every Osmosis workspace has."""
+    return (
+        path.suffix == ".toml" and path.parent.name == "eval" and path.parent.parent.name == "configs"
+    )
+
+
+def build_plan(config_path: Path, overrides: Overrides, output: Path | None) -> EvalPlan:
+    """Load and validate everything one config needs; raises our own errors only."""
+    config_path = config_path.resolve()
+    workspace = config_path.parent.parent.parent
+    cfg = load_eval_config(config_path)
+    entrypoint = validate_rollout_paths(workspace, cfg.experiment, config_path)
+    settings = resolve_settings(cfg, overrides)
+    dataset_file = settings.dataset_file
+    if dataset_file is not None and not dataset_file.is_absolute():
+        dataset_file = Path.cwd() / dataset_file
+    dataset_path = resolve_dataset_path(workspace, cfg.experiment.dataset, dataset_file)
+    dataset = open_dataset(
+        dataset_path,
+        limit=settings.limit,
+        rows=settings.rows,
+        sample=settings.sample,
+        seed=settings.seed,
+    )
+    output_root = (output if output is not None else workspace / ".osmosis" / "evals").resolve()
+    return EvalPlan(
+        config_path=config_path,
+        workspace=workspace,
+        config=cfg,
+        settings=settings,
+        dataset=dataset,
+        rollout_dir=(workspace / "rollouts" / cfg.experiment.rollout).resolve(),
+        entrypoint=entrypoint,
+        output_root=output_root,
+    )
+
+
+def run_inputs(plan: EvalPlan) -> dict[str, Any]:
+    """The resolved-input lock of the manifest (§7.1): what a resume must not change."""
+    from pytest_osmosis.results import build_inputs, source_digest
+
+    cfg = plan.config
+    return build_inputs(
+        model_path=plan.settings.model_path,
+        dataset_sha256=plan.dataset.sha256,
+        selected_source_rows=plan.dataset.selector,
+        n=plan.settings.n,
+        rollout_name=cfg.experiment.rollout,
+        entrypoint=cfg.experiment.entrypoint,
+        source_digest=source_digest(plan.rollout_dir, plan.output_root),
+        env=cfg.env,
+        secret_names=cfg.secrets.required,
+        agent_timeout_s=plan.settings.agent_timeout_s,
+        grader_timeout_s=plan.settings.grader_timeout_s,
+    )
+
+
+def run_provenance(plan: EvalPlan) -> dict[str, Any]:
+    from pytest_osmosis.results import build_provenance
+
+    experiment = plan.config.experiment
+    try:
+        config_rel = plan.config_path.relative_to(plan.workspace).as_posix()
+    except ValueError:
+        config_rel = None
+    return build_provenance(
+        sdk_version=f"pytest-osmosis {__version__}",
+        config_branch=experiment.branch,
+        config_commit_sha=experiment.commit_sha,
+        advanced=plan.config.advanced or None,
+        config_path=config_rel,
+        workspace=plan.workspace,
+    )
+
+
+def choose_run_name(
+    plan: EvalPlan, name: str | None, inputs: dict[str, Any], now: datetime, several: bool
+) -> str:
+    """``--osmosis-name`` (suffixed by the config stem when several configs share it), else generated."""
+    from pytest_osmosis.results import inputs_digest
+
+    if name:
+        chosen = f"{name}-{plan.config_path.stem}" if several else name
+        return validate_run_name(chosen)
+    return generated_run_name(plan.config_path, inputs_digest(inputs), now)
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def secret_values(plan: EvalPlan) -> dict[str, str]:
+    """Values of ``[secrets].required`` found in the environment (names only ever leave here)."""
+    return {
+        name: os.environ[name] for name in plan.config.secrets.required if os.environ.get(name)
+    }

@@ -1,0 +1,300 @@
+"""pytest entry point: options, ini keys, markers and the hooks that drive an eval session.
+
+Imports nothing heavy: with the plugin installed but ``--osmosis-eval`` not given and no
+eval TOML named, pytest behaves exactly as before and LiteLLM is never imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_osmosis.session import EvalSession
+
+
+@dataclass(frozen=True)
+class _Option:
+    dest: str  # settings field the value overrides, or a session option name
+    flag: str
+    help: str
+    metavar: str | None = None
+    is_flag: bool = False
+    override: bool = True  # an [evaluation]/[experiment] override, resolved with the TOML
+
+    @property
+    def ini(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS = (
+    _Option("eval", "--osmosis-eval", "collect every configs/eval/*.toml under the given paths",
+            is_flag=True, override=False),
+    _Option("model_path", "--osmosis-model", "LiteLLM model id to evaluate (overrides "
+            "experiment.model_path); osmosis/embedded runs the offline SmolLM2", "MODEL"),
+    _Option("limit", "--osmosis-limit", "evaluate the first N rows (<= 0: all rows)", "N"),
+    _Option("n", "--osmosis-n", "attempts per row", "N"),
+    _Option("rows", "--osmosis-rows", "dataset rows to evaluate, e.g. 3,7,10-20 "
+            "(overrides the limit)", "SPEC"),
+    _Option("pass_threshold", "--osmosis-pass-threshold",
+            "reward an attempt needs to pass", "REWARD"),
+    _Option("dataset_file", "--osmosis-dataset-file",
+            "local dataset file (.jsonl, .csv, .parquet) instead of data/<dataset>.*", "PATH"),
+    _Option("sample", "--osmosis-sample", "preview the platform's random sampling: evaluate "
+            "this fraction of the selected rows (at least one)", "FRACTION"),
+    _Option("seed", "--osmosis-seed", "seed for --osmosis-sample", "SEED"),
+    _Option("concurrency", "--osmosis-concurrency", "work items in flight at once "
+            "(overrides evaluation.batch_size)", "N", override=False),
+    _Option("output", "--osmosis-output", "root of run directories "
+            "(default <workspace>/.osmosis/evals)", "DIR", override=False),
+    _Option("name", "--osmosis-name", "stable run name: running it again resumes", "NAME",
+            override=False),
+    _Option("fresh", "--osmosis-fresh", "archive an existing run of this name and start anew",
+            is_flag=True, override=False),
+    _Option("retry_failed", "--osmosis-retry-failed", "re-run failed and skipped items of a "
+            "named run, keeping successes", is_flag=True, override=False),
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("osmosis", "pytest-osmosis: Osmosis evaluations as tests")
+    for opt in OPTIONS:
+        if opt.is_flag:
+            group.addoption(opt.flag, action="store_true", default=None, dest=f"osmosis_{opt.dest}",
+                            help=opt.help)
+            parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", type="bool",
+                          default=False)
+        else:
+            group.addoption(opt.flag, default=None, metavar=opt.metavar,
+                            dest=f"osmosis_{opt.dest}", help=opt.help)
+            parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default="")
+    parser.addini("osmosis_workflow", "workflow class as 'module:Class' when the entrypoint "
+                  "has none or several", default="")
+    parser.addini("osmosis_grader", "grader class as 'module:Class' when the entrypoint "
+                  "has none or several", default="")
+
+
+def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
+    """Command line beats ini; an unset option is None."""
+    cli = config.getoption(f"osmosis_{opt.dest}")
+    if cli is not None:
+        return cli, opt.flag
+    ini = config.getini(opt.ini)
+    if opt.is_flag:
+        return (True, f"ini {opt.ini}") if ini else None
+    if isinstance(ini, str) and ini.strip():
+        return ini.strip(), f"ini {opt.ini}"
+    return None
+
+
+def _enabled(config: pytest.Config) -> bool:
+    if _value(config, OPTIONS[0]):
+        return True
+    from pytest_osmosis.plan import is_eval_config
+
+    return any(is_eval_config(p) for p in _named_paths(config))
+
+
+def _named_paths(config: pytest.Config) -> list[Path]:
+    base = config.invocation_params.dir
+    return [(base / arg.split("::", 1)[0]).resolve() for arg in config.args]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "osmosis(config, rollout, model, dataset): set on every Osmosis eval item"
+    )
+    if not _enabled(config):
+        return
+    from pytest_osmosis.session import EvalSession, SessionOptions
+
+    values = {opt.dest: _value(config, opt) for opt in OPTIONS}
+    overrides = {k: v for k, v in values.items() if v is not None and _is_override(k)}
+
+    def plain(name: str) -> Any:
+        entry = values[name]
+        return entry[0] if entry is not None else None
+
+    concurrency = plain("concurrency")
+    try:
+        concurrency_value = int(concurrency) if concurrency is not None else None
+        if concurrency_value is not None and concurrency_value < 1:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(
+            f"--osmosis-concurrency: must be a positive integer, got {concurrency!r}"
+        ) from None
+    output = plain("output")
+    options = SessionOptions(
+        overrides=overrides,
+        output=(config.invocation_params.dir / output) if output else None,
+        name=plain("name"),
+        fresh=bool(plain("fresh")),
+        retry_failed=bool(plain("retry_failed")),
+        concurrency=concurrency_value,
+        workflow_override=config.getini("osmosis_workflow") or None,
+        grader_override=config.getini("osmosis_grader") or None,
+    )
+    session = EvalSession(
+        config,
+        options,
+        is_worker=hasattr(config, "workerinput"),
+        collect_all=bool(values["eval"]),
+    )
+    from pytest_osmosis.collect import SESSION_KEY
+
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(EvalHooks(session), "osmosis-eval-hooks")
+    if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
+        config.pluginmanager.register(XdistControllerHooks(session), "osmosis-xdist")
+
+
+def _is_override(dest: str) -> bool:
+    return next(opt.override for opt in OPTIONS if opt.dest == dest)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    from pytest_osmosis.plan import is_eval_config
+
+    if not is_eval_config(file_path):
+        return None
+    from pytest_osmosis.collect import SESSION_KEY, EvalConfigFile
+
+    session = parent.config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return None
+    if not session.collect_all and file_path.resolve() not in _named_paths(parent.config):
+        return None
+    return EvalConfigFile.from_parent(parent, path=file_path)
+
+
+class EvalHooks:
+    """Hooks active only in an eval session (every process)."""
+
+    def __init__(self, session: EvalSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Controller or single process: open run directories and check the models."""
+        if self.session.is_worker:
+            workerinput: dict[str, Any] = session.config.workerinput  # type: ignore[attr-defined]
+            self.session.set_run_names(workerinput.get("osmosis_runs", {}))
+            return
+        if session.config.option.collectonly:
+            return
+        from pytest_osmosis.discover import find_eval_configs
+        from pytest_osmosis.plan import is_eval_config
+
+        named = _named_paths(session.config)
+        if self.session.collect_all:
+            configs = find_eval_configs(session.config, named)
+        else:
+            configs = [p for p in named if is_eval_config(p) and p.is_file()]
+        try:
+            self.session.open_runs(configs)
+        except Exception as exc:
+            from pytest_osmosis.errors import OsmosisError
+
+            if isinstance(exc, OsmosisError):
+                raise pytest.UsageError(str(exc)) from None
+            raise
+        models = [
+            run.plan.settings.model_path
+            for run in self.session.runs.values()
+            if run.rundir.pending(run_keys(run.plan))
+        ]
+        if models:
+            self.session.preflight(models)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """Runner process: put the item's result on its report (builtins only: it crosses xdist)."""
+        report = yield
+        from pytest_osmosis.collect import RESULT_KEY, EvalItem
+
+        if isinstance(item, EvalItem) and call.when == "call" and RESULT_KEY in item.stash:
+            result = item.stash[RESULT_KEY]
+            report.osmosis = {  # type: ignore[attr-defined]
+                **result,
+                "config": str(item.parent.plan.config_path),
+            }
+            for key in ("reward", "pass_threshold", "error_type", "tokens"):
+                if result.get(key) is not None:
+                    report.user_properties.append((f"osmosis_{key}", result[key]))
+        return report
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Controller or single process: journal the result before anything reports it."""
+        result = getattr(report, "osmosis", None)
+        if result is None or self.session.is_worker:
+            return
+        run = self.session.runs.get(Path(result["config"]))
+        if run is None or result.get("resumed"):
+            return
+        run.rundir.append(result)
+        run.executed += 1
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Controller or single process: write the final snapshot of every run directory."""
+        try:
+            if not self.session.is_worker:
+                interrupted = session.shouldstop or session.shouldfail
+                for run in self.session.runs.values():
+                    run.metrics = finalize_run(run, cancelled=bool(interrupted))
+        finally:
+            self.session.close()
+
+    def pytest_terminal_summary(
+        self, terminalreporter: Any, exitstatus: int, config: pytest.Config
+    ) -> None:
+        if self.session.is_worker:
+            return
+        from pytest_osmosis.summary import write_summary
+
+        write_summary(terminalreporter, self.session)
+
+
+def run_keys(plan: Any) -> list[tuple[int, int]]:
+    return [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+
+
+def finalize_run(run: Any, *, cancelled: bool) -> dict[str, Any]:
+    plan = run.plan
+    complete = all(key in run.rundir.records for key in run_keys(plan))
+    status = "finished" if complete and not cancelled else "incomplete"
+    result: dict[str, Any] = run.rundir.refresh(
+        status=status,
+        total_dataset_rows=plan.dataset.total_dataset_rows,
+        sampled_rows=len(plan.dataset),
+        n=plan.settings.n,
+        pass_threshold=plan.settings.pass_threshold,
+        dataset_name=plan.config.experiment.dataset,
+        model_path=plan.settings.model_path,
+        rollout_name=plan.config.experiment.rollout,
+        started_at=run.started_at,
+    )
+    run.rundir.close()
+    return result
+
+
+class XdistControllerHooks:
+    """xdist controller only: tell workers which run directory each config writes to."""
+
+    def __init__(self, session: EvalSession) -> None:
+        self.session = session
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        node.workerinput["osmosis_runs"] = {
+            str(path): run.plan.run_name for path, run in self.session.runs.items()
+        }

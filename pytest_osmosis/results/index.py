@@ -1,0 +1,114 @@
+"""``index.jsonl`` rows and the trajectory checks that decide ``trajectory_filename``.
+
+The platform silently drops a malformed index line, so rows are valid by
+construction: fixed key order, ``None`` never written (the key is omitted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+INDEX_FILENAME = "index.jsonl"
+SUMMARY_FILENAME = "summary.jsonl"
+PROGRESS_FILENAME = "progress.json"
+METRICS_FILENAME = "metrics.json"
+TRIALS_DIRNAME = "rollout_trials"
+CANONICAL_TRAJECTORY_FILENAME = "trajectory.json"
+
+
+def build_index_row(
+    record: Mapping[str, Any],
+    *,
+    trajectory_filename: str | None = None,
+    tokens: int | None = None,
+    resumed: bool = False,
+) -> dict[str, Any]:
+    """Project one journal record into an index row (contract §7.3 key order).
+
+    *tokens* overrides the record's (the trajectory fallback); ``resumed`` marks a
+    result carried forward from an earlier invocation.
+    """
+    row = {
+        "row_index": record["row_index"],
+        "run_index": record["run_index"],
+        "rollout_id": record["rollout_id"],
+        "trajectory_filename": trajectory_filename,
+        "status": record["status"],
+        "reward": record.get("reward"),
+        "tokens": record.get("tokens") if tokens is None else tokens,
+        "duration_ms": record.get("duration_ms", 0.0),
+        "error_type": record.get("error_type"),
+        "resumed": True if resumed else None,
+    }
+    return {key: value for key, value in row.items() if value is not None}
+
+
+def render_index_line(row: Mapping[str, Any]) -> bytes:
+    """One index line: the SDK's default separators, UTF-8, trailing newline."""
+    return (json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def render_index(rows: Iterable[Mapping[str, Any]]) -> bytes:
+    """All index lines sorted by ``(row_index, run_index)``; no blank lines."""
+    ordered = sorted(rows, key=lambda row: (row["row_index"], row["run_index"]))
+    return b"".join(render_index_line(row) for row in ordered)
+
+
+def atif_rollout_identity(document: Mapping[str, Any]) -> str | None:
+    """The rollout id the platform reads from an ATIF document (contract §7.6).
+
+    ``extra.osmosis.rollout_id``, else ``session_id``, else the part of
+    ``trajectory_id`` before the first ``/`` (a bare ``trajectory_id`` does not
+    count: the platform drops such a document).
+    """
+    extra = document.get("extra")
+    if isinstance(extra, Mapping):
+        osmosis = extra.get("osmosis")
+        if isinstance(osmosis, Mapping):
+            candidate = osmosis.get("rollout_id")
+            if isinstance(candidate, str) and candidate:
+                return candidate
+    session_id = document.get("session_id")
+    if isinstance(session_id, str) and session_id:
+        return session_id
+    trajectory_id = document.get("trajectory_id")
+    if isinstance(trajectory_id, str) and "/" in trajectory_id:
+        prefix = trajectory_id.split("/", 1)[0]
+        if prefix:
+            return prefix
+    return None
+
+
+def atif_total_tokens(document: Mapping[str, Any]) -> int | None:
+    """``total_prompt_tokens + total_completion_tokens`` when either is an int."""
+    final = document.get("final_metrics")
+    if not isinstance(final, Mapping):
+        return None
+    total = 0
+    seen = False
+    for key in ("total_prompt_tokens", "total_completion_tokens"):
+        value = final.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            total += value
+            seen = True
+    return total if seen else None
+
+
+def read_valid_trajectory(path: Path, *, rollout_id: str) -> dict[str, Any] | None:
+    """The document at *path* if it is a JSON object identifying *rollout_id*, else None.
+
+    Deliberately not schema-validated here (the SDK does not either); ``osmosis
+    eval upload`` validates strictly.
+    """
+    try:
+        payload = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(payload, dict):
+        return None
+    if atif_rollout_identity(payload) != rollout_id:
+        return None
+    return payload

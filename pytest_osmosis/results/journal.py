@@ -1,0 +1,184 @@
+"""``events.jsonl``: the append-only terminal journal, the one resume authority.
+
+One canonical JSON line per terminal attempt, fsync'd before the result is
+reported, so an acknowledged result survives a crash. Replay keeps the last
+record per ``(row_index, run_index)`` in append order (no timestamps on purpose:
+a skewed clock can never change which attempt wins).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.results.atomic import FILE_MODE, canonical_json, fsync_dir
+
+JOURNAL_FILENAME = "events.jsonl"
+
+#: ``(row_index, run_index)``: a work item's identity inside one run.
+WorkKey = tuple[int, int]
+
+TERMINAL_STATUSES: frozenset[str] = frozenset({"success", "failed", "skipped"})
+
+#: ``(field, accepted JSON types, label, required)``; the whole record schema.
+#: Unlisted keys are dropped, so a work result may carry extras for the plugin.
+_FIELDS: tuple[tuple[str, type | tuple[type, ...], str, bool], ...] = (
+    ("row_index", int, "an integer", True),
+    ("run_index", int, "an integer", True),
+    ("rollout_id", str, "a string", True),
+    ("status", str, "a string", True),
+    ("source_row_index", int, "an integer", False),
+    ("reward", (int, float), "a number", False),
+    ("tokens", int, "an integer", False),
+    ("duration_ms", (int, float), "a number", False),
+    ("error_type", str, "a string", False),
+)
+
+_PATH_SEPARATORS = ("/", "\\")
+
+_CORRUPT_HINT = (
+    "the run cannot resume safely: repair or delete that line, or start over with "
+    "--osmosis-fresh"
+)
+
+
+def is_single_path_segment(name: str) -> bool:
+    """True when *name* is one plain path component (no separator, not ``.``/``..``)."""
+    if not name or name in (".", ".."):
+        return False
+    if "\x00" in name or any(sep in name for sep in _PATH_SEPARATORS):
+        return False
+    return Path(name).name == name
+
+
+def normalize_record(payload: Any, *, where: str) -> dict[str, Any]:
+    """Validate one terminal record and return exactly the journal fields.
+
+    ``None`` values count as absent, booleans are refused for numeric fields,
+    ``reward``/``duration_ms`` become floats and ``duration_ms`` defaults to 0.0,
+    as the SDK's record type does. Raises :class:`RunDirectoryError` naming *where*.
+    """
+    if not isinstance(payload, Mapping):
+        raise RunDirectoryError(f"{where}: record is not a JSON object")
+    values: dict[str, Any] = {}
+    for name, kinds, label, required in _FIELDS:
+        value = payload.get(name)
+        if value is None:
+            if required:
+                raise RunDirectoryError(f"{where}: {name} is missing")
+            continue
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise RunDirectoryError(f"{where}: {name} must be {label}, got {value!r}")
+        values[name] = value
+    # The id names a directory under rollout_trials/ and is copied into
+    # projections, so a separator or traversal would reach outside the run.
+    if not is_single_path_segment(values["rollout_id"]):
+        raise RunDirectoryError(
+            f"{where}: rollout_id must be a single path segment, got {values['rollout_id']!r}"
+        )
+    if values["status"] not in TERMINAL_STATUSES:
+        raise RunDirectoryError(
+            f"{where}: status must be one of failed, skipped, success, "
+            f"got {values['status']!r}"
+        )
+    for name in ("reward", "duration_ms"):
+        if name in values:
+            values[name] = float(values[name])
+    values.setdefault("duration_ms", 0.0)
+    return values
+
+
+def journal_line(record: Mapping[str, Any]) -> bytes:
+    """The on-disk form of a normalized record: canonical JSON plus ``\\n``."""
+    return (canonical_json(dict(record)) + "\n").encode("utf-8")
+
+
+@dataclass
+class JournalReplay:
+    """What replay found: the latest record per key and where appends must start."""
+
+    latest: dict[WorkKey, dict[str, Any]] = field(default_factory=dict)
+    #: Byte offset just past the last complete line.
+    committed_size: int = 0
+    #: Size of a discarded final fragment with no newline (a crash mid-append).
+    truncated_bytes: int = 0
+
+
+def replay_journal(path: Path) -> JournalReplay:
+    """Read committed records; a torn final line is reported, a bad committed one refused."""
+    replay = JournalReplay()
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return replay
+    except OSError as exc:
+        raise RunDirectoryError(f"{path}: cannot read the journal ({exc})") from exc
+    with handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if not raw.endswith(b"\n"):
+                replay.truncated_bytes = len(raw)
+                break
+            where = f"{path}:{lineno}"
+            text = raw[:-1].strip()
+            if not text:
+                raise RunDirectoryError(f"{where}: blank journal record; {_CORRUPT_HINT}")
+            try:
+                payload = json.loads(text)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                reason = getattr(exc, "msg", None) or str(exc)
+                raise RunDirectoryError(
+                    f"{where}: invalid JSON in journal record ({reason}); {_CORRUPT_HINT}"
+                ) from exc
+            try:
+                record = normalize_record(payload, where=where)
+            except RunDirectoryError as exc:
+                raise RunDirectoryError(f"{exc}; {_CORRUPT_HINT}") from exc
+            replay.latest[(record["row_index"], record["run_index"])] = record
+            replay.committed_size += len(raw)
+    return replay
+
+
+def read_journal(run_dir: Path) -> dict[WorkKey, dict[str, Any]]:
+    """Latest record per work key of *run_dir*, read-only (for xdist workers)."""
+    return replay_journal(run_dir / JOURNAL_FILENAME).latest
+
+
+class Journal:
+    """The append side of ``events.jsonl``: ``os.write`` loop, then ``fsync``."""
+
+    def __init__(self, path: Path, replay: JournalReplay) -> None:
+        self.path = path
+        created = not path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, FILE_MODE)
+        try:
+            if replay.truncated_bytes:
+                # Discard the torn fragment so the next record starts on a line.
+                os.ftruncate(fd, replay.committed_size)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd: int | None = fd
+        if created:
+            fsync_dir(path.parent)
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Durably append one normalized record; returns after ``fsync``."""
+        if self._fd is None:
+            raise RunDirectoryError(f"{self.path}: the journal is closed")
+        view = memoryview(journal_line(record))
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Close the descriptor; later appends raise."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

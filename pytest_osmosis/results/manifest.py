@@ -1,0 +1,335 @@
+"""``manifest.json``: the resolved-input lock plus provenance, written once.
+
+The raw bytes' SHA-256 is the upload's import identity, so the file is created
+once and never re-serialized. ``inputs`` holds exactly what changes the meaning
+of results (model, dataset bytes and selection, n, rollout source, env, secret
+names, timeouts, format versions); resuming with any of it changed is refused
+by key name rather than silently mixing versions in one set of metrics.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
+from pytest_osmosis.results.atomic import atomic_write_bytes, digest_of, pretty_json, utc_now
+
+MANIFEST_FILENAME = "manifest.json"
+STATE_SCHEMA_VERSION = 1
+DATASET_NORMALIZATION_VERSION = 1
+#: osmosis-ai 0.3.8's rollout protocol; a run from another protocol cannot resume.
+ROLLOUT_PROTOCOL_VERSION = "0.4"
+
+LOCKS_DIRNAME = ".locks"
+_RUN_NAME_MAX_LEN = 96
+
+#: Never part of a rollout's source identity (environments, caches, build output).
+SOURCE_EXCLUDED_DIRS: frozenset[str] = frozenset(
+    {
+        "__pycache__",
+        ".git",
+        ".venv",
+        "venv",
+        "dist",
+        "build",
+        "node_modules",
+        ".pytest_cache",
+        ".ruff_cache",
+    }
+)
+#: Written into the tree by resolving its environment (``uv sync``, setuptools).
+SOURCE_EXCLUDED_PATTERNS: tuple[str, ...] = ("uv.lock", "*.egg-info")
+
+
+def validate_run_name(name: str) -> str:
+    """Return *name* if it is a valid run name (one safe path segment), else raise."""
+    problem = None
+    if not name:
+        problem = "must not be empty"
+    elif len(name) > _RUN_NAME_MAX_LEN:
+        problem = f"must be at most {_RUN_NAME_MAX_LEN} characters"
+    elif name in (".", "..") or any(ch in name for ch in ("/", "\\", "\x00")):
+        problem = "must be a single path segment (no separators, not '.' or '..')"
+    elif name == LOCKS_DIRNAME:
+        problem = "is reserved"
+    elif name[0] in "-." or any(ch not in "._-" and not ch.isalnum() for ch in name):
+        problem = "must start with a letter or digit and use only letters, digits, '.', '_', '-'"
+    if problem is not None:
+        raise RunDirectoryError(f"run name {name!r} {problem}")
+    return name
+
+
+def format_row_selector(source_rows: Iterable[int]) -> str:
+    """Sorted unique indices with consecutive runs collapsed: ``0-9,12``."""
+    ordered = sorted(set(source_rows))
+    spans: list[str] = []
+    index = 0
+    while index < len(ordered):
+        start = end = ordered[index]
+        while index + 1 < len(ordered) and ordered[index + 1] == end + 1:
+            index += 1
+            end = ordered[index]
+        spans.append(str(start) if start == end else f"{start}-{end}")
+        index += 1
+    return ",".join(spans)
+
+
+def _optional_float(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def build_inputs(
+    *,
+    model_path: str,
+    dataset_sha256: str,
+    selected_source_rows: str,
+    n: int,
+    rollout_name: str,
+    entrypoint: str,
+    source_digest: str,
+    env: Mapping[str, str],
+    secret_names: Iterable[str],
+    agent_timeout_s: float | None,
+    grader_timeout_s: float | None,
+) -> dict[str, Any]:
+    """The manifest's ``inputs`` object, in the SDK's key order.
+
+    Deliberately absent (so changing them never refuses a resume): run name,
+    output path, concurrency, pass threshold, UI flags, SDK version, timestamps.
+    """
+    return {
+        "model_path": model_path,
+        "dataset": {"sha256": dataset_sha256, "selected_source_rows": selected_source_rows},
+        "n": n,
+        "rollout": {"name": rollout_name, "entrypoint": entrypoint, "source_digest": source_digest},
+        "env": dict(sorted(env.items())),
+        "secret_names": sorted(secret_names),
+        "timeouts": {
+            "agent_timeout_sec": _optional_float(agent_timeout_s),
+            "grader_timeout_sec": _optional_float(grader_timeout_s),
+        },
+        "versions": {
+            "rollout_protocol": ROLLOUT_PROTOCOL_VERSION,
+            "dataset_normalization": DATASET_NORMALIZATION_VERSION,
+            "state_schema": STATE_SCHEMA_VERSION,
+        },
+    }
+
+
+def inputs_digest(inputs: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of *inputs* (generated run names use its prefix)."""
+    return digest_of(dict(inputs))
+
+
+def changed_input_keys(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Top-level ``inputs`` keys that differ, added and removed ones included."""
+    return sorted(key for key in {*previous, *current} if previous.get(key) != current.get(key))
+
+
+# --------------------------------------------------------------------------- #
+# Rollout source digest
+# --------------------------------------------------------------------------- #
+
+
+def _excluded(parts: tuple[str, ...]) -> bool:
+    if SOURCE_EXCLUDED_DIRS.intersection(parts):
+        return True
+    return any(
+        fnmatch.fnmatch(part, pattern) for pattern in SOURCE_EXCLUDED_PATTERNS for part in parts
+    )
+
+
+def source_digest(rollout_dir: Path, output_root: Path | None = None) -> str:
+    """SHA-256 over every source file's relative path and bytes, in path order.
+
+    Same traversal as the SDK, so a run started by ``osmosis eval run`` and one
+    started here agree on the rollout's identity: environment/cache directories,
+    ``uv.lock`` and ``*.egg-info`` are skipped, as is *output_root* when it lies
+    inside the rollout. A directory symlink or a broken symlink is refused (the
+    digest could not describe what it covers); file symlinks hash their target.
+    """
+    root = rollout_dir.resolve()
+    exclude: Path | None = None
+    if output_root is not None:
+        resolved_output = output_root.resolve()
+        if resolved_output == root:
+            raise ConfigError(
+                f"the output directory {resolved_output} must not be the rollout source "
+                "directory; choose another --osmosis-output"
+            )
+        if resolved_output.is_relative_to(root):
+            exclude = resolved_output
+    files: list[tuple[tuple[str, ...], Path]] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        kept_dirs: list[str] = []
+        for name in dirnames:
+            path = base / name
+            parts = path.relative_to(root).parts
+            if _excluded(parts) or (exclude is not None and path.is_relative_to(exclude)):
+                continue
+            if path.is_symlink():
+                raise RolloutLoadError(
+                    f"rollout source contains a directory symlink: {path} -> "
+                    f"{os.readlink(path)}; replace it with a real directory"
+                )
+            kept_dirs.append(name)
+        dirnames[:] = kept_dirs
+        for name in filenames:
+            path = base / name
+            parts = path.relative_to(root).parts
+            if _excluded(parts) or (exclude is not None and path.is_relative_to(exclude)):
+                continue
+            if path.is_symlink() and not path.is_file():
+                raise RolloutLoadError(
+                    f"rollout source contains a broken symlink: {path} -> "
+                    f"{os.readlink(path)}; replace it with a real file"
+                )
+            if path.is_file():
+                files.append((parts, path))
+    files.sort(key=lambda item: item[0])
+    digest = hashlib.sha256()
+    for parts, path in files:
+        digest.update("/".join(parts).encode())
+        try:
+            with path.open("rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise RolloutLoadError(f"cannot read rollout source file {path}: {exc}") from exc
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- #
+# Provenance
+# --------------------------------------------------------------------------- #
+
+
+def git_provenance(workspace: Path) -> dict[str, Any]:
+    """``git_head``, ``git_branch`` (absent when detached) and ``git_dirty``.
+
+    Empty when ``git`` is not on PATH, *workspace* has no ``.git`` or HEAD does
+    not resolve: provenance is best effort and never stops a run.
+    """
+    if shutil.which("git") is None or not (workspace / ".git").exists():
+        return {}
+
+    def run(*args: str) -> str | None:
+        try:
+            result = subprocess.run(
+                ["git", "-C", str(workspace), *args],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=30,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return result.stdout.strip() if result.returncode == 0 else None
+
+    head = run("rev-parse", "HEAD")
+    if head is None:
+        return {}
+    branch = run("rev-parse", "--abbrev-ref", "HEAD")
+    porcelain = run("status", "--porcelain")
+    found: dict[str, Any] = {
+        "git_head": head,
+        "git_branch": None if branch == "HEAD" else branch,
+        "git_dirty": bool(porcelain),
+    }
+    return {key: value for key, value in found.items() if value is not None}
+
+
+def build_provenance(
+    *,
+    sdk_version: str,
+    config_branch: str | None = None,
+    config_commit_sha: str | None = None,
+    advanced: Mapping[str, Any] | None = None,
+    config_path: str | Path | None = None,
+    workspace: Path | None = None,
+) -> dict[str, Any]:
+    """``manifest.provenance`` in the SDK's key order, ``None`` values omitted.
+
+    *config_path* may be a path (made workspace-relative, dropped when outside the
+    workspace) or an already relative POSIX string.
+    """
+    relative_config: str | None = None
+    if isinstance(config_path, Path):
+        if workspace is not None:
+            try:
+                relative_config = (
+                    config_path.resolve().relative_to(workspace.resolve()).as_posix()
+                )
+            except ValueError:
+                relative_config = None
+    elif config_path:
+        relative_config = config_path
+    provenance: dict[str, Any] = {
+        "sdk_version": sdk_version,
+        "config_branch": config_branch,
+        "config_commit_sha": config_commit_sha,
+        "config_path": relative_config,
+        "advanced": dict(advanced) if advanced else None,
+    }
+    if workspace is not None:
+        provenance.update(git_provenance(workspace))
+    return {key: value for key, value in provenance.items() if value is not None}
+
+
+# --------------------------------------------------------------------------- #
+# Reading and writing
+# --------------------------------------------------------------------------- #
+
+
+def create_manifest(
+    path: Path, *, run_name: str, inputs: Mapping[str, Any], provenance: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Write a new manifest (fresh ``local_run_id``) and return its payload."""
+    payload: dict[str, Any] = {
+        "schema_version": STATE_SCHEMA_VERSION,
+        "local_run_id": uuid.uuid4().hex,
+        "run_name": run_name,
+        "created_at": utc_now(),
+        "inputs": dict(inputs),
+        "provenance": dict(provenance),
+    }
+    try:
+        data = pretty_json(payload).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise RunDirectoryError(f"{path}: inputs/provenance are not JSON-serializable ({exc})")
+    atomic_write_bytes(path, data)
+    return payload
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Read an existing manifest; refuse one this version cannot resume."""
+    try:
+        payload = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise RunDirectoryError(
+            f"{path} is unreadable ({exc}); start over with --osmosis-fresh"
+        ) from exc
+    if not isinstance(payload, dict):
+        raise RunDirectoryError(f"{path} is not a JSON object; start over with --osmosis-fresh")
+    version = payload.get("schema_version")
+    if version != STATE_SCHEMA_VERSION:
+        raise RunDirectoryError(
+            f"{path} was written by state schema version {version!r}, this version reads "
+            f"{STATE_SCHEMA_VERSION}; start over with --osmosis-fresh"
+        )
+    if not isinstance(payload.get("inputs"), dict):
+        raise RunDirectoryError(f"{path} has no inputs object; start over with --osmosis-fresh")
+    run_id = payload.get("local_run_id")
+    if not isinstance(run_id, str) or not run_id:
+        raise RunDirectoryError(f"{path} has no local_run_id; start over with --osmosis-fresh")
+    return payload

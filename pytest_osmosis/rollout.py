@@ -1,0 +1,79 @@
+"""The rollout API: ``from pytest_osmosis.rollout import AgentWorkflow, Grader, ...``.
+
+When ``osmosis-ai`` is importable these are the SDK's own objects, so one rollout runs
+the same under ``osmosis eval run`` and under pytest; otherwise they are our own
+implementations with the same names and behaviour (``pytest_osmosis._sdk_api``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+__all__ = [
+    "AgentWorkflow",
+    "AgentWorkflowConfig",
+    "AgentWorkflowContext",
+    "AgentWorkflowOutput",
+    "Grader",
+    "GraderConfig",
+    "GraderContext",
+    "LocalBackend",
+    "RolloutContext",
+    "RolloutSample",
+    "SampleSource",
+    "USING_OSMOSIS_SDK",
+    "get_rollout_context",
+]
+
+if TYPE_CHECKING:
+    from pytest_osmosis._sdk_api import (
+        AgentWorkflow,
+        AgentWorkflowConfig,
+        AgentWorkflowContext,
+        AgentWorkflowOutput,
+        Grader,
+        GraderConfig,
+        GraderContext,
+        LocalBackend,
+        RolloutContext,
+        RolloutSample,
+        SampleSource,
+        get_rollout_context,
+    )
+
+    USING_OSMOSIS_SDK: bool
+else:
+    try:
+        from osmosis_ai.rollout import (
+            AgentWorkflow,
+            AgentWorkflowConfig,
+            AgentWorkflowContext,
+            AgentWorkflowOutput,
+            Grader,
+            GraderConfig,
+            GraderContext,
+            LocalBackend,
+            RolloutContext,
+            RolloutSample,
+            SampleSource,
+            get_rollout_context,
+        )
+    except ImportError:
+        from pytest_osmosis._sdk_api import (
+            AgentWorkflow,
+            AgentWorkflowConfig,
+            AgentWorkflowContext,
+            AgentWorkflowOutput,
+            Grader,
+            GraderConfig,
+            GraderContext,
+            LocalBackend,
+            RolloutContext,
+            RolloutSample,
+            SampleSource,
+            get_rollout_context,
+        )
+
+        USING_OSMOSIS_SDK = False
+    else:
+        USING_OSMOSIS_SDK = True

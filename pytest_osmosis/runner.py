@@ -1,0 +1,252 @@
+"""Run one work item (row x attempt): workflow, then grader, each under its own budget.
+
+This mirrors what the SDK's ``LocalBackend.execute`` does for one rollout (contract §4.4)
+and classifies the outcome the way ``osmosis-ai`` 0.3.8 does (Appendix A), with one
+deliberate difference: an expired budget is ``workflow_timeout`` or ``grader_timeout``
+rather than a shared ``timeout``, so the two are told apart in results and gates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_osmosis.loader import LoadedRollout
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+class BridgeLike(Protocol):
+    def open_rollout(self, rollout_id: str) -> tuple[str, str]: ...
+
+    def close_rollout(self, rollout_id: str) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One (row, attempt) with the row's content, as the rollout will see it."""
+
+    row_index: int
+    run_index: int
+    source_row_index: int
+    prompt: list[dict[str, Any]]
+    label: str | None
+    metadata: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Budgets:
+    workflow_s: float | None
+    grader_s: float | None
+
+
+class _PhaseFailed(Exception):
+    """A workflow or grader phase ended without a usable result."""
+
+    def __init__(self, error_type: str, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.detail = detail
+
+
+TrajectoryWriter = Callable[[str, Any, WorkItem], bool]
+
+
+async def execute(
+    work: WorkItem,
+    rollout: LoadedRollout,
+    *,
+    bridge: BridgeLike,
+    budgets: Budgets,
+    pass_threshold: float,
+    prepare_artifacts: Callable[[str], Path | None],
+    write_trajectory: TrajectoryWriter,
+) -> dict[str, Any]:
+    """Run ``work`` and return its result as a dict of builtins (it travels to the xdist controller)."""
+    from pytest_osmosis import rollout as api
+
+    rollout_id = uuid.uuid4().hex
+    started = time.monotonic()
+    url, api_key = bridge.open_rollout(rollout_id)
+    artifacts_dir = prepare_artifacts(rollout_id)
+    sample: Any = None
+    status, reward, error_type, message, detail = "failed", None, None, "", ""
+    try:
+        rollout_ctx = api.RolloutContext(
+            chat_completions_url=url, api_key=api_key, rollout_id=rollout_id
+        )
+        with rollout_ctx:
+            sample = await _workflow_phase(work, rollout, rollout_ctx, artifacts_dir, budgets, api)
+        if rollout.grader_cls is None:
+            raise _PhaseFailed(
+                "rollout_failed", "the rollout has no grader, so no reward was given"
+            )
+        if work.label is None and work.metadata is None:
+            raise _PhaseFailed(
+                "rollout_failed",
+                "the row has neither a label nor metadata, so the grader did not run",
+            )
+        sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api)
+        if sample.remove_sample:
+            status = "skipped"
+            message = "the rollout removed this sample (remove_sample)"
+        else:
+            status, reward = "success", float(sample.reward)
+    except _PhaseFailed as failure:
+        error_type, message, detail = failure.error_type, failure.message, failure.detail
+        if sample is not None and sample.reward is not None and not sample.remove_sample:
+            reward = float(sample.reward)
+    tokens = bridge.close_rollout(rollout_id)
+    has_trajectory = False
+    if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
+        has_trajectory = write_trajectory(rollout_id, sample, work)
+    duration_ms = (time.monotonic() - started) * 1000.0
+    result: dict[str, Any] = {
+        "row_index": work.row_index,
+        "run_index": work.run_index,
+        "source_row_index": work.source_row_index,
+        "rollout_id": rollout_id,
+        "status": status,
+        "reward": reward,
+        "tokens": tokens,
+        "duration_ms": duration_ms,
+        "error_type": error_type,
+        "message": message,
+        "detail": detail,
+        "has_trajectory": has_trajectory,
+        "pass_threshold": pass_threshold,
+        "passed": status == "success" and reward is not None and reward >= pass_threshold,
+    }
+    return result
+
+
+async def _workflow_phase(
+    work: WorkItem,
+    rollout: LoadedRollout,
+    rollout_ctx: Any,
+    artifacts_dir: Path | None,
+    budgets: Budgets,
+    api: Any,
+) -> Any:
+    config = copy.deepcopy(rollout.workflow_config)
+    ctx = api.AgentWorkflowContext(
+        prompt=copy.deepcopy(work.prompt),
+        config=config,
+        metadata=copy.deepcopy(work.metadata),
+        artifacts_dir=artifacts_dir,
+    )
+
+    async def run() -> Any:
+        workflow = rollout.workflow_cls(config)
+        value = await workflow.run(ctx)
+        if value is None:
+            return await rollout_ctx.get_sample()
+        if isinstance(value, api.AgentWorkflowOutput):
+            output = api.AgentWorkflowOutput.model_validate(value)
+        elif isinstance(value, list):
+            output = api.AgentWorkflowOutput(messages=value)
+        else:
+            raise TypeError(
+                "run() must return AgentWorkflowOutput, a message list, or None; "
+                f"got {type(value).__name__}"
+            )
+        if output.messages is None:
+            return None
+        return api.RolloutSample(
+            messages=output.messages, label=work.label, metrics=dict(output.metrics)
+        )
+
+    return await _phase("workflow", run, budgets.workflow_s)
+
+
+async def _grader_phase(
+    work: WorkItem,
+    rollout: LoadedRollout,
+    sample: Any,
+    artifacts_dir: Path | None,
+    budgets: Budgets,
+    api: Any,
+) -> Any:
+    assert rollout.grader_cls is not None
+    ctx = api.GraderContext(
+        label=work.label,
+        sample=sample,
+        metadata=copy.deepcopy(work.metadata),
+        artifacts_dir=artifacts_dir,
+    )
+
+    async def grade() -> Any:
+        grader = rollout.grader_cls(rollout.grader_config)  # type: ignore[misc]
+        await grader.grade(ctx)
+        if ctx.sample is None:
+            raise ValueError(
+                "No sample to grade. The workflow must return messages or register a "
+                "sample source before grading."
+            )
+        if not ctx.sample.remove_sample:
+            if ctx.sample.reward is None:
+                raise ValueError("Sample has no reward after grading")
+            if not math.isfinite(ctx.sample.reward):
+                raise ValueError(f"reward must be finite, got {ctx.sample.reward!r}")
+        return ctx.sample
+
+    return await _phase("grader", grade, budgets.grader_s)
+
+
+async def _phase(name: str, body: Callable[[], Awaitable[Any]], budget: float | None) -> Any:
+    """Run one phase in its own task so its budget can cancel it without touching ours."""
+    task = asyncio.ensure_future(body())
+    try:
+        done, _ = await asyncio.wait({task}, timeout=budget)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if task not in done:
+        task.cancel()
+        # Give a cooperative phase a moment to unwind; one that swallows the cancel is abandoned.
+        await asyncio.wait({task}, timeout=1.0)
+        raise _PhaseFailed(f"{name}_timeout", f"{name} timeout after {_seconds(budget)} s")
+    exc = task.exception()
+    if exc is None:
+        return task.result()
+    raise _PhaseFailed(
+        _categorize(exc), f"{name} raised {type(exc).__name__}: {exc}", _user_traceback(exc)
+    )
+
+
+def _categorize(exc: BaseException) -> str:
+    """The SDK's wire vocabulary for exceptions (``categorize_exception``)."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, (ValueError, TypeError, AssertionError)):
+        return "validation_error"
+    return "agent_error"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:g}"
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The exception with our own frames removed: the rollout author's code is what matters."""
+    te = traceback.TracebackException.from_exception(exc)
+    chain: list[traceback.TracebackException] = []
+    current: traceback.TracebackException | None = te
+    while current is not None:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    for part in chain:
+        kept = [f for f in part.stack if not f.filename.startswith(_PACKAGE_DIR)]
+        part.stack = traceback.StackSummary.from_list(kept)
+    return "".join(te.format()).rstrip()

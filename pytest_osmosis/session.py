@@ -1,0 +1,335 @@
+"""Per-process state of an eval session: plans, the loop, the bridges, and (on the
+controller) the run directories.
+
+Roles: without xdist one process is both runner and controller. Under xdist the
+controller plans and owns the run directories but never collects or runs items; the
+workers collect, run items, and send each result to the controller on the test report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_osmosis.errors import OsmosisError, RunDirectoryError
+from pytest_osmosis.executor import Executor
+from pytest_osmosis.loader import LoadedRollout, load_rollout
+from pytest_osmosis.plan import (
+    EvalPlan,
+    Overrides,
+    build_plan,
+    choose_run_name,
+    run_inputs,
+    run_provenance,
+    utc_now,
+)
+from pytest_osmosis.runner import Budgets, WorkItem, execute
+
+if TYPE_CHECKING:
+    from pytest_osmosis.bridge import Bridge
+    from pytest_osmosis.collect import EvalItem
+    from pytest_osmosis.results import RunDirectory
+
+
+@dataclass
+class SessionOptions:
+    """The plugin's own options after command line > ini merging."""
+
+    overrides: Overrides
+    output: Path | None
+    name: str | None
+    fresh: bool
+    retry_failed: bool
+    concurrency: int | None
+    workflow_override: str | None
+    grader_override: str | None
+
+
+@dataclass
+class ControllerRun:
+    """A run directory the controller writes, and what it has seen this session."""
+
+    plan: EvalPlan
+    rundir: RunDirectory
+    started_at: Any
+    executed: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class EvalSession:
+    """Everything one pytest process knows about the evals it plans, runs or records."""
+
+    def __init__(
+        self, config: pytest.Config, options: SessionOptions, *, is_worker: bool, collect_all: bool
+    ) -> None:
+        self.config = config
+        self.options = options
+        self.is_worker = is_worker
+        self.collect_all = collect_all
+        self._plans: dict[Path, EvalPlan] = {}
+        self._errors: dict[Path, OsmosisError] = {}
+        self._run_names: dict[str, str] = {}
+        self._journals: dict[Path, dict[tuple[int, int], dict[str, Any]]] = {}
+        self._rollouts: dict[Path, LoadedRollout] = {}
+        self._executor: Executor | None = None
+        self._bridges: dict[str, Bridge] = {}
+        self._bridge_lock: asyncio.Lock | None = None
+        self._prefetched = False
+        self.runs: dict[Path, ControllerRun] = {}
+
+    # -- planning --------------------------------------------------------------------
+
+    def plan_for(self, path: Path) -> EvalPlan:
+        """The plan for one config (built once per process); raises our own errors."""
+        path = path.resolve()
+        if path in self._errors:
+            raise self._errors[path]
+        if path not in self._plans:
+            try:
+                plan = build_plan(path, self.options.overrides, self.options.output)
+            except OsmosisError as exc:
+                self._errors[path] = exc
+                raise
+            plan.run_name = self._run_names.get(str(path), "")
+            if not plan.run_name:
+                inputs = run_inputs(plan)
+                plan.run_name = choose_run_name(plan, self.options.name, inputs, utc_now(), False)
+            self._plans[path] = plan
+        return self._plans[path]
+
+    def set_run_names(self, names: dict[str, str]) -> None:
+        """Run directory names chosen by the controller (xdist workers only)."""
+        self._run_names.update(names)
+
+    def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
+        """Controller: plan every config and open its run directory before any row runs."""
+        from pytest_osmosis.results import RunDirectory
+
+        now = utc_now()
+        several = len(config_paths) > 1
+        names: dict[str, str] = {}
+        for path in config_paths:
+            path = path.resolve()
+            try:
+                plan = build_plan(path, self.options.overrides, self.options.output)
+                inputs = run_inputs(plan)
+                plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
+            except RunDirectoryError:
+                raise
+            except OsmosisError as exc:
+                self._errors[path] = exc  # collection reports it, naming the file
+                continue
+            missing = [n for n in plan.config.secrets.required if not os.environ.get(n)]
+            if missing:
+                raise pytest.UsageError(
+                    f"{path}: [secrets] required {', '.join(missing)} but "
+                    f"{'it is' if len(missing) == 1 else 'they are'} not set in the environment"
+                )
+            rundir = RunDirectory.open(
+                plan.output_root,
+                plan.run_name,
+                inputs,
+                run_provenance(plan),
+                fresh=self.options.fresh,
+                retry_failed=self.options.retry_failed,
+            )
+            self._plans[path] = plan
+            self._journals[path] = rundir.records
+            self.runs[path] = ControllerRun(plan=plan, rundir=rundir, started_at=now)
+            names[str(path)] = plan.run_name
+        return names
+
+    def load_rollout(self, plan: EvalPlan) -> LoadedRollout:
+        if plan.config_path not in self._rollouts:
+            for key, value in plan.config.env.items():
+                os.environ[key] = value
+            self._rollouts[plan.config_path] = load_rollout(
+                plan.rollout_dir,
+                plan.entrypoint,
+                workflow_override=self.options.workflow_override,
+                grader_override=self.options.grader_override,
+            )
+        return self._rollouts[plan.config_path]
+
+    def journal(self, plan: EvalPlan) -> dict[tuple[int, int], dict[str, Any]]:
+        """Results already recorded for this run (read-only on workers)."""
+        if plan.config_path not in self._journals:
+            from pytest_osmosis.results import read_journal
+
+            self._journals[plan.config_path] = read_journal(plan.run_dir)
+        return self._journals[plan.config_path]
+
+    def carried_forward(self, item: EvalItem) -> dict[str, Any] | None:
+        """The journalled result this item reuses instead of running, if any."""
+        record = self.journal(item.parent.plan).get(item.key)
+        if record is None:
+            return None
+        if self.options.retry_failed and record.get("status") in ("failed", "skipped"):
+            return None
+        return record
+
+    # -- running ---------------------------------------------------------------------
+
+    @property
+    def executor(self) -> Executor:
+        if self._executor is None:
+            self._executor = Executor(self._concurrency())
+        return self._executor
+
+    def _concurrency(self) -> int:
+        if self.options.concurrency:
+            return self.options.concurrency
+        best = 1
+        for plan in self._plans.values():
+            requested = plan.settings.concurrency
+            rollout = self._rollouts.get(plan.config_path)
+            capacity = _advertised_capacity(rollout)
+            value = requested or capacity or 1
+            if capacity:
+                value = min(value, capacity)
+            best = max(best, value)
+        return best
+
+    def run_item(self, item: EvalItem) -> dict[str, Any]:
+        plan = item.parent.plan
+        record = self.carried_forward(item)
+        if record is not None:
+            return _resumed_result(record, plan)
+        if not self._prefetched:
+            self._prefetched = True
+            self.executor.concurrency = self._concurrency()
+            if not self.is_worker:
+                self._prefetch(item.session.items)
+        return dict(self.executor.result(item.nodeid, lambda: self._execute(item)))
+
+    def _prefetch(self, items: list[pytest.Item]) -> None:
+        from pytest_osmosis.collect import EvalItem
+
+        for other in items:
+            if isinstance(other, EvalItem) and self.carried_forward(other) is None:
+                self.executor.submit(other.nodeid, lambda other=other: self._execute(other))  # type: ignore[misc]
+
+    async def _execute(self, item: EvalItem) -> dict[str, Any]:
+        from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
+
+        plan = item.parent.plan
+        rollout = self._rollouts[plan.config_path]
+        row = plan.dataset.row(item.row_index)
+        work = WorkItem(
+            row_index=item.row_index,
+            run_index=item.run_index,
+            source_row_index=row.source_row_index,
+            prompt=row.initial_messages,
+            label=row.label,
+            metadata=row.metadata,
+        )
+        bridge = await self.bridge(plan.settings.model_path)
+        run_dir = plan.run_dir
+
+        def save_trajectory(rollout_id: str, sample: Any, work: WorkItem) -> bool:
+            doc = build_trajectory(
+                rollout_id=rollout_id,
+                messages=list(sample.trajectory_messages),
+                label=sample.label,
+                reward=sample.reward,
+                sample_metrics=dict(sample.metrics),
+                sample_extra_fields=dict(sample.extra_fields),
+                request_metadata=work.metadata,
+                request_extra_fields={"row_index": work.row_index, "run_index": work.run_index},
+                sdk_version=_sdk_version(),
+            )
+            write_trajectory(run_dir / "rollout_trials" / rollout_id, doc)
+            return True
+
+        result = await execute(
+            work,
+            rollout,
+            bridge=bridge,
+            budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
+            pass_threshold=plan.settings.pass_threshold,
+            prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
+            write_trajectory=save_trajectory,
+        )
+        return result
+
+    async def bridge(self, model_path: str) -> Bridge:
+        """The loopback bridge for ``model_path``, started on first use in this process."""
+        from pytest_osmosis.bridge import Bridge, resolve_route
+
+        if self._bridge_lock is None:
+            self._bridge_lock = asyncio.Lock()
+        async with self._bridge_lock:
+            if model_path not in self._bridges:
+                route = await asyncio.get_running_loop().run_in_executor(
+                    None, resolve_route, model_path
+                )
+                bridge = Bridge(route)
+                await bridge.start()
+                self._bridges[model_path] = bridge
+            return self._bridges[model_path]
+
+    def preflight(self, model_paths: list[str]) -> None:
+        """Check each model once before any row runs; a failure stops the session cleanly."""
+        for model_path in sorted(set(model_paths)):
+
+            async def check(model_path: str = model_path) -> None:
+                bridge = await self.bridge(model_path)
+                await bridge.preflight()
+
+            try:
+                self.executor.call(check())
+            except OsmosisError as exc:
+                raise pytest.UsageError(str(exc)) from None
+
+    def close(self) -> None:
+        if self._executor is not None:
+            executor = self._executor
+            for bridge in list(self._bridges.values()):
+                try:
+                    executor.call(bridge.close(), timeout=5)
+                except Exception:  # noqa: BLE001 - shutting down; nothing to report to
+                    pass
+            executor.close()
+            self._executor = None
+
+
+def _advertised_capacity(rollout: LoadedRollout | None) -> int | None:
+    """What a LocalBackend would advertise on /health: 4 by default, else its config's limit."""
+    if rollout is None:
+        return None
+    if rollout.workflow_config is None:
+        return 4
+    concurrency = getattr(rollout.workflow_config, "concurrency", None)
+    limit = getattr(concurrency, "max_concurrent", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def _resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
+    threshold = plan.settings.pass_threshold
+    reward = record.get("reward")
+    status = record["status"]
+    return {
+        **record,
+        "resumed": True,
+        "message": "recorded by an earlier session",
+        "detail": "",
+        "pass_threshold": threshold,
+        "passed": status == "success" and reward is not None and reward >= threshold,
+    }
+
+
+def _sdk_version() -> str:
+    from pytest_osmosis.rollout import USING_OSMOSIS_SDK
+
+    if USING_OSMOSIS_SDK:
+        from importlib.metadata import version
+
+        return version("osmosis-ai")
+    from pytest_osmosis import __version__
+
+    return __version__

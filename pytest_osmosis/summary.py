@@ -1,0 +1,76 @@
+"""The results table printed at the end of an eval session.
+
+Every number comes from the ``metrics.json`` the session just wrote, so what the terminal
+says and what ``osmosis eval upload`` sends can never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_osmosis.session import ControllerRun, EvalSession
+
+
+def write_summary(terminal: Any, session: EvalSession) -> None:
+    for run in session.runs.values():
+        if not run.metrics:
+            continue
+        terminal.write_sep("=", f"osmosis: {run.plan.run_name}")
+        for line in summary_lines(run):
+            terminal.write_line(line)
+
+
+def summary_lines(run: ControllerRun) -> list[str]:
+    metrics = run.metrics
+    eval_run: dict[str, Any] = metrics.get("eval_run", {})
+    summary: dict[str, Any] = metrics.get("summary", {})
+    plan = run.plan
+    lines = [
+        f"rollout {eval_run.get('rollout_name')}  model {eval_run.get('model_name')}  "
+        f"dataset {eval_run.get('dataset_name')}  status {eval_run.get('status')}",
+        f"outcomes   {summary.get('passed', 0)} passed, "
+        f"{summary.get('graded', 0) - summary.get('passed', 0)} below threshold, "
+        f"{summary.get('failed', 0)} failed, {summary.get('skipped', 0)} skipped "
+        f"of {summary.get('total_samples', 0)}",
+        f"pass rate  {_pct(summary.get('pass_rate', 0))} "
+        f"(pass_threshold {summary.get('pass_threshold')}; "
+        f"{summary.get('passed', 0)}/{summary.get('completed_samples', 0)} scored)",
+    ]
+    stats = summary.get("reward_stats")
+    if stats:
+        lines.append(
+            "reward     "
+            + "  ".join(f"{k} {stats[k]:.3f}" for k in ("mean", "median", "std", "min", "max"))
+        )
+    points = summary.get("pass_at_k")
+    if points:
+        lines.append(
+            "pass@k     " + "  ".join(f"pass@{p['k']} {_pct(p['value'])}" for p in points)
+        )
+    duration = eval_run.get("duration_ms")
+    lines.append(
+        f"tokens     {summary.get('tokens_used', 0)}"
+        + (f"   duration {duration / 1000:.1f} s" if isinstance(duration, (int, float)) else "")
+    )
+    lines.append(f"output     {plan.run_dir}")
+    failed = [
+        record
+        for _, record in sorted(run.rundir.records.items())
+        if record.get("status") == "failed"
+    ]
+    if failed:
+        lines.append("failed rows:")
+        for record in failed[:20]:
+            lines.append(
+                f"  row {record['row_index']} run {record['run_index']}: "
+                f"{record.get('error_type', 'below threshold')}  "
+                f"{plan.run_dir / 'rollout_trials' / record['rollout_id']}"
+            )
+        if len(failed) > 20:
+            lines.append(f"  ... and {len(failed) - 20} more (see index.jsonl)")
+    return lines
+
+
+def _pct(value: Any) -> str:
+    return f"{float(value) * 100:.1f}%"

@@ -1,0 +1,474 @@
+"""A deterministic OpenAI-compatible chat server on loopback, for tests and benchmarks.
+
+Real HTTP, real SSE, real usage numbers: the plugin's tests drive LiteLLM's own
+`openai/` provider against it instead of mocking LiteLLM, so they exercise the
+code path a user's run takes. Everything the server answers is computed from the
+request (arithmetic rule, scripted substrings, echo), never recorded.
+
+In-process: ``server = ModelServer(); server.start()`` (a daemon thread with its
+own loop) or ``await server.start_async()`` on a loop you own.
+As a process: ``python tests/model_server.py --port 0 --delay 0.2`` prints its base
+URL (``http://127.0.0.1:PORT/v1``) on the first stdout line and serves until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from aiohttp import web
+
+__all__ = ["ModelServer", "ToolRule", "answer_for", "count_tokens"]
+
+_ARITH = re.compile(
+    r"what\s+is\s+(-?\d+(?:\.\d+)?)\s*([-+*/x×])\s*(-?\d+(?:\.\d+)?)\s*\??", re.IGNORECASE
+)
+_WORD = re.compile(r"\S+")
+
+
+def count_tokens(text: str) -> int:
+    """Deterministic stand-in for a tokenizer: whitespace-separated words."""
+    return len(_WORD.findall(text))
+
+
+def _text_of(content: Any) -> str:
+    """Flatten OpenAI message content (a string or a list of parts) to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+        return " ".join(parts)
+    return json.dumps(content)
+
+
+def _arith(text: str) -> str | None:
+    """Answer "What is A + B?" style questions exactly; None when there is none."""
+    match = _ARITH.search(text)
+    if match is None:
+        return None
+    a, op, b = Fraction(match.group(1)), match.group(2), Fraction(match.group(3))
+    if op == "+":
+        value = a + b
+    elif op == "-":
+        value = a - b
+    elif op in "*x×":
+        value = a * b
+    else:
+        if b == 0:
+            return "undefined"
+        value = a / b
+    if value.denominator == 1:
+        return str(value.numerator)
+    return f"{float(value):.6g}"
+
+
+def answer_for(last_user: str, replies: dict[str, str] | None = None) -> str:
+    """The default rule: scripted substring first, then arithmetic, then an echo."""
+    for needle, reply in (replies or {}).items():
+        if needle in last_user:
+            return reply
+    arith = _arith(last_user)
+    if arith is not None:
+        return arith
+    return f"echo: {last_user}"
+
+
+@dataclass
+class ToolRule:
+    """When the last user message contains `trigger` and the request offers tools,
+    answer with a call to `name` (it must be one of the offered tools) with `arguments`."""
+
+    trigger: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Failure:
+    status: int
+    remaining: int
+    retry_after: float | None
+    message: str
+
+
+class ModelServer:
+    """OpenAI-compatible ``POST /v1/chat/completions`` on 127.0.0.1, scriptable from tests.
+
+    Script it by assigning attributes (safe from any thread between requests):
+    `replies` (substring -> reply), `tool_rules`, `tool_answer` (format string with
+    `{result}` used after a tool result), `delay` (seconds for every request) and
+    `delays` (substring -> seconds), and call `fail_next()` to inject errors.
+    Observe it through `requests_total`, `in_flight`, `peak_in_flight` and `bodies`.
+    """
+
+    def __init__(self, *, delay: float = 0.0, port: int = 0) -> None:
+        self.delay = delay
+        self.delays: dict[str, float] = {}
+        self.replies: dict[str, str] = {}
+        self.tool_rules: list[ToolRule] = []
+        self.tool_answer = "{result}"
+        self.requests_total = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.bodies: list[dict[str, Any]] = []
+        self._failures: list[_Failure] = []
+        self._lock = threading.Lock()
+        self._port_wanted = port
+        self._port = 0
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+
+    # ----------------------------------------------------------------- scripting
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL the way OpenAI clients want it (they append /chat/completions)."""
+        return f"http://127.0.0.1:{self._port}/v1"
+
+    def env(self) -> dict[str, str]:
+        """Environment that points LiteLLM's `openai/` provider (and the OpenAI SDK) here."""
+        return {
+            "OPENAI_API_BASE": self.url,
+            "OPENAI_BASE_URL": self.url,
+            "OPENAI_API_KEY": "sk-test-model-server",
+        }
+
+    def fail_next(
+        self,
+        status: int,
+        count: int = 1,
+        *,
+        retry_after: float | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Answer the next `count` requests with HTTP `status` (429 gets Retry-After)."""
+        if status == 429 and retry_after is None:
+            retry_after = 0
+        text = message or f"injected error {status}"
+        with self._lock:
+            self._failures.append(_Failure(status, count, retry_after, text))
+
+    def reset(self) -> None:
+        """Forget the script and the counters (the listener stays up)."""
+        with self._lock:
+            self.delay = 0.0
+            self.delays = {}
+            self.replies = {}
+            self.tool_rules = []
+            self.tool_answer = "{result}"
+            self.requests_total = 0
+            self.peak_in_flight = self.in_flight
+            self.bodies = []
+            self._failures = []
+
+    def configure(self, config: dict[str, Any]) -> None:
+        """Apply a JSON-able script (the `--config` file of the standalone server)."""
+        self.delay = float(config.get("delay", self.delay))
+        self.delays = {str(k): float(v) for k, v in config.get("delays", {}).items()}
+        self.replies = {str(k): str(v) for k, v in config.get("replies", {}).items()}
+        self.tool_rules = [
+            ToolRule(str(r["trigger"]), str(r["name"]), dict(r.get("arguments", {})))
+            for r in config.get("tool_rules", [])
+        ]
+        self.tool_answer = str(config.get("tool_answer", self.tool_answer))
+        for failure in config.get("fail_next", []):
+            self.fail_next(
+                int(failure["status"]),
+                int(failure.get("count", 1)),
+                retry_after=failure.get("retry_after"),
+                message=failure.get("message"),
+            )
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def start_async(self) -> None:
+        """Listen on the running loop (used by the thread mode and the CLI)."""
+        runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", self._port_wanted, backlog=1024)
+        await site.start()
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+
+    async def stop_async(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> ModelServer:
+        """Serve from `loop` (running in another thread) or from a fresh daemon thread."""
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            self._thread = threading.Thread(target=run, name="model-server", daemon=True)
+            self._thread.start()
+            ready.wait()
+        self._loop = loop
+        asyncio.run_coroutine_threadsafe(self.start_async(), loop).result(timeout=30)
+        return self
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.stop_async(), loop).result(timeout=30)
+        if self._thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(timeout=30)
+            loop.close()
+            self._thread = None
+        self._loop = None
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------- handlers
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "model-server", "object": "model"}]})
+
+    def _take_failure(self) -> _Failure | None:
+        with self._lock:
+            while self._failures:
+                failure = self._failures[0]
+                if failure.remaining <= 0:
+                    self._failures.pop(0)
+                    continue
+                failure.remaining -= 1
+                return failure
+        return None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.requests_total += 1
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            self._seq += 1
+            seq = self._seq
+        try:
+            try:
+                body = await request.json()
+            except ValueError:
+                return _error(400, "request body is not JSON")
+            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+                return _error(400, "body must be an object with a 'messages' list")
+            self.bodies.append(body)
+            messages: list[Any] = body["messages"]
+            last_user = next(
+                (
+                    _text_of(m.get("content"))
+                    for m in reversed(messages)
+                    if isinstance(m, dict) and m.get("role") == "user"
+                ),
+                "",
+            )
+            delay = self.delay
+            for needle, seconds in self.delays.items():
+                if needle in last_user:
+                    delay = seconds
+                    break
+            if delay > 0:
+                await asyncio.sleep(delay)
+            failure = self._take_failure()
+            if failure is not None:
+                headers = {}
+                if failure.retry_after is not None:
+                    headers["Retry-After"] = f"{failure.retry_after:g}"
+                return _error(failure.status, failure.message, headers)
+            return await self._answer(request, body, messages, last_user, seq)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _answer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        messages: list[Any],
+        last_user: str,
+        seq: int,
+    ) -> web.StreamResponse:
+        content: str | None
+        tool_calls: list[dict[str, Any]] | None = None
+        last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+        offered = {
+            t.get("function", {}).get("name")
+            for t in body.get("tools") or []
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        }
+        rule = next(
+            (r for r in self.tool_rules if r.trigger in last_user and r.name in offered), None
+        )
+        if last.get("role") == "tool":
+            content = self.tool_answer.format(result=_text_of(last.get("content")))
+        elif rule is not None and body.get("tool_choice") != "none":
+            content = None
+            tool_calls = [
+                {
+                    "id": f"call_{seq:06d}",
+                    "type": "function",
+                    "function": {"name": rule.name, "arguments": json.dumps(rule.arguments)},
+                }
+            ]
+        else:
+            content = answer_for(last_user, self.replies)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+        finish_reason = "tool_calls" if tool_calls else "stop"
+        if content is not None and isinstance(max_tokens, int) and max_tokens > 0:
+            words = content.split(" ")
+            if len(words) > max_tokens:
+                content = " ".join(words[:max_tokens])
+                finish_reason = "length"
+        prompt_text = " ".join(
+            _text_of(m.get("content")) for m in messages if isinstance(m, dict)
+        )
+        completion_text = content if content is not None else json.dumps(tool_calls)
+        prompt_tokens = max(1, count_tokens(prompt_text))
+        completion_tokens = max(1, count_tokens(completion_text))
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        model = str(body.get("model") or "model-server")
+        cid = f"chatcmpl-{seq:08d}"
+        created = int(time.time())
+        if body.get("stream"):
+            return await _stream(request, cid, created, model, content, tool_calls, finish_reason, usage)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        return web.json_response(
+            {
+                "id": cid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+                "usage": usage,
+            }
+        )
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    kind = "rate_limit_error" if status == 429 else "invalid_request_error"
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "code": status}},
+        status=status,
+        headers=headers,
+    )
+
+
+async def _stream(
+    request: web.Request,
+    cid: str,
+    created: int,
+    model: str,
+    content: str | None,
+    tool_calls: list[dict[str, Any]] | None,
+    finish_reason: str,
+    usage: dict[str, int],
+) -> web.StreamResponse:
+    """Word-per-chunk SSE; the last chunk carries finish_reason and usage."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+
+    def chunk(delta: dict[str, Any], finish: str | None, with_usage: bool = False) -> bytes:
+        payload: dict[str, Any] = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        if with_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n".encode()
+
+    await response.write(chunk({"role": "assistant", "content": ""}, None))
+    if content:
+        for i, word in enumerate(content.split(" ")):
+            await response.write(chunk({"content": word if i == 0 else " " + word}, None))
+    if tool_calls:
+        indexed = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+        await response.write(chunk({"tool_calls": indexed}, None))
+    await response.write(chunk({}, finish_reason, with_usage=True))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument(
+        "--reply",
+        action="append",
+        default=[],
+        metavar="SUBSTRING=REPLY",
+        help="answer REPLY when the last user message contains SUBSTRING",
+    )
+    parser.add_argument("--config", help="JSON file: delay, delays, replies, tool_rules, ...")
+    args = parser.parse_args(argv)
+
+    server = ModelServer(delay=args.delay, port=args.port)
+    if args.config:
+        with open(args.config, encoding="utf-8") as fh:
+            server.configure(json.load(fh))
+    for item in args.reply:
+        needle, sep, reply = item.partition("=")
+        if not sep:
+            parser.error(f"--reply expects SUBSTRING=REPLY, got {item!r}")
+        server.replies[needle] = reply
+
+    async def serve() -> None:
+        await server.start_async()
+        print(server.url, flush=True)
+        await asyncio.Event().wait()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""Acceptance tests: a workspace on disk, a real pytest run, a real model server on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from workspaces import (
+    calc_rows,
+    only_run_dir,
+    read_index,
+    toml_text,
+    write_workspace,
+)
+
+pytest_plugins = ["pytester"]
+
+MIXED = calc_rows(
+    [
+        ("What is 2 + 2?", "4"),
+        ("What is 3 * 5?", "16"),
+        ("What is 1 + 1?", "2", "workflow_raise"),
+        ("What is 2 + 3?", "5", "grader_raise"),
+        ("What is 4 + 4?", "8", "skip"),
+    ]
+)
+
+
+@pytest.fixture
+def model_env(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    for key, value in model_server.env().items():
+        monkeypatch.setenv(key, value)
+    return model_server
+
+
+def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=MIXED)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(passed=1, failed=3, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*reward 0.00 < pass_threshold 1.00 (row 1, run 0)*",
+            "*agent_error: workflow raised RuntimeError: workflow exploded on purpose (row 2, run 0)*",
+            "*agent_error: grader raised RuntimeError: grader exploded on purpose (row 3, run 0)*",
+            "*the rollout removed this sample*(row 4, run 0)*",
+        ]
+    )
+    # The rollout's own frame is shown; pytest's and ours are not.
+    result.stdout.fnmatch_lines(["*main.py*in run*", "*raise RuntimeError*"])
+    assert "pytest_osmosis/runner.py" not in result.stdout.str()
+    assert "_pytest/" not in result.stdout.str()
+    rows = read_index(only_run_dir(pytester.path))
+    assert [(r["row_index"], r["status"], r.get("error_type")) for r in rows] == [
+        (0, "success", None),
+        (1, "success", None),
+        (2, "failed", "agent_error"),
+        (3, "failed", "agent_error"),
+        (4, "skipped", None),
+    ]
+    assert [r.get("reward") for r in rows] == [1.0, 0.0, None, None, None]
+    assert model_env.requests_total == 4 + 1  # four rows reach the model, plus the preflight
+
+
+def test_each_budget_expires_into_its_own_error(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    rows = calc_rows(
+        [
+            ("What is 2 + 2?", "4", "workflow_sleep:30"),
+            ("What is 2 + 2?", "4", "grader_sleep:30"),
+            ("What is 2 + 2?", "4"),
+        ]
+    )
+    write_workspace(
+        pytester.path,
+        rows=rows,
+        evaluation={"agent_workflow_timeout_s": 0.5, "grader_timeout_s": 0.5},
+    )
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*workflow_timeout: workflow timeout after 0.5 s (row 0, run 0)*",
+            "*grader_timeout: grader timeout after 0.5 s (row 1, run 0)*",
+        ]
+    )
+
+
+def test_invalid_rewards_and_returns_are_validation_errors(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    rows = calc_rows(
+        [
+            ("What is 2 + 2?", "4", "nan"),
+            ("What is 2 + 2?", "4", "no_reward"),
+            ("What is 2 + 2?", "4", "workflow_garbage"),
+        ]
+    )
+    write_workspace(pytester.path, rows=rows)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=3)
+    out = result.stdout.str()
+    assert out.count("validation_error:") == 3
+    assert "Sample has no reward after grading" in out
+    assert "got int" in out
+
+
+def test_attempts_overrides_and_ini_twins(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, evaluation={"n": 2})
+    ids = _collected(pytester)
+    assert ids == [
+        "configs/eval/calc.toml::row_0_run_0",
+        "configs/eval/calc.toml::row_0_run_1",
+        "configs/eval/calc.toml::row_1_run_0",
+        "configs/eval/calc.toml::row_1_run_1",
+    ]
+    assert _collected(pytester, "--osmosis-n", "1", "--osmosis-rows", "1") == [
+        "configs/eval/calc.toml::row_1_run_0"
+    ]
+    pytester.makeini("[pytest]\nosmosis_n = 3\nosmosis_limit = 1\n")
+    assert len(_collected(pytester)) == 3  # ini beats the TOML
+    assert len(_collected(pytester, "--osmosis-n", "1")) == 1  # command line beats ini
+
+
+def test_node_ids_do_not_depend_on_the_selection(pytester: pytest.Pytester) -> None:
+    rows = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(6)])
+    write_workspace(pytester.path, rows=rows)
+    everything = _collected(pytester)
+    assert _collected(pytester, "--osmosis-limit", "3") == everything[:3]
+    assert _collected(pytester, "--osmosis-rows", "4-5") == everything[4:]
+    assert _collected(pytester, "-k", "row_4_") == [everything[4]]
+
+
+def test_naming_a_toml_collects_it_without_the_flag(pytester: pytest.Pytester) -> None:
+    write_workspace(pytester.path)
+    pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
+    assert _collected(pytester, "configs/eval/calc.toml", flag=False) == [
+        "configs/eval/calc.toml::row_0_run_0",
+        "configs/eval/calc.toml::row_1_run_0",
+    ]
+    assert _collected(pytester, flag=False) == ["test_plain.py::test_ok"]
+
+
+def test_plain_pytest_is_unchanged_and_never_imports_litellm(pytester: pytest.Pytester) -> None:
+    write_workspace(pytester.path)
+    pytester.makepyfile(
+        test_plain="""
+        import sys
+
+        def test_no_litellm():
+            assert "litellm" not in sys.modules
+            assert not any(m.startswith("pytest_osmosis.session") for m in sys.modules)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert not (pytester.path / ".osmosis").exists()
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("[experiment]\nrollout = 'calc'\n", "experiment.entrypoint"),
+        (toml_text(evaluation={"n": 0}), "evaluation.n: must be a positive integer"),
+        (toml_text() + "[bogus]\nx = 1\n", "bogus"),
+        (toml_text(dataset="nowhere"), "data/nowhere.jsonl"),
+    ],
+)
+def test_bad_config_is_a_collection_error_naming_the_place(
+    pytester: pytest.Pytester, toml: str, message: str
+) -> None:
+    config = write_workspace(pytester.path)
+    config.write_text(toml)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines([f"*calc.toml*{message}*"])
+    out = result.stdout.str()
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    assert not (pytester.path / ".osmosis" / "evals").exists() or not any(
+        p for p in (pytester.path / ".osmosis" / "evals").iterdir() if not p.name.startswith(".")
+    )
+
+
+def test_unreachable_model_stops_before_any_row(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_BASE", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-nothing-listens-here")
+    write_workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*openai/test-model*"])
+    result.assert_outcomes()
+
+
+def test_missing_secret_stops_the_session_naming_it(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("CALC_TOKEN", raising=False)
+    write_workspace(pytester.path, secrets=["CALC_TOKEN"])
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*CALC_TOKEN*"])
+
+
+def test_xdist_gives_the_same_outcomes(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=MIXED)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=1, failed=3, skipped=1)
+    rows = read_index(only_run_dir(pytester.path))
+    assert [(r["row_index"], r["status"]) for r in rows] == [
+        (0, "success"),
+        (1, "success"),
+        (2, "failed"),
+        (3, "failed"),
+        (4, "skipped"),
+    ]
+
+
+SCAFFOLD = '''
+import os
+from pathlib import Path
+
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+
+
+class MyAgentWorkflow(AgentWorkflow):
+    async def run(self, ctx):
+        assert not hasattr(ctx, "label")
+        return [*ctx.prompt, {"role": "assistant", "content": "4"}]
+
+
+class MyGrader(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"] == ctx.label else 0.0)
+
+
+def serve(backend):
+    Path(os.environ["SERVER_MARKER"]).write_text("a server was started")
+
+
+def main():
+    backend = LocalBackend(workflow=MyAgentWorkflow, grader=MyGrader)
+    serve(backend)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+CLASSES_ONLY = '''
+from pytest_osmosis.rollout import AgentWorkflow, Grader, get_rollout_context, SampleSource, RolloutSample
+
+
+class Source(SampleSource):
+    def __init__(self, messages):
+        self.messages = messages
+
+    async def get_sample(self):
+        return RolloutSample(messages=self.messages)
+
+
+class Workflow(AgentWorkflow):
+    async def run(self, ctx):
+        get_rollout_context().set_sample_source(
+            Source([*ctx.prompt, {"role": "assistant", "content": "4"}])
+        )
+        return None
+
+
+class ExactGrader(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"] == ctx.label else 0.0)
+'''
+
+
+@pytest.mark.parametrize("source", [SCAFFOLD, CLASSES_ONLY], ids=["scaffold-main", "classes"])
+def test_rollout_shapes_are_found_without_edits(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:  # type: ignore[no-untyped-def]
+    marker = pytester.path / "server-started"
+    monkeypatch.setenv("SERVER_MARKER", str(marker))
+    rows = calc_rows([("What is 2 + 2?", "4"), ("What is 2 + 3?", "5")])
+    write_workspace(pytester.path, rows=rows, rollout_source=source)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    assert not marker.exists()
+
+
+def test_ambiguous_rollout_names_candidates_and_the_override(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    source = CLASSES_ONLY + "\n\nclass OtherWorkflow(Workflow):\n    pass\n"
+    write_workspace(pytester.path, rollout_source=source)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*several workflow classes (OtherWorkflow, Workflow)*osmosis_workflow*"])
+    pytester.makeini("[pytest]\nosmosis_workflow = Workflow\n")
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+
+
+def test_rollout_that_fails_to_import_shows_its_own_traceback(pytester: pytest.Pytester) -> None:
+    source = "import json\n\ndef helper():\n    raise ValueError('bad rollout setup')\n\nhelper()\n"
+    write_workspace(pytester.path, rollout_source=source)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(
+        ["*importing the rollout failed: ValueError: bad rollout setup*", "*main.py*line 4*helper*"]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
+
+
+def test_trajectory_and_artifacts_are_written(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    run_dir = only_run_dir(pytester.path)
+    first = read_index(run_dir)[0]
+    trial = run_dir / "rollout_trials" / first["rollout_id"]
+    assert (trial / "artifacts" / "answer.txt").read_text() == "4"
+    doc = json.loads((trial / "trajectory.json").read_text())
+    assert doc["extra"]["osmosis"]["request_extra_fields"] == {"row_index": 0, "run_index": 0}
+    assert first["tokens"] > 0
+
+
+def _collected(pytester: pytest.Pytester, *args: str, flag: bool = True) -> list[str]:
+    extra = ["--osmosis-eval"] if flag else []
+    result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", *extra, *args)
+    return [
+        line
+        for line in result.stdout.lines
+        if "::" in line and not line.startswith(("=", " "))
+    ]

@@ -1,0 +1,148 @@
+"""Build Osmosis workspaces on disk for the plugin's tests.
+
+``write_workspace`` lays out ``configs/eval/<name>.toml``, ``data/<dataset>.jsonl`` and
+``rollouts/<rollout>/main.py``. The default rollout asks the model through the bridge and
+grades by exact match; a row's metadata can make it misbehave on purpose
+(``{"do": "workflow_raise"}`` etc.) so one workspace covers every outcome.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+CALC_ROLLOUT = '''
+import asyncio
+import json
+import math
+
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, get_rollout_context,
+)
+
+
+class CalcWorkflow(AgentWorkflow):
+    async def run(self, ctx):
+        do = (ctx.metadata or {}).get("do", "")
+        if do == "workflow_raise":
+            raise RuntimeError("workflow exploded on purpose")
+        if do.startswith("workflow_sleep:"):
+            await asyncio.sleep(float(do.split(":")[1]))
+        if do == "workflow_garbage":
+            return 42
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(
+                rollout.chat_completions_url + "/chat/completions",
+                headers={"Authorization": f"Bearer {rollout.api_key}"},
+                json={"model": "anything", "messages": ctx.prompt},
+            )
+            response.raise_for_status()
+            body = response.json()
+        answer = body["choices"][0]["message"]["content"]
+        if ctx.artifacts_dir:
+            (ctx.artifacts_dir / "answer.txt").write_text(answer)
+        return AgentWorkflowOutput(
+            messages=[*ctx.prompt, {"role": "assistant", "content": answer, "usage": body["usage"]}]
+        )
+
+
+class ExactGrader(Grader):
+    async def grade(self, ctx):
+        do = (ctx.metadata or {}).get("do", "")
+        if do == "skip":
+            ctx.sample.remove_sample = True
+            return
+        if do == "grader_raise":
+            raise RuntimeError("grader exploded on purpose")
+        if do.startswith("grader_sleep:"):
+            await asyncio.sleep(float(do.split(":")[1]))
+        if do == "nan":
+            ctx.set_reward(math.nan)
+            return
+        if do == "no_reward":
+            return
+        final = list(ctx.sample.messages)[-1]["content"].strip()
+        ctx.set_reward(1.0 if final == ctx.label else 0.0)
+
+
+backend = LocalBackend(workflow=CalcWorkflow, grader=ExactGrader)
+'''
+
+
+def toml_text(
+    *,
+    rollout: str = "calc",
+    entrypoint: str = "main.py",
+    model_path: str = "openai/test-model",
+    dataset: str = "calc",
+    evaluation: Mapping[str, Any] | None = None,
+    secrets: Iterable[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> str:
+    lines = [
+        "[experiment]",
+        f'rollout = "{rollout}"',
+        f'entrypoint = "{entrypoint}"',
+        f'model_path = "{model_path}"',
+        f'dataset = "{dataset}"',
+    ]
+    if evaluation:
+        lines.append("[evaluation]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in evaluation.items()]
+    if env:
+        lines.append("[env]")
+        lines += [f'{k} = "{v}"' for k, v in env.items()]
+    lines += ["[secrets]", f"required = {json.dumps(list(secrets))}"]
+    return "\n".join(lines) + "\n"
+
+
+def calc_rows(specs: Iterable[tuple[str, str] | tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """Rows from (question, label[, do]) tuples; ``do`` makes the rollout misbehave."""
+    rows = []
+    for spec in specs:
+        question, label = spec[0], spec[1]
+        row: dict[str, Any] = {"user_prompt": question, "ground_truth": label}
+        if len(spec) > 2:
+            row["metadata"] = {"do": spec[2]}
+        rows.append(row)
+    return rows
+
+
+def write_workspace(
+    root: Path,
+    *,
+    name: str = "calc",
+    rows: Iterable[Mapping[str, Any]] | None = None,
+    rollout_source: str = CALC_ROLLOUT,
+    **toml: Any,
+) -> Path:
+    """Write a workspace under ``root`` and return the config path."""
+    config = root / "configs" / "eval" / f"{name}.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(toml_text(**toml))
+    dataset = toml.get("dataset", "calc")
+    rollout = toml.get("rollout", "calc")
+    data = root / "data" / f"{dataset}.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    if rows is None:
+        rows = calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")])
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main = root / "rollouts" / rollout / toml.get("entrypoint", "main.py")
+    main.parent.mkdir(parents=True, exist_ok=True)
+    main.write_text(rollout_source)
+    return config
+
+
+def read_index(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "index.jsonl").read_text().splitlines()]
+
+
+def only_run_dir(root: Path) -> Path:
+    runs = [p for p in (root / ".osmosis" / "evals").iterdir() if not p.name.startswith(".")]
+    assert len(runs) == 1, runs
+    return runs[0]
