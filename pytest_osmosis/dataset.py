@@ -8,7 +8,6 @@ contract columns of the selected rows for CSV and Parquet.
 
 from __future__ import annotations
 
-import copy
 import csv
 import hashlib
 import io
@@ -47,6 +46,7 @@ _CONTRACT_COLUMNS = ("system_prompt", "user_prompt", "ground_truth", "label", _M
 _CSV_FIELD_SIZE_LIMIT = 16 * 1024 * 1024
 # Module level so tests can shrink it and exercise lines split across reads.
 _READ_CHUNK = 1 << 20
+_PARQUET_BATCH = 1 << 16
 _ROWS_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
 # Python's text mode (what the official reader uses) ends a line at \r\n, \r or \n.
 _NEWLINE_SPLIT = re.compile(rb"(\r\n|\r|\n)")
@@ -328,12 +328,16 @@ class _Scan:
     lines: array[int]  # 1-based line of each candidate (JSONL, CSV)
     starts: array[int]  # JSONL byte span of each candidate
     ends: array[int]
-    raws: list[dict[str, Any]] | None  # CSV/Parquet contract columns of each candidate
     errors: dict[int, str]  # candidate position -> message, kept only when sampling
+    # CSV and Parquet keep the contract columns present (`names`) of each candidate:
+    # CSV as one tuple of strings per row, Parquet as Arrow data (far smaller than dicts).
+    names: tuple[str, ...] = ()
+    values: list[tuple[Any, ...]] | None = None
+    table: Any = None
 
 
 def _new_scan() -> _Scan:
-    return _Scan("", (0, 0, 0, 0), 0, array("q"), array("q"), array("q"), array("q"), None, {})
+    return _Scan("", (0, 0, 0, 0), 0, array("q"), array("q"), array("q"), array("q"), {})
 
 
 def _read_error(path: Path, exc: OSError) -> DatasetError:
@@ -486,8 +490,8 @@ def _utf8_error(data: bytes) -> str:
 def _scan_csv(path: Path, pick: Callable[[int], bool], sampling: bool) -> _Scan:
     scan = _new_scan()
     data = _read_all(path, scan)
-    raws: list[dict[str, Any]] = []
-    scan.raws = raws
+    values: list[tuple[Any, ...]] = []
+    scan.values = values
     previous_limit = csv.field_size_limit(_CSV_FIELD_SIZE_LIMIT)
     text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="")
     reader = csv.reader(text)
@@ -505,6 +509,7 @@ def _scan_csv(path: Path, pick: Callable[[int], bool], sampling: bool) -> _Scan:
         # Like csv.DictReader: the last column of a repeated name wins; missing cells are None.
         position = {name: at for at, name in enumerate(header)}
         columns = [(name, position[name]) for name in _CONTRACT_COLUMNS if name in position]
+        scan.names = tuple(name for name, _ in columns)
         total = 0
         while True:
             line = reader.line_num + 1
@@ -527,7 +532,7 @@ def _scan_csv(path: Path, pick: Callable[[int], bool], sampling: bool) -> _Scan:
             )
             scan.sources.append(source)
             scan.lines.append(line)
-            raws.append(raw)
+            values.append(tuple(raw.values()))
         scan.total = total
     except csv.Error as exc:
         raise DatasetError(f"{path}:{reader.line_num}: invalid CSV ({_one_line(exc)})") from None
@@ -550,54 +555,63 @@ def _scan_parquet(
         ) from None
     scan = _new_scan()
     data = _read_all(path, scan)
-    raws: list[dict[str, Any]] = []
-    scan.raws = raws
+    kept: list[Any] = []
     # pyarrow parses untrusted bytes: whatever it raises means "this file is unreadable".
     try:
         parquet = pq.ParquetFile(pa.BufferReader(data))
-        names = set(parquet.schema_arrow.names)
+        present = set(parquet.schema_arrow.names)
         total = int(parquet.metadata.num_rows)
     except Exception as exc:
         raise DatasetError(
             f"{path}: not a readable Parquet file ({type(exc).__name__}: {_one_line(exc)})"
         ) from None
-    columns = [name for name in _CONTRACT_COLUMNS if name in names]
-    batches = iter(parquet.iter_batches(columns=columns))
+    columns = [name for name in _CONTRACT_COLUMNS if name in present]
+    scan.names = tuple(columns)
+    batches = iter(parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns))
     offset = 0
     while last_wanted is None or offset <= last_wanted:
         try:
             batch = next(batches, None)
         except Exception as exc:
             raise DatasetError(
-                f"{path}: cannot read Parquet rows from {offset} on ({type(exc).__name__}: {_one_line(exc)})"
+                f"{path}: cannot read Parquet rows from {offset} on "
+                f"({type(exc).__name__}: {_one_line(exc)})"
             ) from None
         if batch is None:
             break
         size = int(batch.num_rows)
         wanted = [at for at in range(size) if pick(offset + at)]
         if wanted:
-            values: dict[str, list[Any]] = {}
-            for column_at, name in enumerate(columns):
+            # A repeated column name comes back twice; like to_pylist(), the last one wins.
+            batch_names = list(batch.schema.names)
+            arrays = [
+                batch.column(len(batch_names) - 1 - batch_names[::-1].index(name))
+                for name in columns
+            ]
+            values: list[list[Any]] = []
+            for name, column in zip(columns, arrays, strict=True):
                 try:
-                    values[name] = batch.column(column_at).to_pylist()
+                    values.append(column.to_pylist())
                 except Exception as exc:
                     raise DatasetError(
-                        f"{path}: column {name!r} of type {batch.schema.field(column_at).type} "
-                        f"cannot be read as Python values ({type(exc).__name__}: {_one_line(exc)})"
+                        f"{path}: column {name!r} of type {column.type} cannot be read as "
+                        f"Python values ({type(exc).__name__}: {_one_line(exc)})"
                     ) from None
             for at in wanted:
                 source = offset + at
-                raw = {name: values[name][at] for name in columns}
-                _check_candidate(
-                    scan,
-                    raw,
-                    (path, source, None),
-                    sampling,
-                )
+                raw = {
+                    name: column_values[at]
+                    for name, column_values in zip(columns, values, strict=True)
+                }
+                _check_candidate(scan, raw, (path, source, None), sampling)
                 scan.sources.append(source)
-                raws.append(raw)
+            if columns:
+                selected = pa.RecordBatch.from_arrays(arrays, names=columns)
+                kept.append(selected if len(wanted) == size else selected.take(pa.array(wanted)))
         offset += size
     scan.total = total
+    if kept:
+        scan.table = pa.Table.from_batches(kept)
     return scan
 
 
@@ -620,7 +634,9 @@ class SelectedDataset:
         "_lines",
         "_starts",
         "_ends",
-        "_raws",
+        "_names",
+        "_values",
+        "_table",
     )
 
     def __init__(self, path: Path, format: str, scan: _Scan) -> None:
@@ -633,7 +649,10 @@ class SelectedDataset:
         self._lines = scan.lines
         self._starts = scan.starts
         self._ends = scan.ends
-        self._raws = scan.raws
+        self._names = scan.names
+        self._values = scan.values
+        # One chunk makes column[i] O(1).
+        self._table = None if scan.table is None else scan.table.combine_chunks()
         self.selector = format_row_selector(scan.sources)
 
     def __len__(self) -> int:
@@ -662,10 +681,15 @@ class SelectedDataset:
     def row(self, row_index: int) -> EvalDatasetRow:
         """Build selected row `row_index` (fresh objects each call, safe to mutate)."""
         source = self._sources[self._check(row_index)]
-        if self._raws is not None:
-            raw: Mapping[str, Any] = self._raws[row_index]
-            if self.format == "parquet":
-                raw = copy.deepcopy(raw)
+        raw: Mapping[str, Any]
+        if self._values is not None:
+            raw = dict(zip(self._names, self._values[row_index], strict=True))
+        elif self.format == "parquet":
+            table = self._table
+            raw = {
+                name: None if table is None else table.column(at)[row_index].as_py()
+                for at, name in enumerate(self._names)
+            }
         else:
             raw = self._jsonl_row(row_index)
         try:
@@ -787,5 +811,7 @@ def _keep(scan: _Scan, positions: list[int]) -> None:
         values: array[int] = getattr(scan, name)
         if values:
             setattr(scan, name, array("q", (values[at] for at in positions)))
-    if scan.raws is not None:
-        scan.raws = [scan.raws[at] for at in positions]
+    if scan.values is not None:
+        scan.values = [scan.values[at] for at in positions]
+    if scan.table is not None:
+        scan.table = scan.table.take(positions)

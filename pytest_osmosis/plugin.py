@@ -242,6 +242,14 @@ class EvalHooks:
             return
         run.rundir.append(result)
         run.executed += 1
+        details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
+        if result.get("reward") is not None:
+            details["reward"] = result["reward"]
+        if result.get("error_type"):
+            details["error_type"] = result["error_type"]
+        run.log.write("info", "result", "work item finished", **details)
+        if result.get("detail"):
+            run.log.write("error", "result", result.get("message", ""), detail=result["detail"])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -272,6 +280,7 @@ def finalize_run(run: Any, *, cancelled: bool) -> dict[str, Any]:
     plan = run.plan
     complete = all(key in run.rundir.records for key in run_keys(plan))
     status = "finished" if complete and not cancelled else "incomplete"
+    run.log.write("info", "run", f"run {status}", executed=run.executed)
     result: dict[str, Any] = run.rundir.refresh(
         status=status,
         total_dataset_rows=plan.dataset.total_dataset_rows,
@@ -283,6 +292,7 @@ def finalize_run(run: Any, *, cancelled: bool) -> dict[str, Any]:
         rollout_name=plan.config.experiment.rollout,
         started_at=run.started_at,
     )
+    run.log.close()
     run.rundir.close()
     return result
 

@@ -26,6 +26,7 @@ from pytest_osmosis.plan import (
     choose_run_name,
     run_inputs,
     run_provenance,
+    secret_values,
     utc_now,
 )
 from pytest_osmosis.runner import Budgets, WorkItem, execute
@@ -33,7 +34,7 @@ from pytest_osmosis.runner import Budgets, WorkItem, execute
 if TYPE_CHECKING:
     from pytest_osmosis.bridge import Bridge
     from pytest_osmosis.collect import EvalItem
-    from pytest_osmosis.results import RunDirectory
+    from pytest_osmosis.results import RunDirectory, RunLog
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ControllerRun:
 
     plan: EvalPlan
     rundir: RunDirectory
+    log: RunLog
     started_at: Any
     executed: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -108,7 +110,7 @@ class EvalSession:
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
-        from pytest_osmosis.results import RunDirectory
+        from pytest_osmosis.results import Redactor, RunDirectory, RunLog, ambient_secret_values
 
         now = utc_now()
         several = len(config_paths) > 1
@@ -138,9 +140,18 @@ class EvalSession:
                 fresh=self.options.fresh,
                 retry_failed=self.options.retry_failed,
             )
+            redactor = Redactor(secret_values(plan).values(), min_length=1)
+            redactor.extend(ambient_secret_values(os.environ))
+            log = RunLog(rundir.logs_path, redactor)
+            keys = [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+            log.write(
+                "info",
+                "run",
+                f"{plan.run_name}: {len(rundir.pending(keys))} of {len(keys)} work items pending",
+            )
             self._plans[path] = plan
             self._journals[path] = rundir.records
-            self.runs[path] = ControllerRun(plan=plan, rundir=rundir, started_at=now)
+            self.runs[path] = ControllerRun(plan=plan, rundir=rundir, log=log, started_at=now)
             names[str(path)] = plan.run_name
         return names
 
@@ -285,6 +296,10 @@ class EvalSession:
                 self.executor.call(check())
             except OsmosisError as exc:
                 raise pytest.UsageError(str(exc)) from None
+            except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
+                raise pytest.UsageError(
+                    f"model preflight failed for {model_path!r}: {type(exc).__name__}: {exc}"
+                ) from None
 
     def close(self) -> None:
         if self._executor is not None:

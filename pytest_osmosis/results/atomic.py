@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import json
 import os
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,24 +36,53 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = FILE_MODE) -> None:
-    """Replace *path* with *data* atomically and durably (mode 0600 by default)."""
-    parent = path.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+_TMP_COUNTER = itertools.count()
+
+
+def _open_temp(directory: str, name: str, mode: int) -> tuple[int, str]:
+    """Create a unique temp file next to the destination (O_EXCL, never reused)."""
+    while True:
+        tmp = os.path.join(directory, f".{name}.{os.getpid()}.{next(_TMP_COUNTER)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), tmp
+        except FileExistsError:
+            continue
+
+
+def atomic_write_bytes(
+    path: Path, data: bytes, *, mode: int = FILE_MODE, durable: bool = True
+) -> None:
+    """Replace *path* with *data* atomically (mode 0600 by default).
+
+    ``durable`` adds the fsyncs that make the new content survive a power loss;
+    files that are rebuilt from the journal anyway (projections, trajectories)
+    skip them, since two fsyncs per file would dominate a fast run's cost.
+    """
+    directory, name = os.path.split(os.fspath(path))
+    directory = directory or "."
     try:
-        with os.fdopen(fd, "wb") as handle:
+        fd, tmp = _open_temp(directory, name, mode)
+    except FileNotFoundError:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = _open_temp(directory, name, mode)
+    try:
+        try:
             if mode != FILE_MODE:
-                os.fchmod(handle.fileno(), mode)
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
+                os.fchmod(fd, mode)  # the umask may have narrowed a wider mode
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
+            os.unlink(tmp)
         raise
-    fsync_dir(parent)
+    if durable:
+        fsync_dir(Path(directory))
 
 
 def pretty_json(payload: Any) -> str:

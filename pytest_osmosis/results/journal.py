@@ -42,8 +42,7 @@ _FIELDS: tuple[tuple[str, type | tuple[type, ...], str, bool], ...] = (
 _PATH_SEPARATORS = ("/", "\\")
 
 _CORRUPT_HINT = (
-    "the run cannot resume safely: repair or delete that line, or start over with "
-    "--osmosis-fresh"
+    "the run cannot resume safely: repair or delete that line, or start over with --osmosis-fresh"
 )
 
 
@@ -83,8 +82,7 @@ def normalize_record(payload: Any, *, where: str) -> dict[str, Any]:
         )
     if values["status"] not in TERMINAL_STATUSES:
         raise RunDirectoryError(
-            f"{where}: status must be one of failed, skipped, success, "
-            f"got {values['status']!r}"
+            f"{where}: status must be one of failed, skipped, success, got {values['status']!r}"
         )
     for name in ("reward", "duration_ms"):
         if name in values:

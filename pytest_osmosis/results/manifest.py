@@ -267,9 +267,7 @@ def build_provenance(
     if isinstance(config_path, Path):
         if workspace is not None:
             try:
-                relative_config = (
-                    config_path.resolve().relative_to(workspace.resolve()).as_posix()
-                )
+                relative_config = config_path.resolve().relative_to(workspace.resolve()).as_posix()
             except ValueError:
                 relative_config = None
     elif config_path:
@@ -306,7 +304,9 @@ def create_manifest(
     try:
         data = pretty_json(payload).encode("utf-8")
     except (TypeError, ValueError) as exc:
-        raise RunDirectoryError(f"{path}: inputs/provenance are not JSON-serializable ({exc})")
+        raise RunDirectoryError(
+            f"{path}: inputs/provenance are not JSON-serializable ({exc})"
+        ) from exc
     atomic_write_bytes(path, data)
     return payload
 

@@ -16,10 +16,6 @@ from fractions import Fraction
 from typing import Any
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _sqrt_of_fraction(value: Fraction) -> float:
     """Correctly rounded square root of a non-negative exact fraction.
 
@@ -99,7 +95,7 @@ def aggregate_metrics(
             failed += 1
         reward = row.get("reward")
         is_pass = False
-        if _is_number(reward):
+        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
             graded += 1
             rewards.append(float(reward))
             is_pass = float(reward) >= pass_threshold

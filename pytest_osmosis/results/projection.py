@@ -1,10 +1,12 @@
 """The user-facing copies ``trajectories/row_<r>_run_<n>.json`` and ``artifacts/row_<r>_run_<n>/``.
 
 ``rollout_trials/<id>/artifacts/`` is written by user code, so nothing in it is
-trusted: symlinks, traversal parts, files resolving outside the root and the
-reserved top-level ``manifest.json`` are skipped with a warning, never copied
-(a symlink would otherwise exfiltrate host files into the projection). Copies
-are independent bytes, so editing a projection never changes what is uploaded.
+trusted: symlinks (files or directories, and a symlinked root), unsafe path
+parts, non-regular files and the reserved top-level ``manifest.json`` are
+skipped with a warning, never copied (a symlink would otherwise exfiltrate host
+files into the projection). Directories are walked without following links, so
+every copied file lies inside the artifact root. Copies are independent bytes:
+editing a projection never changes what ``osmosis eval upload`` sends.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ TRAJECTORIES_DIRNAME = "trajectories"
 ARTIFACTS_DIRNAME = "artifacts"
 #: Reserved by the platform's download layout; excluded on both sides.
 _RESERVED_ARTIFACT_NAME = "manifest.json"
+_UPLOAD_REFUSES = "(osmosis eval upload refuses a run that contains one)"
 
 Warn = Callable[[str], None]
 
@@ -38,57 +41,40 @@ def projection_stem(row_index: int, run_index: int) -> str:
 def safe_artifact_paths(artifacts_dir: Path, *, warn: Warn = _ignore) -> list[PurePosixPath]:
     """Relative paths of the regular files under *artifacts_dir* that are safe to copy."""
     try:
-        root_stat = artifacts_dir.lstat()
+        root_mode = os.lstat(artifacts_dir).st_mode
     except OSError:
         return []
-    if stat.S_ISLNK(root_stat.st_mode):
-        warn(f"skipping symlinked artifact root {artifacts_dir}")
+    if stat.S_ISLNK(root_mode):
+        warn(f"skipping symlinked artifact root {artifacts_dir} {_UPLOAD_REFUSES}")
         return []
-    if not stat.S_ISDIR(root_stat.st_mode):
+    if not stat.S_ISDIR(root_mode):
         return []
-    resolved_root = artifacts_dir.resolve()
     selected: list[PurePosixPath] = []
-    for dirpath, dirnames, filenames in os.walk(artifacts_dir, followlinks=False):
-        base = Path(dirpath)
-        for name in sorted(dirnames):
-            if (base / name).is_symlink():
-                warn(
-                    f"skipping artifact symlink {base / name} "
-                    "(osmosis eval upload refuses a run that contains one)"
-                )
-        for name in sorted(filenames):
-            candidate = base / name
-            relative = PurePosixPath(candidate.relative_to(artifacts_dir).as_posix())
-            try:
-                mode = candidate.lstat().st_mode
-            except OSError:
-                continue
-            if stat.S_ISLNK(mode):
-                warn(
-                    f"skipping artifact symlink {candidate} "
-                    "(osmosis eval upload refuses a run that contains one)"
-                )
-                continue
-            if not stat.S_ISREG(mode):
-                continue
-            if any(part in ("", ".", "..") for part in relative.parts):
-                warn(f"skipping unsafe artifact path {relative}")
-                continue
-            if len(relative.parts) == 1 and relative.name == _RESERVED_ARTIFACT_NAME:
-                continue
-            try:
-                inside = candidate.resolve().is_relative_to(resolved_root)
-            except OSError:
-                inside = False
-            if not inside:
-                warn(f"skipping artifact path {relative} outside the artifact root")
-                continue
-            selected.append(relative)
+    pending: list[tuple[str, tuple[str, ...]]] = [(os.fspath(artifacts_dir), ())]
+    while pending:
+        directory, prefix = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError as exc:
+            warn(f"cannot list artifacts in {directory}: {exc}")
+            continue
+        for entry in entries:
+            parts = (*prefix, entry.name)
+            if entry.is_symlink():
+                warn(f"skipping artifact symlink {entry.path} {_UPLOAD_REFUSES}")
+            elif entry.is_dir(follow_symlinks=False):
+                pending.append((entry.path, parts))
+            elif not entry.is_file(follow_symlinks=False):
+                continue  # sockets, fifos, devices: not artifacts
+            elif any(part in ("", ".", "..") or "/" in part for part in parts):
+                warn(f"skipping unsafe artifact path {'/'.join(parts)!r}")
+            elif parts != (_RESERVED_ARTIFACT_NAME,):
+                selected.append(PurePosixPath(*parts))
     selected.sort(key=lambda path: path.parts)
     return selected
 
 
-def _read_regular_file(path: Path) -> bytes:
+def _read_regular_file(path: str) -> bytes:
     """Read *path* without following a symlink swapped in after the safety check."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     with os.fdopen(fd, "rb") as handle:
@@ -100,13 +86,13 @@ def _read_regular_file(path: Path) -> bytes:
 def _clear(path: Path) -> None:
     """Remove a file, a symlink or a directory tree at *path*; absent is fine."""
     try:
-        mode = path.lstat().st_mode
+        mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return
     if stat.S_ISDIR(mode):
         shutil.rmtree(path)
     else:
-        path.unlink()
+        os.unlink(path)
 
 
 def project_work_item(
@@ -131,17 +117,17 @@ def project_work_item(
     _clear(artifacts_dest)
     if trajectory_filename is not None:
         try:
-            data = _read_regular_file(trial_dir / trajectory_filename)
+            data = _read_regular_file(os.path.join(trial_dir, trajectory_filename))
         except OSError as exc:
             warn(f"cannot copy the trajectory of rollout {rollout_id}: {exc}")
         else:
-            atomic_write_bytes(trajectory_dest, data)
+            atomic_write_bytes(trajectory_dest, data, durable=False)
     artifacts_dir = trial_dir / ARTIFACTS_DIRNAME
     for relative in safe_artifact_paths(artifacts_dir, warn=warn):
-        source = artifacts_dir.joinpath(*relative.parts)
+        source = os.path.join(artifacts_dir, *relative.parts)
         try:
             data = _read_regular_file(source)
         except OSError as exc:
             warn(f"cannot copy artifact {source}: {exc}")
             continue
-        atomic_write_bytes(artifacts_dest.joinpath(*relative.parts), data)
+        atomic_write_bytes(artifacts_dest.joinpath(*relative.parts), data, durable=False)

@@ -99,9 +99,7 @@ class RunLog:
         self.path = path
         self.redactor = redactor if redactor is not None else Redactor()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(
-            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE
-        )
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
         self._lock = threading.Lock()
 
     @staticmethod
@@ -110,7 +108,10 @@ class RunLog:
         line = f"{utc_now()} {level.upper()} [{step}] {message}"
         if details:
             encoded = json.dumps(
-                dict(details), ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                dict(details),
+                ensure_ascii=False,
+                sort_keys=True,
+                separators=(",", ":"),
                 default=str,
             )
             line = f"{line} {encoded}"

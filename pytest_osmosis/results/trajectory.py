@@ -101,10 +101,14 @@ def format_trajectory_json(document: Mapping[str, Any]) -> str:
 
 
 def write_trajectory(trial_dir: Path, doc: Mapping[str, Any]) -> None:
-    """Atomically write *doc* as ``trial_dir/trajectory.json`` (no trailing newline)."""
-    atomic_write_bytes(
-        trial_dir / CANONICAL_TRAJECTORY_FILENAME, format_trajectory_json(doc).encode("utf-8")
-    )
+    """Atomically write *doc* as ``trial_dir/trajectory.json`` (no trailing newline).
+
+    Not fsync'd, like the SDK's: the journal is the durable record, and a lost
+    trajectory only drops ``trajectory_filename`` from the index. Raises
+    ``ValueError`` for a non-finite number (the SDK then writes no trajectory).
+    """
+    data = format_trajectory_json(doc).encode("utf-8")
+    atomic_write_bytes(trial_dir / CANONICAL_TRAJECTORY_FILENAME, data, durable=False)
 
 
 # --------------------------------------------------------------------------- #
@@ -382,7 +386,7 @@ def _apply_call_usage(steps: list[Step], calls: list[_CallUsage]) -> list[dict[s
     agent_steps = [step for step in steps if step.source == "agent"]
     if len(agent_steps) != len(calls):
         return [call.model_dump(exclude_none=True) for call in calls]
-    for step, call in zip(agent_steps, calls):
+    for step, call in zip(agent_steps, calls, strict=True):
         payload = call.model_dump(exclude={"model_name"}, exclude_none=True)
         if payload:
             reported = Metrics.model_validate(payload)
@@ -415,4 +419,3 @@ def _final_metrics(calls: list[_CallUsage]) -> FinalMetrics | None:
 def trial_dir_of(run_dir: Path, rollout_id: str) -> Path:
     """``<run_dir>/rollout_trials/<rollout_id>``."""
     return run_dir / TRIALS_DIRNAME / rollout_id
-

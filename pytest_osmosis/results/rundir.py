@@ -1,0 +1,602 @@
+"""The completed-run directory, owned by one process (the controller) at a time.
+
+``RunDirectory`` holds the run lock, the manifest, the journal and the
+projections of one named run. The per-item path is :meth:`RunDirectory.append`
+(one fsync'd line, O(1)); :meth:`RunDirectory.refresh` rewrites the snapshots
+(index, summary, progress, metrics) and copies projections only for the work
+items whose selected attempt changed, so calling it periodically stays cheap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.results.atomic import (
+    FILE_MODE,
+    atomic_write_bytes,
+    atomic_write_json,
+    format_utc,
+    fsync_dir,
+)
+from pytest_osmosis.results.index import (
+    CANONICAL_TRAJECTORY_FILENAME,
+    INDEX_FILENAME,
+    METRICS_FILENAME,
+    PROGRESS_FILENAME,
+    SUMMARY_FILENAME,
+    TRIALS_DIRNAME,
+    atif_total_tokens,
+    build_index_row,
+    read_valid_trajectory,
+    render_index_line,
+)
+from pytest_osmosis.results.journal import (
+    JOURNAL_FILENAME,
+    Journal,
+    WorkKey,
+    normalize_record,
+    replay_journal,
+)
+from pytest_osmosis.results.manifest import (
+    LOCKS_DIRNAME,
+    MANIFEST_FILENAME,
+    changed_input_keys,
+    create_manifest,
+    read_manifest,
+    validate_run_name,
+)
+from pytest_osmosis.results.metrics import aggregate_metrics
+from pytest_osmosis.results.projection import (
+    TRAJECTORIES_DIRNAME,
+    project_work_item,
+    projection_stem,
+)
+
+LOGS_FILENAME = "logs.txt"
+RunStatus = Literal["running", "finished", "incomplete"]
+Warn = Callable[[str], None]
+
+
+def _ignore(_message: str) -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- #
+# Lock and archive
+# --------------------------------------------------------------------------- #
+
+
+class RunLock:
+    """Exclusive ``flock`` on ``<output_root>/.locks/<run_name>.lock``.
+
+    It lives outside the run directory so ``--osmosis-fresh`` renaming the
+    directory cannot unlock it, and ``osmosis eval upload`` takes the same lock,
+    so it never reads a half-written run. The file is never deleted.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE)
+        except OSError as exc:
+            raise RunDirectoryError(f"cannot create the run lock {self.path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                raise RunDirectoryError(
+                    f"another process (pytest --osmosis-eval or osmosis eval run/upload) "
+                    f"holds {self.path}; wait for it to finish or use a different "
+                    "--osmosis-name"
+                ) from exc
+            raise RunDirectoryError(f"cannot lock {self.path}: {exc}") from exc
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def archive_run_directory(run_dir: Path, *, now: datetime | None = None) -> Path:
+    """Rename *run_dir* to ``<name>.archive-<UTC stamp>[-k]``; never delete results."""
+    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    stamp = moment.strftime("%Y%m%dT%H%M%SZ")
+    destination = run_dir.parent / f"{run_dir.name}.archive-{stamp}"
+    suffix = 1
+    while destination.exists() or destination.is_symlink():
+        destination = run_dir.parent / f"{run_dir.name}.archive-{stamp}-{suffix}"
+        suffix += 1
+    os.replace(run_dir, destination)
+    fsync_dir(run_dir.parent)
+    return destination
+
+
+# --------------------------------------------------------------------------- #
+# Per-item cached state
+# --------------------------------------------------------------------------- #
+
+
+@dataclass
+class _Verdict:
+    """Whether a trial's trajectory.json is usable, keyed by its stat signature."""
+
+    signature: tuple[int, int, int, int] | None
+    valid: bool
+    tokens: int | None
+
+
+@dataclass
+class _Projected:
+    """What a work item's projection on disk was last written from."""
+
+    rollout_id: str
+    has_trajectory: bool
+
+
+def _stat_signature(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_previous_index(path: Path) -> tuple[dict[WorkKey, dict[str, Any]], int | None]:
+    """The index a previous invocation wrote (rows by key) and its ctime, best effort."""
+    try:
+        ctime = path.stat().st_ctime_ns
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}, None
+    rows: dict[WorkKey, dict[str, Any]] = {}
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            key = (row.get("row_index"), row.get("run_index"))
+            if all(isinstance(part, int) for part in key):
+                rows[(int(row["row_index"]), int(row["run_index"]))] = row
+    return rows, ctime
+
+
+# --------------------------------------------------------------------------- #
+# Run directory
+# --------------------------------------------------------------------------- #
+
+
+class RunDirectory:
+    """One named run under an output root, opened for writing by this process."""
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        run_name: str,
+        manifest: dict[str, Any],
+        lock: RunLock,
+        journal: Journal,
+        records: dict[WorkKey, dict[str, Any]],
+        retry_failed: bool,
+        warn: Warn,
+    ) -> None:
+        self.path = path
+        self.run_name = run_name
+        self.manifest = manifest
+        self.local_run_id: str = manifest["local_run_id"]
+        self.retry_failed = retry_failed
+        #: Latest journal record per work key (carried forward plus this invocation's).
+        self.records = records
+        self._lock = lock
+        self._journal = journal
+        self._warn = warn
+        self._mutex = threading.RLock()
+        #: Keys whose record came from an earlier invocation (index ``resumed``).
+        self._carried: set[WorkKey] = set(records)
+        self._executed: set[WorkKey] = set()
+        self._lines: dict[WorkKey, bytes] = {}
+        self._rows: dict[WorkKey, dict[str, Any]] = {}
+        self._verdicts: dict[str, _Verdict] = {}
+        self._projected: dict[WorkKey, _Projected] = {}
+        self._dirty: set[WorkKey] = set(records)
+        self._seed_from_previous_index()
+
+    # -- opening ----------------------------------------------------------- #
+
+    @classmethod
+    def open(
+        cls,
+        output_root: Path,
+        run_name: str,
+        inputs: Mapping[str, Any],
+        provenance: Mapping[str, Any],
+        *,
+        fresh: bool = False,
+        retry_failed: bool = False,
+        warn: Warn | None = None,
+        on_archive: Callable[[Path], None] | None = None,
+    ) -> RunDirectory:
+        """Lock, create or resume ``<output_root>/<run_name>``.
+
+        ``fresh`` archives an existing run first. Resuming compares the top-level
+        ``inputs`` keys with the manifest and refuses, naming them, when any
+        changed. *warn* receives non-fatal problems (a discarded torn journal line,
+        skipped unsafe artifacts); *on_archive* the path a fresh run archived to.
+        """
+        validate_run_name(run_name)
+        report = warn or _ignore
+        output_root = Path(os.path.abspath(output_root))
+        lock = RunLock(output_root / LOCKS_DIRNAME / f"{run_name}.lock")
+        lock.acquire()
+        try:
+            return cls._open_locked(
+                output_root,
+                run_name,
+                inputs,
+                provenance,
+                lock=lock,
+                fresh=fresh,
+                retry_failed=retry_failed,
+                warn=report,
+                on_archive=on_archive,
+            )
+        except BaseException:
+            lock.release()
+            raise
+
+    @classmethod
+    def _open_locked(
+        cls,
+        output_root: Path,
+        run_name: str,
+        inputs: Mapping[str, Any],
+        provenance: Mapping[str, Any],
+        *,
+        lock: RunLock,
+        fresh: bool,
+        retry_failed: bool,
+        warn: Warn,
+        on_archive: Callable[[Path], None] | None,
+    ) -> RunDirectory:
+        run_dir = output_root / run_name
+        if run_dir.is_symlink():
+            raise RunDirectoryError(
+                f"run directory {run_dir} is a symbolic link; remove it or use a different "
+                "--osmosis-name"
+            )
+        try:
+            current = json.loads(json.dumps(dict(inputs), allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise RunDirectoryError(f"run inputs are not JSON-serializable: {exc}") from exc
+        manifest_path = run_dir / MANIFEST_FILENAME
+        manifest: dict[str, Any] | None = None
+        try:
+            if manifest_path.is_file() and fresh:
+                archived = archive_run_directory(run_dir)
+                if on_archive is not None:
+                    on_archive(archived)
+            elif manifest_path.is_file():
+                manifest = read_manifest(manifest_path)
+                changed = changed_input_keys(manifest["inputs"], current)
+                if changed:
+                    raise RunDirectoryError(
+                        f"run {run_name!r} in {output_root} was created with different "
+                        f"resolved inputs (changed: {', '.join(changed)}), so resuming it "
+                        "would mix versions inside one set of metrics; rerun with "
+                        "--osmosis-fresh (the previous results are archived, never deleted) "
+                        "or use a different --osmosis-name"
+                    )
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / TRIALS_DIRNAME).mkdir(exist_ok=True)
+            if manifest is None:
+                manifest = create_manifest(
+                    manifest_path, run_name=run_name, inputs=current, provenance=provenance
+                )
+            replay = replay_journal(run_dir / JOURNAL_FILENAME)
+            if replay.truncated_bytes:
+                warn(
+                    f"{run_dir / JOURNAL_FILENAME}: discarded a partial final record "
+                    f"({replay.truncated_bytes} bytes) left by an interrupted run"
+                )
+            journal = Journal(run_dir / JOURNAL_FILENAME, replay)
+        except OSError as exc:
+            raise RunDirectoryError(f"cannot open run directory {run_dir}: {exc}") from exc
+        return cls(
+            path=run_dir,
+            run_name=run_name,
+            manifest=manifest,
+            lock=lock,
+            journal=journal,
+            records=replay.latest,
+            retry_failed=retry_failed,
+            warn=warn,
+        )
+
+    def _seed_from_previous_index(self) -> None:
+        """Trust what the last index said about untouched trajectories and projections.
+
+        Projections are written before the index, so an index row proves its work
+        item was projected from that attempt; a trajectory whose ctime predates the
+        index has not changed since it was checked. Resuming a finished run of
+        10,000 items then costs stats, not 10,000 JSON parses and file copies.
+        """
+        rows, index_ctime = _read_previous_index(self.path / INDEX_FILENAME)
+        if index_ctime is None:
+            return
+        for key, record in self.records.items():
+            row = rows.get(key)
+            if row is None or row.get("rollout_id") != record["rollout_id"]:
+                continue
+            rollout_id = record["rollout_id"]
+            path = self._trajectory_path(rollout_id)
+            signature = _stat_signature(path)
+            has_trajectory = row.get("trajectory_filename") == CANONICAL_TRAJECTORY_FILENAME
+            if signature is not None and signature[3] >= index_ctime:
+                continue  # changed since that index was written: check it again
+            if signature is None and has_trajectory:
+                continue
+            tokens = row.get("tokens") if record.get("tokens") is None else None
+            self._verdicts[rollout_id] = _Verdict(
+                signature=signature,
+                valid=has_trajectory and signature is not None,
+                tokens=tokens if isinstance(tokens, int) else None,
+            )
+            stem = projection_stem(*key)
+            projected = _stat_signature(self.path / TRAJECTORIES_DIRNAME / f"{stem}.json")
+            if has_trajectory and (
+                projected is None or signature is None or projected[1] != signature[1]
+            ):
+                continue  # lost or torn copy (projections are not fsync'd)
+            if not has_trajectory and projected is not None:
+                continue
+            self._projected[key] = _Projected(rollout_id, has_trajectory)
+            self._dirty.discard(key)
+
+    # -- state -------------------------------------------------------------- #
+
+    @property
+    def logs_path(self) -> Path:
+        """``<run_dir>/logs.txt`` (open it with :class:`RunLog`)."""
+        return self.path / LOGS_FILENAME
+
+    @property
+    def trials_dir(self) -> Path:
+        return self.path / TRIALS_DIRNAME
+
+    @property
+    def resumed_keys(self) -> frozenset[WorkKey]:
+        """Keys whose result was carried forward from an earlier invocation."""
+        return frozenset(self._carried)
+
+    def pending(self, keys: Iterable[WorkKey]) -> set[WorkKey]:
+        """The subset of *keys* that must run in this invocation.
+
+        A key is pending when it has no record; with ``retry_failed`` also when its
+        carried-forward record is ``failed`` or ``skipped`` (a result produced in
+        this invocation is never retried again).
+        """
+        result: set[WorkKey] = set()
+        for key in keys:
+            record = self.records.get(key)
+            if record is None:
+                result.add(key)
+            elif (
+                self.retry_failed
+                and key not in self._executed
+                and record["status"] in ("failed", "skipped")
+            ):
+                result.add(key)
+        return result
+
+    def append(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Journal one work result durably (fsync) and make it the key's latest.
+
+        Only the journal fields are kept (contract §7.2); extra keys are dropped.
+        Returns the normalized record.
+        """
+        normalized = normalize_record(record, where="work result")
+        key = (normalized["row_index"], normalized["run_index"])
+        with self._mutex:
+            try:
+                self._journal.append(normalized)
+            except OSError as exc:
+                raise RunDirectoryError(
+                    f"cannot append to {self.path / JOURNAL_FILENAME}: {exc}"
+                ) from exc
+            self.records[key] = normalized
+            self._carried.discard(key)
+            self._executed.add(key)
+            self._lines.pop(key, None)
+            self._dirty.add(key)
+        return normalized
+
+    # -- snapshots ---------------------------------------------------------- #
+
+    def _trajectory_path(self, rollout_id: str) -> Path:
+        return self.path / TRIALS_DIRNAME / rollout_id / CANONICAL_TRAJECTORY_FILENAME
+
+    def _verdict(self, rollout_id: str) -> _Verdict:
+        """Re-checked every refresh, but parsed again only when the file changed."""
+        path = self._trajectory_path(rollout_id)
+        signature = _stat_signature(path)
+        cached = self._verdicts.get(rollout_id)
+        if cached is not None and cached.signature == signature:
+            return cached
+        document = None if signature is None else read_valid_trajectory(path, rollout_id=rollout_id)
+        verdict = _Verdict(
+            signature=signature,
+            valid=document is not None,
+            tokens=None if document is None else atif_total_tokens(document),
+        )
+        self._verdicts[rollout_id] = verdict
+        return verdict
+
+    def _index_line(self, key: WorkKey, record: Mapping[str, Any]) -> bytes:
+        verdict = self._verdict(record["rollout_id"])
+        cached = self._lines.get(key)
+        row = self._rows.get(key)
+        has_trajectory = verdict.valid
+        tokens = record.get("tokens")
+        if tokens is None:
+            tokens = verdict.tokens
+        if (
+            cached is not None
+            and row is not None
+            and ("trajectory_filename" in row) == has_trajectory
+            and row.get("tokens") == tokens
+        ):
+            return cached
+        row = build_index_row(
+            record,
+            trajectory_filename=CANONICAL_TRAJECTORY_FILENAME if has_trajectory else None,
+            tokens=tokens,
+            resumed=key in self._carried,
+        )
+        line = render_index_line(row)
+        self._rows[key] = row
+        self._lines[key] = line
+        return line
+
+    def index_rows(self) -> list[dict[str, Any]]:
+        """The current index rows, sorted (computed as :meth:`refresh` would)."""
+        with self._mutex:
+            for key in sorted(self.records):
+                self._index_line(key, self.records[key])
+            return [self._rows[key] for key in sorted(self.records)]
+
+    def refresh(
+        self,
+        *,
+        status: RunStatus,
+        total_dataset_rows: int,
+        sampled_rows: int,
+        n: int | None = None,
+        pass_threshold: float,
+        dataset_name: str,
+        started_at: datetime,
+        model_path: str | None = None,
+        rollout_name: str | None = None,
+        duration_ms: float | None = None,
+        project_all: bool = False,
+    ) -> dict[str, Any]:
+        """Rewrite projections (changed items only), index, summary, progress, metrics.
+
+        ``started_at``/``duration_ms`` describe this invocation (duration defaults
+        to the time since ``started_at``). ``finished`` is written only when every
+        work item ``(r < sampled_rows, i < n)`` has a record; otherwise it becomes
+        ``incomplete``. *n*, *model_path* and *rollout_name* default to the
+        manifest's inputs. Returns the ``metrics.json`` document.
+        """
+        inputs = self.manifest["inputs"]
+        n_runs = max(1, int(inputs["n"] if n is None else n))
+        model = inputs["model_path"] if model_path is None else model_path
+        rollout = inputs["rollout"]["name"] if rollout_name is None else rollout_name
+        total_runs = sampled_rows * n_runs
+        with self._mutex:
+            keys = sorted(self.records)
+            lines = [self._index_line(key, self.records[key]) for key in keys]
+            rows = [self._rows[key] for key in keys]
+            self._project(keys, project_all=project_all)
+            payload = b"".join(lines)
+            try:
+                atomic_write_bytes(self.path / INDEX_FILENAME, payload)
+                atomic_write_bytes(self.path / SUMMARY_FILENAME, payload)
+                atomic_write_json(
+                    self.path / PROGRESS_FILENAME,
+                    {
+                        "total_runs": total_runs,
+                        "sampled_rows": sampled_rows,
+                        "total_dataset_rows": total_dataset_rows,
+                    },
+                )
+                complete = all(
+                    (r, i) in self.records for r in range(sampled_rows) for i in range(n_runs)
+                )
+                final_status = "incomplete" if status == "finished" and not complete else status
+                now = datetime.now(timezone.utc)
+                if duration_ms is None:
+                    duration_ms = (now - started_at.astimezone(timezone.utc)).total_seconds()
+                    duration_ms *= 1000.0
+                eval_run = {
+                    "id": self.local_run_id,
+                    "status": final_status,
+                    "name": self.run_name,
+                    "dataset_name": dataset_name,
+                    "model_name": model,
+                    "rollout_name": rollout,
+                    "duration_ms": float(duration_ms),
+                    "started_at": format_utc(started_at),
+                    "completed_at": format_utc(now) if final_status == "finished" else None,
+                }
+                metrics = {
+                    "eval_run": {k: v for k, v in eval_run.items() if v is not None},
+                    "summary": aggregate_metrics(rows, pass_threshold),
+                }
+                atomic_write_json(self.path / METRICS_FILENAME, metrics)
+            except OSError as exc:
+                raise RunDirectoryError(f"cannot write snapshots in {self.path}: {exc}") from exc
+        return metrics
+
+    def _project(self, keys: list[WorkKey], *, project_all: bool) -> None:
+        """Copy projections for items whose selected attempt or trajectory changed."""
+        for key in keys:
+            record = self.records[key]
+            has_trajectory = "trajectory_filename" in self._rows[key]
+            done = self._projected.get(key)
+            if (
+                not project_all
+                and key not in self._dirty
+                and done is not None
+                and done.rollout_id == record["rollout_id"]
+                and done.has_trajectory == has_trajectory
+            ):
+                continue
+            try:
+                project_work_item(
+                    self.path,
+                    row_index=key[0],
+                    run_index=key[1],
+                    rollout_id=record["rollout_id"],
+                    trajectory_filename=(CANONICAL_TRAJECTORY_FILENAME if has_trajectory else None),
+                    warn=self._warn,
+                )
+            except OSError as exc:
+                # A projection is a convenience copy; the result itself is durable.
+                self._warn(f"cannot project row {key[0]} run {key[1]}: {exc}")
+                continue
+            self._projected[key] = _Projected(record["rollout_id"], has_trajectory)
+            self._dirty.discard(key)
+
+    # -- closing ------------------------------------------------------------ #
+
+    def close(self) -> None:
+        """Close the journal and release the run lock (idempotent)."""
+        with self._mutex:
+            self._journal.close()
+            self._lock.release()
+
+    def __enter__(self) -> RunDirectory:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
