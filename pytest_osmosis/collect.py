@@ -91,7 +91,8 @@ class EvalItem(pytest.Item):
         resumed = " [resumed]" if result.get("resumed") else ""
         status = result["status"]
         if status == "skipped":
-            pytest.skip(f"{result.get('message') or 'sample removed'} {where}{resumed}")
+            reason = f"{result.get('message') or 'sample removed'} {where}{resumed}"
+            raise pytest.skip.Exception(reason, _use_item_location=True)
         threshold = result["pass_threshold"]
         if status == "failed":
             headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
@@ -109,7 +110,7 @@ class EvalItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, None, f"{self.path.name}::{self.name}"
+        return self.path, 0, f"{self.path.name}::{self.name}"
 
 
 SESSION_KEY = pytest.StashKey["EvalSession"]()

@@ -327,7 +327,11 @@ def validate_rollout_paths(workspace: Path, experiment: Experiment, config_path:
         or not rollout_root.is_relative_to(rollouts_root)
     ):
         raise fail("rollout", f"must resolve to a directory under {workspace / 'rollouts'}")
-    if not rollout_root.is_dir():
+    try:
+        rollout_is_dir = rollout_root.is_dir()
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise fail("rollout", f"cannot be used ({exc.strerror or exc}), got {_show(rollout)}") from None
+    if not rollout_is_dir:
         raise fail("rollout", f"rollout directory not found: {rollout_root}")
     entry = None if "\0" in entrypoint else _resolved(rollout_root / entrypoint)
     if entry is None or entry == rollout_root or not entry.is_relative_to(rollout_root):
@@ -335,8 +339,14 @@ def validate_rollout_paths(workspace: Path, experiment: Experiment, config_path:
             "entrypoint",
             f"must be a file path inside rollouts/{rollout}/, got {_show(entrypoint)}",
         )
-    if not entry.is_file():
-        raise fail("entrypoint", f"{'not a file' if entry.exists() else 'file not found'}: {entry}")
+    try:
+        entry_is_file, entry_exists = entry.is_file(), entry.exists()
+    except OSError as exc:
+        raise fail(
+            "entrypoint", f"cannot be used ({exc.strerror or exc}), got {_show(entrypoint)}"
+        ) from None
+    if not entry_is_file:
+        raise fail("entrypoint", f"{'not a file' if entry_exists else 'file not found'}: {entry}")
     return entry
 
 

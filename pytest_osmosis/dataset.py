@@ -90,9 +90,13 @@ def dataset_extension(path: Path) -> str:
 def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | None) -> Path:
     """`dataset_file` when given, else the first of `data/<dataset>.{jsonl,csv,parquet}`."""
     if dataset_file is not None:
-        candidate = dataset_file.expanduser()
-        if not candidate.is_file():
-            what = "is not a file" if candidate.exists() else "does not exist"
+        try:
+            candidate = dataset_file.expanduser()
+            is_file, exists = candidate.is_file(), candidate.exists()
+        except (OSError, RuntimeError) as exc:  # a name too long, no home directory
+            raise DatasetError(f"dataset file {dataset_file} cannot be used ({exc})") from None
+        if not is_file:
+            what = "is not a file" if exists else "does not exist"
             raise DatasetError(f"dataset file {candidate} {what}")
         dataset_extension(candidate)
         return candidate
@@ -104,8 +108,14 @@ def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | Non
     data_dir = workspace / "data"
     tried = [data_dir / f"{dataset}.{extension}" for extension in DATASET_EXTENSIONS]
     for candidate in tried:
-        if candidate.is_file():
-            return candidate
+        try:
+            if candidate.is_file():
+                return candidate
+        except OSError as exc:  # e.g. a name longer than the file system allows
+            raise DatasetError(
+                f"experiment.dataset {_short(dataset)} cannot be looked up as {_short(candidate.name)} "
+                f"({exc.strerror or exc})"
+            ) from None
     hint = ""
     if Path(dataset).suffix.lstrip(".").lower() in DATASET_EXTENSIONS:
         hint = f" (experiment.dataset is a name without extension: try {Path(dataset).stem!r})"
@@ -118,6 +128,11 @@ def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | Non
 # --------------------------------------------------------------------------- #
 # Row normalisation (§3.2)
 # --------------------------------------------------------------------------- #
+
+
+def _short(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _one_line(exc: BaseException) -> str:

@@ -34,6 +34,8 @@ class Executor:
         self._queue = collections.OrderedDict()
         self._futures: dict[str, concurrent.futures.Future[Any]] = {}
         self._running = 0
+        self._pumping = False
+        self._again = False
         self.peak_in_flight = 0
         self._closed = False
 
@@ -62,10 +64,10 @@ class Executor:
             future = self._futures[key]
             entry = self._queue.pop(key, None)
             if entry is not None:
-                # Our turn has come: run it now even if the ahead-queue is full of later items.
-                self._queue[key] = entry
-                self._queue.move_to_end(key, last=False)
-                self._start_locked(key, force=True)
+                # Our turn has come: run it now even if later items fill every slot.
+                self._running += 1
+        if entry is not None:
+            self._launch(*entry)
         try:
             return future.result()
         finally:
@@ -108,18 +110,30 @@ class Executor:
             self._thread.join(5.0)
 
     def _pump(self) -> None:
+        """Start queued work while slots are free; re-entrant calls just ask for another pass."""
         with self._lock:
-            while self._queue and self._running < self.concurrency:
-                key = next(iter(self._queue))
-                self._start_locked(key, force=False)
+            if self._pumping:
+                self._again = True
+                return
+            self._pumping = True
+        while True:
+            with self._lock:
+                self._again = False
+                starting = []
+                while self._queue and self._running < self.concurrency:
+                    _, entry = self._queue.popitem(last=False)
+                    starting.append(entry)
+                    self._running += 1
+            for entry in starting:
+                self._launch(*entry)
+            with self._lock:
+                if not self._again:
+                    self._pumping = False
+                    return
 
-    def _start_locked(self, key: str, *, force: bool) -> None:
-        factory, future = self._queue.pop(key)
-        if not force and self._running >= self.concurrency:
-            self._queue[key] = (factory, future)
-            return
-        self._running += 1
-        self.peak_in_flight = max(self.peak_in_flight, self._running)
+    def _launch(self, factory: CoroFactory, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self.peak_in_flight = max(self.peak_in_flight, self._running)
         task_future = asyncio.run_coroutine_threadsafe(factory(), self.loop)
 
         def done(tf: concurrent.futures.Future[Any]) -> None:

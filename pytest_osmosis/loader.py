@@ -175,6 +175,13 @@ def _import_entrypoint(rollout_dir: Path, entrypoint: Path) -> types.ModuleType:
         spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(module_name, None)
+        if isinstance(exc, SystemExit):
+            # A script-style entrypoint exiting at import must not end the pytest session.
+            raise RolloutLoadError(
+                f"{entrypoint}: importing the rollout called sys.exit({exc.code!r}); keep "
+                f"module level free of exits (the SDK imports it the same way)\n"
+                f"{_user_traceback(exc, rollout_dir)}".rstrip()
+            ) from None
         if not isinstance(exc, Exception):
             raise
         raise RolloutLoadError(

@@ -6,6 +6,7 @@ eval TOML named, pytest behaves exactly as before and LiteLLM is never imported.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,19 @@ OPTIONS = (
             is_flag=True, override=False),
     _Option("retry_failed", "--osmosis-retry-failed", "re-run failed and skipped items of a "
             "named run, keeping successes", is_flag=True, override=False),
+    _Option("min_pass_rate", "--osmosis-min-pass-rate", "CI gate: the exit status is 0 when "
+            "every run's pass rate reaches RATE (0..1), else 1", "RATE", override=False),
+    _Option("gate_bound", "--osmosis-gate-bound", "point (default) or wilson: gate on the 95%% "
+            "Wilson lower bound of the pass rate instead", "BOUND", override=False),
+    _Option("max_error_rate", "--osmosis-max-error-rate", "CI gate: workflow/grader errors "
+            "(not low rewards) may be at most this share of scored rows", "RATE", override=False),
 )
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from pytest_osmosis import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -130,6 +143,7 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--osmosis-concurrency: must be a positive integer, got {concurrency!r}"
         ) from None
     output = plain("output")
+    gate = _gate_options(plain)
     options = SessionOptions(
         overrides=overrides,
         output=(config.invocation_params.dir / output) if output else None,
@@ -139,6 +153,7 @@ def pytest_configure(config: pytest.Config) -> None:
         concurrency=concurrency_value,
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
+        gate=gate,
     )
     session = EvalSession(
         config,
@@ -152,6 +167,31 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(EvalHooks(session), "osmosis-eval-hooks")
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
         config.pluginmanager.register(XdistControllerHooks(session), "osmosis-xdist")
+
+
+def _gate_options(plain: Any) -> Any:
+    from pytest_osmosis.gate import GateOptions
+
+    def rate(name: str, flag: str) -> float | None:
+        value = plain(name)
+        if value is None:
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not 0.0 <= number <= 1.0:
+            raise pytest.UsageError(f"{flag}: must be a number from 0 to 1, got {value!r}")
+        return number
+
+    bound = str(plain("gate_bound") or "point")
+    if bound not in ("point", "wilson"):
+        raise pytest.UsageError(f"--osmosis-gate-bound: must be point or wilson, got {bound!r}")
+    return GateOptions(
+        min_pass_rate=rate("min_pass_rate", "--osmosis-min-pass-rate"),
+        bound=bound,
+        max_error_rate=rate("max_error_rate", "--osmosis-max-error-rate"),
+    )
 
 
 def _is_override(dest: str) -> bool:
@@ -248,19 +288,39 @@ class EvalHooks:
         if result.get("error_type"):
             details["error_type"] = result["error_type"]
         run.log.write("info", "result", "work item finished", **details)
+        self.session.config.hook.pytest_osmosis_row_result(config=self.session.config, result=result)
         if result.get("detail"):
             run.log.write("error", "result", result.get("message", ""), detail=result["detail"])
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Controller or single process: write the final snapshot of every run directory."""
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Controller or single process: write the final snapshot, then apply the gate."""
         try:
             if not self.session.is_worker:
                 interrupted = session.shouldstop or session.shouldfail
                 for run in self.session.runs.values():
                     run.metrics = finalize_run(run, cancelled=bool(interrupted))
+                self._gate(session)
         finally:
             self.session.close()
+
+    def _gate(self, session: pytest.Session) -> None:
+        from pytest_osmosis.gate import Verdict, decide
+
+        gate = self.session.options.gate
+        if not gate.active or not self.session.runs:
+            return
+        if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            return  # interrupted, usage or internal errors keep their own exit status
+        runs = [(run.plan.run_name, run.metrics) for run in self.session.runs.values()]
+        verdict = decide(gate, runs)
+        override = session.config.hook.pytest_osmosis_gate(
+            config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
+        )
+        if override is not None:
+            verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
+        self.session.verdict = verdict
+        session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(
         self, terminalreporter: Any, exitstatus: int, config: pytest.Config

@@ -33,6 +33,7 @@ from pytest_osmosis.runner import Budgets, WorkItem, execute
 
 if TYPE_CHECKING:
     from pytest_osmosis.bridge import Bridge
+    from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.collect import EvalItem
     from pytest_osmosis.results import RunDirectory, RunLog
 
@@ -49,6 +50,7 @@ class SessionOptions:
     concurrency: int | None
     workflow_override: str | None
     grader_override: str | None
+    gate: GateOptions
 
 
 @dataclass
@@ -83,6 +85,7 @@ class EvalSession:
         self._bridge_lock: asyncio.Lock | None = None
         self._prefetched = False
         self.runs: dict[Path, ControllerRun] = {}
+        self.verdict: Verdict | None = None
 
     # -- planning --------------------------------------------------------------------
 

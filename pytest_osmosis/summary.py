@@ -19,6 +19,16 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
         terminal.write_sep("=", f"osmosis: {run.plan.run_name}")
         for line in summary_lines(run):
             terminal.write_line(line)
+    verdict = session.verdict
+    if verdict is not None:
+        word = "PASSED" if verdict.passed else "FAILED"
+        terminal.write_sep("=", f"osmosis gate {word}", green=verdict.passed, red=not verdict.passed)
+        for reason in verdict.reasons:
+            terminal.write_line(reason)
+        terminal.write_line(
+            f"exit status {0 if verdict.passed else 1} is decided by the gate, "
+            "not by single rows"
+        )
 
 
 def summary_lines(run: ControllerRun) -> list[str]:

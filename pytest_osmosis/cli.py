@@ -1,0 +1,531 @@
+"""``pytest-osmosis``: look at the runs kept in ``.osmosis/evals`` without re-running anything.
+
+Subcommands follow the Osmosis CLI's conventions: a human table by default, ``--json``
+for scripts (``{"schema_version": 1, ...}`` on stdout, an error envelope on stderr), and
+exit codes a script can branch on: 0 ok, 2 usage error or run not found, 1 anything else.
+
+Extending: a module adds a subcommand by exposing ``add_<name>_parser(subparsers)``
+that calls ``subparsers.add_parser(...)`` and ``set_defaults(handler=fn)`` (or
+``func=fn``) where ``fn(args: argparse.Namespace) -> int`` returns the exit code. ``pytest_osmosis.rubric``
+is picked up this way when it exists. Handlers raise :class:`~pytest_osmosis.errors.OsmosisError`
+subclasses for errors a user meets (``ConfigError`` and ``RunNotFoundError`` exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from pytest_osmosis import __version__
+from pytest_osmosis.errors import ConfigError, OsmosisError
+from pytest_osmosis.runs import (
+    find_output_root,
+    list_runs,
+    load_run,
+    parse_time,
+    resolve_run,
+    run_info,
+    run_list_item,
+)
+
+PROG = "pytest-osmosis"
+JSON_SCHEMA_VERSION = 1
+DEFAULT_LIMIT = 20
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXTENSIONS = ("pytest_osmosis.rubric",)
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class UsageError(ConfigError):
+    """A command line that parses but asks for something impossible (exit 2)."""
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _dump_json(payload: Mapping[str, Any], stream: TextIO) -> None:
+    stream.write(json.dumps(payload, ensure_ascii=False, allow_nan=False, indent=2) + "\n")
+
+
+def _duration(ms: Any) -> str:
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+        return "–"
+    seconds = float(ms) / 1000
+    if seconds < 1:
+        return f"{ms:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {sec:02d}s"
+
+
+def _when(value: Any) -> str:
+    parsed = parse_time(value)
+    return parsed.strftime("%Y-%m-%d %H:%M:%SZ") if parsed else "–"
+
+
+def _pct(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{float(value) * 100:.1f}%"
+    return "–"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=False)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+# ----------------------------------------------------------------------------- root / refs
+
+
+def _output_root(args: argparse.Namespace) -> Path:
+    if args.output:
+        return Path(args.output).expanduser().resolve()
+    return find_output_root(Path.cwd())
+
+
+def _resolve(args: argparse.Namespace, ref: str) -> Path:
+    root = Path(args.output).expanduser().resolve() if args.output else None
+    return resolve_run(ref, root)
+
+
+# ----------------------------------------------------------------------------- list
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.all and args.limit is not None:
+        raise UsageError("--all and --limit are mutually exclusive")
+    limit = None if args.all else (DEFAULT_LIMIT if args.limit is None else args.limit)
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be a positive integer, got {limit}")
+    root = _output_root(args)
+    items = [run_list_item(run) for run in list_runs(root)]
+    shown = items if limit is None else items[:limit]
+    if args.json:
+        _dump_json(
+            {
+                "schema_version": JSON_SCHEMA_VERSION,
+                "items": shown,
+                "total_count": len(items),
+                "has_more": len(shown) < len(items),
+                "next_offset": len(shown) if len(shown) < len(items) else None,
+                "output_root": str(root),
+            },
+            sys.stdout,
+        )
+        return EXIT_OK
+    out = sys.stdout
+    if not items:
+        out.write(f"No runs under {root}.\nRun `pytest --osmosis-eval` to create one.\n")
+        return EXIT_OK
+    rows = [
+        [
+            item["name"],
+            item["status"],
+            str(item["rollout"] or "–"),
+            str(item["model"] or "–"),
+            str(item["dataset"] or "–"),
+            f"{item['rows_done']}/{item['rows_total'] if item['rows_total'] is not None else '?'}",
+            _pct(item["pass_rate"]) if item["completed_samples"] else "–",
+            _when(item["started_at"]),
+            _duration(item["duration_ms"]),
+        ]
+        for item in shown
+    ]
+    headers = [
+        "NAME",
+        "STATUS",
+        "ROLLOUT",
+        "MODEL",
+        "DATASET",
+        "DONE",
+        "PASS",
+        "STARTED",
+        "DURATION",
+    ]
+    out.write(f"Runs in {root}\n\n")
+    out.write("\n".join(_table(headers, rows, right={5, 6, 8})) + "\n")
+    if len(shown) < len(items):
+        out.write(f"\nShowing {len(shown)} of {len(items)}. Use --all to show every run.\n")
+    out.write(f"\nUse `{PROG} info <name>` for details, `{PROG} report <name>` for a report.\n")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- info
+
+
+def _info_lines(info: Mapping[str, Any]) -> list[str]:
+    ctx, timing, progress = info["context"], info["timing"], info["progress"]
+    config, results = info["configuration"], info["results"]
+    lines = [f"Run       {info['name']}  ({info['status']})", f"Path      {info['path']}"]
+    if info.get("local_run_id"):
+        lines.append(f"Local id  {info['local_run_id']}")
+
+    def section(title: str, pairs: Sequence[tuple[str, Any]]) -> None:
+        shown = [(k, v) for k, v in pairs if v not in (None, "", [], {})]
+        if not shown:
+            return
+        lines.extend(["", title])
+        width = max(len(k) for k, _ in shown)
+        lines.extend(f"  {k.ljust(width)}  {v}" for k, v in shown)
+
+    git = ctx.get("git") or {}
+    git_text = None
+    if git.get("commit"):
+        git_text = str(git["commit"])[:12]
+        if git.get("branch"):
+            git_text += f" on {git['branch']}"
+        git_text += "  (DIRTY: uncommitted changes)" if git.get("dirty") else "  (clean)"
+    sha = ctx.get("dataset_sha256")
+    digest = ctx.get("rollout_source_digest")
+    section(
+        "Context",
+        [
+            ("Model", ctx.get("model")),
+            ("Dataset", f"{ctx.get('dataset') or '–'}" + (f"  (sha256 {sha[:12]})" if sha else "")),
+            (
+                "Rollout",
+                f"{ctx.get('rollout') or '–'} / {ctx.get('entrypoint') or '–'}"
+                + (f"  (source {digest[:12]})" if digest else ""),
+            ),
+            ("Config", ctx.get("config_path")),
+            ("Written by", ctx.get("sdk_version")),
+            ("Git", git_text),
+            ("Config branch", ctx.get("config_branch")),
+            ("Config commit", ctx.get("config_commit_sha")),
+        ],
+    )
+    section(
+        "Timing",
+        [
+            ("Created", _when(timing.get("created_at")) if timing.get("created_at") else None),
+            ("Started", _when(timing.get("started_at")) if timing.get("started_at") else None),
+            (
+                "Completed",
+                _when(timing.get("completed_at")) if timing.get("completed_at") else None,
+            ),
+            (
+                "Duration",
+                _duration(timing.get("duration_ms"))
+                if timing.get("duration_ms") is not None
+                else None,
+            ),
+        ],
+    )
+    total = progress.get("total")
+    section(
+        "Progress",
+        [
+            (
+                "Attempts",
+                f"{progress['done']}/{total if total is not None else '?'} recorded"
+                + (f", {progress['pending']} pending" if progress.get("pending") else "")
+                + (f", {progress['resumed']} carried forward" if progress.get("resumed") else ""),
+            ),
+            (
+                "Outcomes",
+                f"{progress['passed']} passed, {progress['below_threshold']} below "
+                f"threshold, {progress['failed']} failed, {progress['skipped']} skipped",
+            ),
+            (
+                "Rows",
+                f"{progress.get('sampled_rows') or '?'} selected of "
+                f"{progress.get('total_dataset_rows') or '?'} in the dataset",
+            ),
+        ],
+    )
+    timeouts = config.get("timeouts") or {}
+
+    def seconds(value: Any) -> str:
+        return f"{value:g} s" if isinstance(value, (int, float)) else "unbounded"
+
+    section(
+        "Configuration",
+        [
+            ("n", config.get("n")),
+            ("Rows", config.get("selection")),
+            ("Pass threshold", f"{float(config['pass_threshold'])!r}"),
+            (
+                "Timeouts",
+                f"workflow {seconds(timeouts.get('agent_workflow_timeout_s'))}, "
+                f"grader {seconds(timeouts.get('grader_timeout_s'))}",
+            ),
+            ("Env keys", ", ".join(config.get("env_keys") or [])),
+            ("Secret names", ", ".join(config.get("secret_names") or [])),
+            ("Advanced", ", ".join(sorted(config.get("advanced") or {}))),
+        ],
+    )
+    stats = results.get("reward_stats")
+    points = results.get("pass_at_k")
+    section(
+        "Results",
+        [
+            (
+                "Pass rate",
+                f"{_pct(results.get('pass_rate', 0))} ({results.get('passed', 0)}/"
+                f"{results.get('completed_samples', 0)} scored, threshold "
+                f"{float(results.get('pass_threshold', config['pass_threshold']))!r})",
+            ),
+            (
+                "Reward",
+                " · ".join(f"{k} {stats[k]:.3f}" for k in ("mean", "median", "std", "min", "max"))
+                if stats
+                else None,
+            ),
+            (
+                "pass@k",
+                " · ".join(f"k={p['k']} {_pct(p['value'])}" for p in points) if points else None,
+            ),
+            ("Tokens", f"{results.get('tokens_used', 0):,}"),
+            ("Error types", ", ".join(f"{k} x{v}" for k, v in info["error_types"].items())),
+        ],
+    )
+    for title, key in (("Failed rows", "failed_rows"), ("Skipped rows", "skipped_rows")):
+        entries = info[key]
+        if not entries:
+            continue
+        lines.extend(["", f"{title} ({len(entries)})"])
+        for entry in entries[:50]:
+            source = entry.get("source_row_index")
+            where = f"row {entry['row_index']}" + (
+                f" (source {source})"
+                if isinstance(source, int) and source != entry["row_index"]
+                else ""
+            )
+            text = f"  {where} run {entry['run_index']}"
+            if key == "failed_rows":
+                text += f": error_type={entry.get('error_type') or 'unknown'}"
+            if entry.get("rollout_id"):
+                text += f" -> rollout_trials/{entry['rollout_id']}"
+            if entry.get("error_message"):
+                text += f"\n      {entry['error_message']}"
+            lines.append(text)
+        if len(entries) > 50:
+            lines.append(f"  ... and {len(entries) - 50} more (--json lists all)")
+    below = info["below_threshold_rows"]
+    if below:
+        lines.extend(
+            [
+                "",
+                f"Below threshold: {len(below)} attempt(s) scored under "
+                f"{float(config['pass_threshold'])!r}",
+            ]
+        )
+    for warning in info["warnings"]:
+        lines.append(f"\nWarning: {warning}")
+    return lines
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    info = run_info(load_run(_resolve(args, args.run)))
+    if args.json:
+        _dump_json({"schema_version": JSON_SCHEMA_VERSION, "data": info}, sys.stdout)
+    else:
+        sys.stdout.write("\n".join(_info_lines(info)) + "\n")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pytest_osmosis.report import (
+        compare_runs,
+        comparison_markdown,
+        run_markdown,
+        write_report,
+    )
+
+    run_dir = _resolve(args, args.run)
+    baseline_dir = _resolve(args, args.compare) if args.compare else None
+    if baseline_dir is not None and baseline_dir.resolve() == run_dir.resolve():
+        raise UsageError("--compare names the same run; give a different baseline run")
+    output = Path(args.out).expanduser() if args.out else None
+    if output is not None and output.is_dir():
+        raise UsageError(f"-o {args.out}: is a directory; give a file name")
+    payload: dict[str, Any] = {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "status": "success",
+        "operation": "report",
+    }
+    if args.format == "markdown" and output is None:
+        run = load_run(run_dir)
+        comparison = compare_runs(run, load_run(baseline_dir)) if baseline_dir else None
+        text = comparison_markdown(comparison) if comparison else run_markdown(run)
+        if args.json:
+            payload["resource"] = {"format": "markdown", "path": None}
+            payload["markdown"] = text
+            if comparison:
+                payload["comparison"] = comparison
+            _dump_json(payload, sys.stdout)
+        else:
+            sys.stdout.write(text)
+        return EXIT_OK
+    path, comparison = write_report(
+        run_dir, output.resolve() if output else None, baseline_dir=baseline_dir, fmt=args.format
+    )
+    if args.json:
+        payload["resource"] = {"format": args.format, "path": str(path)}
+        if comparison:
+            payload["comparison"] = comparison
+        _dump_json(payload, sys.stdout)
+    else:
+        sys.stdout.write(f"{path}\n")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--output",
+        metavar="ROOT",
+        help="root of run directories (default: .osmosis/evals of the nearest workspace)",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _register_extensions(subparsers: Any) -> None:
+    """Let optional modules add subcommands; a missing module is not an error."""
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        register = getattr(module, f"add_{name.rsplit('.', 1)[-1]}_parser", None)
+        if callable(register):
+            register(subparsers)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Inspect Osmosis eval runs written by `pytest --osmosis-eval` or the "
+        "Osmosis SDK.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p_list = subparsers.add_parser(
+        "list",
+        help="runs, newest first",
+        allow_abbrev=False,
+        description="List runs under the output root, newest first.",
+    )
+    _add_common(p_list)
+    p_list.add_argument(
+        "--limit", type=int, metavar="N", help=f"show N runs (default {DEFAULT_LIMIT})"
+    )
+    p_list.add_argument("--all", action="store_true", help="show every run")
+    p_list.set_defaults(handler=cmd_list)
+
+    p_info = subparsers.add_parser(
+        "info",
+        help="everything about one run",
+        allow_abbrev=False,
+        description="Show a run's context, configuration, results and failed rows.",
+    )
+    p_info.add_argument(
+        "run", metavar="NAME|PATH", help="run name under the root, or its directory"
+    )
+    _add_common(p_info)
+    p_info.set_defaults(handler=cmd_info)
+
+    p_report = subparsers.add_parser(
+        "report",
+        help="write a self-contained HTML (or Markdown) report",
+        allow_abbrev=False,
+        description="Write a report of one run and print its path. HTML by default, with plots "
+        "and every attempt's trajectory; --compare adds regressed/improved rows and the "
+        "pass-rate change against a baseline run.",
+    )
+    p_report.add_argument(
+        "run", metavar="NAME|PATH", help="run name under the root, or its directory"
+    )
+    p_report.add_argument(
+        "-o",
+        "--out",
+        metavar="FILE",
+        help="where to write (default: report.html inside the run directory; "
+        "Markdown goes to stdout)",
+    )
+    p_report.add_argument("--compare", metavar="OTHER", help="baseline run to compare against")
+    p_report.add_argument("--format", choices=("html", "markdown"), default="html")
+    _add_common(p_report)
+    p_report.set_defaults(handler=cmd_report)
+
+    _register_extensions(subparsers)
+    return parser
+
+
+def _fail(args: argparse.Namespace | None, code: str, message: str, exit_code: int) -> int:
+    if args is not None and getattr(args, "json", False):
+        _dump_json(
+            {
+                "schema_version": JSON_SCHEMA_VERSION,
+                "command": getattr(args, "command", None) or "<root>",
+                "cli_version": __version__,
+                "error": {"code": code, "message": message, "details": {}},
+            },
+            sys.stderr,
+        )
+    else:
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 2 usage/not found, 1 error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # argparse: --help, --version, or a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler: Handler | None = getattr(args, "handler", None) or getattr(args, "func", None)
+    if handler is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from pytest_osmosis.runs import RunNotFoundError
+
+    try:
+        return handler(args)
+    except RunNotFoundError as exc:
+        return _fail(args, "NOT_FOUND", str(exc), EXIT_USAGE)
+    except ConfigError as exc:
+        return _fail(args, "VALIDATION", str(exc), EXIT_USAGE)
+    except OsmosisError as exc:
+        return _fail(args, "RUN_DIRECTORY", str(exc), EXIT_ERROR)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `pytest-osmosis list | head`: stop quietly, like other Unix tools.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except Exception as exc:  # a bug, or an OSError we did not foresee: one line, exit 1
+        if os.environ.get("PYTEST_OSMOSIS_DEBUG") == "1":
+            raise
+        return _fail(args, "INTERNAL", f"{type(exc).__name__}: {exc}", EXIT_ERROR)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Reports of a run directory: one self-contained HTML page, or Markdown for a PR comment.
+
+Public API:
+
+- :func:`write_report_for_run` — what ``pytest --osmosis-report`` calls at session end;
+- :func:`write_report` — the ``pytest-osmosis report`` command (HTML or Markdown,
+  optionally compared with a baseline run);
+- :func:`run_markdown`, :func:`compare_runs`, :func:`comparison_markdown`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.report.compare import compare_runs, comparison_markdown, escape_markdown
+from pytest_osmosis.report.html import render_html
+from pytest_osmosis.runs import load_run, run_info
+
+__all__ = [
+    "REPORT_FILENAME",
+    "compare_runs",
+    "comparison_markdown",
+    "default_report_path",
+    "render_html",
+    "run_markdown",
+    "write_report",
+    "write_report_for_run",
+]
+
+REPORT_FILENAME = "report.html"
+
+
+def default_report_path(
+    run_dir: Path, baseline: Mapping[str, Any] | None = None, fmt: str = "html"
+) -> Path:
+    """``<run_dir>/report.html`` (``report-vs-<baseline>.<ext>`` when comparing).
+
+    Inside the run directory so relative artifact links keep working when the
+    directory is moved or zipped; ``osmosis eval upload`` ignores the extra file.
+    """
+    suffix = "md" if fmt == "markdown" else "html"
+    if baseline is not None:
+        safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in str(baseline["name"]))
+        return run_dir / f"report-vs-{safe}.{suffix}"
+    return run_dir / f"report.{suffix}"
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Atomic replace, so a browser tab reloading the report never sees half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise RunDirectoryError(f"{path}: cannot write the report ({exc.strerror or exc})") from exc
+
+
+def run_markdown(run: Mapping[str, Any], *, max_rows: int = 50) -> str:
+    """A run's headline numbers and failed rows as Markdown."""
+    info = run_info(run)
+    results, ctx = info["results"], info["context"]
+    progress = info["progress"]
+    lines = [
+        f"### Osmosis eval: {escape_markdown(info['name'])} ({escape_markdown(info['status'])})",
+        "",
+        f"**Pass rate {float(results.get('pass_rate', 0)) * 100:.1f}%** "
+        f"({results.get('passed', 0)}/{results.get('completed_samples', 0)} scored attempts "
+        f"reached reward ≥ {float(info['configuration']['pass_threshold'])!r})",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| model | {escape_markdown(ctx.get('model'))} |",
+        f"| rollout | {escape_markdown(ctx.get('rollout'))} |",
+        f"| dataset | {escape_markdown(ctx.get('dataset'))} |",
+        f"| attempts | {progress['done']}"
+        + (f" / {progress['total']}" if progress.get("total") else "")
+        + f": {progress['passed']} passed, {progress['below_threshold']} below threshold, "
+        f"{progress['failed']} failed, {progress['skipped']} skipped |",
+        f"| tokens | {results.get('tokens_used', 0)} |",
+    ]
+    points = results.get("pass_at_k") or []
+    if points:
+        lines.append(
+            "| pass@k | "
+            + ", ".join(f"pass@{p['k']} {p['value'] * 100:.1f}%" for p in points)
+            + " |"
+        )
+    for warning in info["warnings"]:
+        lines += ["", f"> **Warning:** {escape_markdown(warning)}"]
+    failed = info["failed_rows"]
+    if failed:
+        lines += [
+            "",
+            f"#### Failed attempts ({len(failed)})",
+            "",
+            "| row | attempt | error type | message |",
+            "|---:|---:|---|---|",
+        ]
+        for row in failed[:max_rows]:
+            error_type = escape_markdown(row.get("error_type"))
+            message = escape_markdown(str(row.get("error_message", ""))[:200])
+            lines.append(f"| {row['row_index']} | {row['run_index']} | {error_type} | {message} |")
+        if len(failed) > max_rows:
+            lines.append(f"| … | {len(failed) - max_rows} more | | |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    run_dir: Path,
+    output: Path | None = None,
+    *,
+    baseline_dir: Path | None = None,
+    fmt: str = "html",
+) -> tuple[Path, dict[str, Any] | None]:
+    """Write the report of *run_dir* (compared with *baseline_dir* when given).
+
+    Returns the written path and the comparison (``None`` without a baseline).
+    """
+    if fmt not in ("html", "markdown"):
+        raise ValueError(f"unknown report format {fmt!r}")
+    run = load_run(run_dir)
+    baseline = load_run(baseline_dir) if baseline_dir is not None else None
+    comparison = compare_runs(run, baseline) if baseline is not None else None
+    target = output if output is not None else default_report_path(Path(run_dir), baseline, fmt)
+    if fmt == "markdown":
+        text = comparison_markdown(comparison) if comparison is not None else run_markdown(run)
+    else:
+        text = render_html(run, target.parent, comparison)
+    _write_text(target, text)
+    return target, comparison
+
+
+def write_report_for_run(run_dir: Path, output: Path | None = None) -> Path:
+    """Write ``<run_dir>/report.html`` (or *output*) and return its path.
+
+    Called by the plugin at the end of a session with ``--osmosis-report``; reads
+    only the run directory it was given.
+    """
+    path, _ = write_report(Path(run_dir), output)
+    return path

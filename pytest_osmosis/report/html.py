@@ -1,0 +1,463 @@
+"""Render one run (optionally compared with another) as a self-contained HTML page.
+
+Everything is inline: CSS, script, SVG plots and the data (as a JSON script block).
+A Content-Security-Policy forbids every network fetch, so opening a report can never
+call home or load a CDN, even if a run directory contained a hostile string.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from pytest_osmosis import __version__
+from pytest_osmosis.report.assets import CSS, JS
+from pytest_osmosis.report.data import build_rows
+from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
+from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
+from pytest_osmosis.runs import OUTCOMES, run_info
+
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+    "img-src data:; base-uri 'none'; form-action 'none'"
+)
+OUTCOME_LABELS = {
+    "passed": "passed",
+    "below_threshold": "below threshold",
+    "failed": "failed",
+    "skipped": "skipped",
+}
+PER_ROW_BARS_MAX = 120
+
+
+def _e(value: Any) -> str:
+    return escape("" if value is None else str(value))
+
+
+def _pct(value: Any) -> str:
+    return f"{float(value) * 100:.1f}%" if isinstance(value, (int, float)) else "–"
+
+
+def _duration(ms: Any) -> str:
+    if not isinstance(ms, (int, float)):
+        return "–"
+    seconds = float(ms) / 1000
+    if seconds < 1:
+        return f"{ms:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {sec:02d}s"
+
+
+def _json_script(payload: Any) -> str:
+    """JSON that cannot end the ``<script>`` block it sits in."""
+    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def _header(info: Mapping[str, Any]) -> str:
+    ctx, timing = info["context"], info["timing"]
+    git = ctx.get("git") or {}
+    bits = [
+        ("model", ctx.get("model")),
+        ("dataset", ctx.get("dataset")),
+        ("rollout", f"{ctx.get('rollout') or '–'} / {ctx.get('entrypoint') or '–'}"),
+        ("started", (timing.get("started_at") or timing.get("created_at") or "").replace("T", " ")),
+        ("duration", _duration(timing.get("duration_ms"))),
+    ]
+    if git.get("commit"):
+        commit = str(git["commit"])[:10]
+        branch = f" ({git['branch']})" if git.get("branch") else ""
+        bits.append(
+            ("commit", f"{commit}{branch}" + (" + uncommitted changes" if git.get("dirty") else ""))
+        )
+    meta = "".join(f"<span>{_e(label)} <b>{_e(value)}</b></span>" for label, value in bits if value)
+    return (
+        f"<header><h1>{_e(info['name'])}</h1>"
+        f'<span class="badge {_e(info["status"])}" id="run-status">{_e(info["status"])}</span>'
+        f'<div class="meta">{meta}</div></header>'
+    )
+
+
+def _warnings(messages: Sequence[str]) -> str:
+    return "".join(f'<div class="warn">{_e(message)}</div>' for message in messages)
+
+
+def _card(label: str, value: str, sub: str = "", cls: str = "", extra: str = "") -> str:
+    return (
+        f'<div class="card"><div class="label">{_e(label)}</div>'
+        f'<div class="value {cls}">{_e(value)}</div>{extra}'
+        f'<div class="sub">{sub}</div></div>'
+    )
+
+
+def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    results = info["results"]
+    progress = info["progress"]
+    threshold = info["configuration"]["pass_threshold"]
+    passed, scored = int(results.get("passed", 0)), int(results.get("completed_samples", 0))
+    low, high = wilson_interval(passed, scored)
+    cards = [
+        _card(
+            "Pass rate",
+            _pct(results.get("pass_rate", 0)),
+            f"{passed} of {scored} scored attempts reached reward &ge; {_e(repr(float(threshold)))}"
+            + (f"<br>95% CI {_pct(low)} – {_pct(high)}" if scored else ""),
+            "good" if scored and passed == scored else ("bad" if scored and not passed else ""),
+        )
+    ]
+    total = max(len(rows), 1)
+    stack = "".join(
+        f'<i class="{o}" style="width:{progress[o] / total * 100:.2f}%" '
+        f'title="{OUTCOME_LABELS[o]}: {progress[o]}"></i>'
+        for o in OUTCOMES
+        if progress[o]
+    )
+    legend = "".join(
+        f'<span><span class="dot stack-dot {o}" style="background:var(--{_VAR[o]})"></span>'
+        f"{progress[o]} {OUTCOME_LABELS[o]}</span>"
+        for o in OUTCOMES
+    )
+    done = f"{progress['done']}" + (f" / {progress['total']}" if progress.get("total") else "")
+    cards.append(
+        _card(
+            "Outcomes",
+            done,
+            f'<div class="legend">{legend}</div>',
+            extra=f'<div class="stack">{stack}</div>',
+        )
+    )
+    tokens = int(results.get("tokens_used", 0))
+    counted = [row["tokens"] for row in rows if isinstance(row.get("tokens"), int)]
+    cards.append(
+        _card(
+            "Tokens",
+            f"{tokens:,}",
+            f"{tokens / len(counted):,.0f} per attempt on average" if counted else "not recorded",
+        )
+    )
+    durations = [float(row["duration_ms"]) for row in rows if "duration_ms" in row]
+    sub = (
+        f"per attempt: median {_duration(quantile(durations, 0.5))}, "
+        f"p95 {_duration(quantile(durations, 0.95))}"
+        if durations
+        else ""
+    )
+    cards.append(_card("Duration", _duration(info["timing"].get("duration_ms")), sub))
+    points = results.get("pass_at_k") or []
+    if points:
+        best = points[-1]
+        cards.append(
+            _card(
+                f"pass@{best['k']}",
+                _pct(best["value"]),
+                " · ".join(f"pass@{p['k']} {_pct(p['value'])}" for p in points),
+            )
+        )
+    else:
+        n = info["configuration"].get("n")
+        cards.append(
+            _card(
+                "pass@k",
+                _pct(results.get("pass_rate", 0)) if scored else "–",
+                f"pass@1 only: n = {_e(n)}; run with n &ge; 2 for pass@k",
+            )
+        )
+    stats = results.get("reward_stats")
+    if stats:
+        cards.append(
+            _card(
+                "Reward",
+                f"{stats['mean']:.3f}",
+                f"mean ± {stats['std']:.3f} · median {stats['median']:.3f} · "
+                f"min {stats['min']:.3f} · max {stats['max']:.3f}",
+            )
+        )
+    return '<section class="cards" id="cards">' + "".join(cards) + "</section>"
+
+
+_VAR = {"passed": "pass", "below_threshold": "below", "failed": "fail", "skipped": "skip"}
+
+
+def _figure(title: str, note: str, svg: str) -> str:
+    return f"<figure><figcaption>{_e(title)}<small>{_e(note)}</small></figcaption>{svg}</figure>"
+
+
+def _plots(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    threshold = float(info["configuration"]["pass_threshold"])
+    rewards = [float(r["reward"]) for r in rows if r.get("outcome") != "skipped" and "reward" in r]
+    reward_svg = histogram(
+        "reward", "Reward distribution", rewards, x_label="reward", threshold=threshold
+    )
+    curve = pass_at_k_curve(rows)
+    note = None
+    if curve and len(curve) == 1:
+        note = "one attempt per row: run with n ≥ 2 to see pass@k grow"
+    passk_svg = line_chart(
+        "pass-at-k", "pass@k against k", curve, x_label="k (attempts)", y_label="pass@k", note=note
+    )
+    counts = per_row_passes(rows)
+    max_attempts = max((a for _, a in counts.values()), default=0)
+    if len(counts) <= PER_ROW_BARS_MAX:
+        bars = []
+        for row_index in sorted(counts):
+            passes, attempts = counts[row_index]
+            css = (
+                "none"
+                if attempts == 0
+                else "pass"
+                if passes == attempts
+                else "fail"
+                if passes == 0
+                else "mixed"
+            )
+            share = passes / attempts if attempts else 0.0
+            hover = (
+                f"row {row_index}: {passes}/{attempts} attempts passed"
+                if attempts
+                else f"row {row_index}: every attempt skipped"
+            )
+            bars.append((str(row_index), share, css, hover))
+        per_row = bar_chart(
+            "per-row",
+            "Passing attempts per row",
+            bars,
+            x_label="row",
+            y_label="attempts passed",
+            pct=True,
+            every=max(1, len(bars) // 20),
+        )
+        per_row_note = "green: always passes · amber: flaky · red: never passes"
+    else:
+        buckets = [0] * (max_attempts + 1)
+        for passes, attempts in counts.values():
+            if attempts:
+                buckets[passes] += 1
+        bars = [
+            (
+                str(p),
+                float(c),
+                "fail" if p == 0 else "pass" if p == max_attempts else "mixed",
+                f"{c} rows with {p} of {max_attempts} attempts passing",
+            )
+            for p, c in enumerate(buckets)
+        ]
+        per_row = bar_chart(
+            "per-row",
+            "Rows by number of passing attempts",
+            bars,
+            x_label=f"passing attempts (of {max_attempts})",
+            y_label="rows",
+        )
+        per_row_note = f"{len(counts)} rows; amber bars are flaky rows"
+    durations = [float(r["duration_ms"]) / 1000 for r in rows if "duration_ms" in r]
+    duration_svg = histogram(
+        "duration", "Duration per attempt", durations, x_label="seconds per attempt", unit=" s"
+    )
+    flaky = sum(1 for p, a in counts.values() if 0 < p < a)
+    return (
+        '<section class="plots" id="plots">'
+        + _figure("Reward distribution", f"scored attempts; threshold {threshold!r}", reward_svg)
+        + _figure("pass@k", "chance that at least one of k attempts passes", passk_svg)
+        + _figure("Per-row pass count", f"{flaky} flaky row(s); " + per_row_note, per_row)
+        + _figure("Duration distribution", "dispatch to result, per attempt", duration_svg)
+        + "</section>"
+    )
+
+
+def _table(records: Sequence[Mapping[str, Any]]) -> str:
+    error_types = sorted({str(r["err"]) for r in records if r.get("err")})
+    options = "".join(f'<option value="{_e(t)}">{_e(t)}</option>' for t in error_types)
+    filters = (
+        '<div class="filters">'
+        '<label>outcome <select id="f-outcome"><option value="">all</option>'
+        '<option value="passed">passed</option>'
+        '<option value="below_threshold">below threshold</option>'
+        '<option value="failed">failed (error)</option>'
+        '<option value="not_passed">not passed</option>'
+        '<option value="skipped">skipped</option></select></label>'
+        f'<label>error type <select id="f-error"><option value="">any</option>{options}'
+        "</select></label>"
+        '<label>reward &ge; <input type="number" id="f-min" step="any"></label>'
+        '<label>&le; <input type="number" id="f-max" step="any"></label>'
+        '<input type="search" id="f-search" placeholder="search label, answer, error, rollout id">'
+        '<span id="count"></span></div>'
+    )
+    head = "".join(
+        f'<th data-sort="{key}"{" class=num" if numeric else ""}>{_e(label)}</th>'
+        for key, label, numeric in (
+            ("r", "row", True),
+            ("n", "attempt", True),
+            ("outcome", "outcome", False),
+            ("reward", "reward", True),
+            ("tokens", "tokens", True),
+            ("dur", "duration", True),
+            ("err", "error type", False),
+            ("rid", "rollout id", False),
+        )
+    )
+    body = []
+    for r in records:
+        reward = f"{r['reward']:.3f}" if isinstance(r.get("reward"), float) else "–"
+        body.append(
+            f'<tr tabindex="0" data-i="{r["i"]}" data-key="{r["r"]}.{r["n"]}" '
+            f'data-outcome="{_e(r["outcome"])}" data-status="{_e(r["status"])}">'
+            f'<td class="num">{r["r"]}</td><td class="num">{r["n"]}</td>'
+            f'<td><span class="pill o-{_e(r["outcome"])}">'
+            f"{_e(OUTCOME_LABELS.get(r['outcome'], r['outcome']))}</span></td>"
+            f'<td class="num">{reward}</td><td class="num">{_e(r.get("tokens", "–"))}</td>'
+            f'<td class="num">{_duration(r.get("dur"))}</td><td>{_e(r.get("err", ""))}</td>'
+            f'<td class="mono">{_e(str(r.get("rid", ""))[:12])}</td></tr>'
+        )
+    return (
+        '<section id="attempts"><h2>Every attempt</h2>'
+        + filters
+        + f'<div class="tablewrap"><table id="rows"><thead><tr>{head}</tr></thead>'
+        + f"<tbody>{''.join(body)}</tbody></table></div></section>"
+    )
+
+
+def _comparison(comparison: Mapping[str, Any]) -> str:
+    a, b = comparison["current"], comparison["baseline"]
+    change = comparison["pass_rate_change"]
+    cls = (
+        "delta-up" if change["difference"] > 0 else "delta-down" if change["difference"] < 0 else ""
+    )
+    rows = [
+        ("status", b["status"], a["status"]),
+        ("model", b["model"], a["model"]),
+        ("rollout", b["rollout"], a["rollout"]),
+        ("dataset", b["dataset"], a["dataset"]),
+        ("n", b["n"], a["n"]),
+        ("pass threshold", b["pass_threshold"], a["pass_threshold"]),
+        (
+            "passed / scored",
+            f"{b['passed']}/{b['completed_samples']}",
+            f"{a['passed']}/{a['completed_samples']}",
+        ),
+        ("pass rate", _pct(b["pass_rate"]), _pct(a["pass_rate"])),
+        ("failed (errors)", b["failed"], a["failed"]),
+        ("mean reward", _fmt3(b["reward_mean"]), _fmt3(a["reward_mean"])),
+        ("tokens", b["tokens_used"], a["tokens_used"]),
+        ("duration", _duration(b["duration_ms"]), _duration(a["duration_ms"])),
+    ]
+    side = "".join(f"<tr><th>{_e(k)}</th><td>{_e(x)}</td><td>{_e(y)}</td></tr>" for k, x, y in rows)
+    verdict = "significant at 95%" if change["significant"] else "within noise at 95%"
+
+    def listing(title: str, key: str) -> str:
+        entries = comparison[key]
+        if not entries:
+            return f"<h4>{_e(title)} (0)</h4><p class='muted'>None.</p>"
+        items = "".join(
+            f"<tr><td class='num'>{e['source_row_index']}</td>"
+            f"<td class='num'>{e['baseline']['passes']}/{e['baseline']['attempts']}</td>"
+            f"<td class='num'>{e['current']['passes']}/{e['current']['attempts']}</td></tr>"
+            for e in entries[:500]
+        )
+        more = f"<p class='muted'>… {len(entries) - 500} more</p>" if len(entries) > 500 else ""
+        return (
+            f"<h4>{_e(title)} ({len(entries)})</h4><div class='tablewrap'>"
+            f"<table class='cmp' id='{key}'><thead><tr><th>source row</th><th>baseline passes</th>"
+            f"<th>current passes</th></tr></thead><tbody>{items}</tbody></table></div>{more}"
+        )
+
+    return (
+        '<section id="comparison"><h2>Compared with '
+        + _e(b["name"])
+        + "</h2>"
+        + _warnings(comparison["warnings"])
+        + '<div class="cards">'
+        + _card(
+            "Pass-rate change",
+            f"{change['difference'] * 100:+.1f} pp",
+            f"95% CI {change['ci95_low'] * 100:+.1f} to {change['ci95_high'] * 100:+.1f} pp"
+            f" ({verdict}; Newcombe)",
+            cls,
+        )
+        + _card(
+            "Regressed rows",
+            str(len(comparison["regressed"])),
+            "fewer passing attempts",
+            "bad" if comparison["regressed"] else "",
+        )
+        + _card(
+            "Improved rows",
+            str(len(comparison["improved"])),
+            "more passing attempts",
+            "good" if comparison["improved"] else "",
+        )
+        + _card(
+            "Unchanged rows",
+            str(comparison["unchanged"]),
+            f"{len(comparison['only_in_current'])} only here, "
+            f"{len(comparison['only_in_baseline'])} only in the baseline",
+        )
+        + "</div>"
+        + "<div class='tablewrap' style='margin-top:12px'><table class='cmp' id='side-by-side'>"
+        + f"<thead><tr><th></th><th>baseline: {_e(b['name'])}</th><th>current: {_e(a['name'])}"
+        + f"</th></tr></thead><tbody>{side}</tbody></table></div>"
+        + listing("Regressed rows", "regressed")
+        + listing("Improved rows", "improved")
+        + "</section>"
+    )
+
+
+def _fmt3(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, (int, float)) else "–"
+
+
+def render_html(
+    run: Mapping[str, Any],
+    report_dir: Path,
+    comparison: Mapping[str, Any] | None = None,
+) -> str:
+    """The report page for *run* (from ``load_run``); links are relative to *report_dir*."""
+    info = run_info(run)
+    records = build_rows(run, report_dir)
+    rows: Sequence[Mapping[str, Any]] = run["rows"]
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<meta name="generator" content="pytest-osmosis ' + _e(__version__) + '">',
+        f"<title>{_e(info['name'])} · Osmosis eval report</title>",
+        f"<style>{CSS}</style></head><body><main>",
+        _header(info),
+        _warnings(info["warnings"]),
+        _cards(info, rows),
+    ]
+    if comparison is not None:
+        parts.append(_comparison(comparison))
+    parts += [
+        "<h2>Plots</h2>",
+        _plots(info, rows),
+        _table(records),
+        f"<footer>Generated by pytest-osmosis {_e(__version__)} on {generated} from "
+        f"<code>{_e(info['path'])}</code>. Links open files of the run directory.</footer>",
+        "</main>",
+        '<aside id="detail" hidden aria-label="attempt detail">'
+        '<button type="button" id="close" title="close (Esc)">close</button>'
+        '<div id="detail-body"></div></aside>',
+        f'<script type="application/json" id="report-data">{_json_script({"rows": records})}'
+        "</script>",
+        f"<script>{JS}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts)

@@ -1,0 +1,227 @@
+"""Inline SVG plots drawn in Python: the report opens offline, with no chart library.
+
+Every plot is an ``<svg class="plot" data-plot=NAME>`` with a ``<title>`` per mark,
+so hovering a bar tells its numbers and the page needs no JavaScript to show them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+
+WIDTH, HEIGHT = 360, 220
+LEFT, RIGHT, TOP, BOTTOM = 44, 10, 16, 40
+PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
+
+
+def nice_ticks(high: float, count: int = 4) -> list[float]:
+    """0 and round steps up to at least *high*."""
+    if high <= 0:
+        return [0.0, 1.0]
+    raw = high / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    ticks = [0.0]
+    while ticks[-1] < high - 1e-12:
+        ticks.append(round(ticks[-1] + step, 10))
+    return ticks
+
+
+def _open(name: str, label: str) -> list[str]:
+    return [
+        f'<svg class="plot" data-plot="{escape(name)}" viewBox="0 0 {WIDTH} {HEIGHT}" '
+        f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(label)}" '
+        'xmlns="http://www.w3.org/2000/svg">',
+        f"<title>{escape(label)}</title>",
+    ]
+
+
+def _empty(name: str, label: str, message: str) -> str:
+    parts = _open(name, label)
+    parts.append(
+        f'<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">'
+        f"{escape(message)}</text></svg>"
+    )
+    return "".join(parts)
+
+
+def _y_axis(parts: list[str], ticks: list[float], top: float, label: str, pct: bool) -> None:
+    for tick in ticks:
+        y = TOP + PLOT_H - tick / top * PLOT_H
+        text = f"{tick * 100:.0f}%" if pct else _fmt(tick)
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<text class="tick" x="{LEFT - 6}" y="{y + 3.5:.1f}" text-anchor="end">{text}</text>'
+        )
+    parts.append(
+        f'<text class="axis-label" transform="translate(11 {TOP + PLOT_H / 2}) rotate(-90)" '
+        f'text-anchor="middle">{escape(label)}</text>'
+    )
+
+
+def _x_label(parts: list[str], label: str) -> None:
+    parts.append(
+        f'<text class="axis-label" x="{LEFT + PLOT_W / 2}" y="{HEIGHT - 6}" '
+        f'text-anchor="middle">{escape(label)}</text>'
+    )
+
+
+def bar_chart(
+    name: str,
+    label: str,
+    bars: Sequence[tuple[str, float, str, str]],
+    *,
+    x_label: str,
+    y_label: str,
+    pct: bool = False,
+    marker: tuple[float, str] | None = None,
+    every: int = 1,
+) -> str:
+    """Bars of (tick label, height, css class, hover text); *marker* = (x in bar units, text)."""
+    if not bars:
+        return _empty(name, label, "no data")
+    top = 1.0 if pct else max(max(b[1] for b in bars), 1e-9)
+    ticks = [0.0, 0.25, 0.5, 0.75, 1.0] if pct else nice_ticks(top)
+    top = ticks[-1]
+    parts = _open(name, label)
+    _y_axis(parts, ticks, top, y_label, pct)
+    slot = PLOT_W / len(bars)
+    gap = min(slot * 0.18, 6.0)
+    for i, (tick, value, css, hover) in enumerate(bars):
+        height = max(value / top * PLOT_H, 0.0)
+        x = LEFT + i * slot + gap / 2
+        y = TOP + PLOT_H - height
+        width = max(slot - gap, 0.8)
+        if height < 1.5:  # keep zero bars hoverable and visible as a stub
+            y, height = TOP + PLOT_H - 1.5, 1.5
+        parts.append(
+            f'<rect class="bar {css}" x="{x:.2f}" y="{y:.2f}" width="{width:.2f}" '
+            f'height="{height:.2f}"><title>{escape(hover)}</title></rect>'
+        )
+        if i % every == 0:
+            parts.append(
+                f'<text class="tick" x="{LEFT + (i + 0.5) * slot:.1f}" y="{TOP + PLOT_H + 14}" '
+                f'text-anchor="middle">{escape(tick)}</text>'
+            )
+    if marker is not None:
+        x = LEFT + marker[0] * slot
+        parts.append(
+            f'<line class="marker" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + PLOT_H}"/>'
+            f'<text class="marker-label" x="{x + 4:.1f}" y="{TOP + 10}">{escape(marker[1])}</text>'
+        )
+    parts.append(
+        f'<line class="axis" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{TOP + PLOT_H}" '
+        f'y2="{TOP + PLOT_H}"/>'
+    )
+    _x_label(parts, x_label)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def histogram(
+    name: str,
+    label: str,
+    values: Sequence[float],
+    *,
+    x_label: str,
+    unit: str = "",
+    bins: int = 20,
+    threshold: float | None = None,
+) -> str:
+    """Counts of *values* in equal bins; bins at or above *threshold* are drawn as passes."""
+    if not values:
+        return _empty(name, label, "no values to plot")
+    low, high = min(values), max(values)
+    distinct = sorted(set(values))
+    if len(distinct) <= 11:
+        bars = []
+        for value in distinct:
+            count = sum(1 for v in values if v == value)
+            css = _side(value, threshold)
+            bars.append((_fmt(value) + unit, float(count), css, f"{_fmt(value)}{unit}: {count}"))
+        return bar_chart(name, label, bars, x_label=x_label, y_label="count")
+    bins = max(1, min(bins, math.ceil(math.sqrt(len(values))) * 2))
+    width = (high - low) / bins
+    counts = [0] * bins
+    for value in values:
+        counts[min(int((value - low) / width), bins - 1)] += 1
+    bars = []
+    for i, count in enumerate(counts):
+        start, stop = low + i * width, low + (i + 1) * width
+        css = _side(start, threshold)
+        bars.append(
+            (_fmt(start), float(count), css, f"{_fmt(start)}{unit} – {_fmt(stop)}{unit}: {count}")
+        )
+    marker = None
+    if threshold is not None and low <= threshold <= high:
+        marker = ((threshold - low) / width, f"threshold {_fmt(threshold)}")
+    return bar_chart(
+        name, label, bars, x_label=x_label, y_label="count", marker=marker, every=max(1, bins // 5)
+    )
+
+
+def _side(value: float, threshold: float | None) -> str:
+    if threshold is None:
+        return "neutral"
+    return "pass" if value >= threshold else "fail"
+
+
+def line_chart(
+    name: str,
+    label: str,
+    points: Sequence[tuple[int, float]],
+    *,
+    x_label: str,
+    y_label: str,
+    note: str | None = None,
+) -> str:
+    """A 0–100% line over integer x (pass@k against k)."""
+    if not points:
+        return _empty(name, label, "no scored attempts")
+    parts = _open(name, label)
+    _y_axis(parts, [0.0, 0.25, 0.5, 0.75, 1.0], 1.0, y_label, pct=True)
+    first, last = points[0][0], points[-1][0]
+    span = max(last - first, 1)
+
+    def xy(k: int, value: float) -> tuple[float, float]:
+        x = LEFT + (k - first) / span * PLOT_W if last > first else LEFT + PLOT_W / 2
+        return x, TOP + PLOT_H - value * PLOT_H
+
+    coords = [xy(k, v) for k, v in points]
+    if len(coords) > 1:
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        parts.append(f'<polyline class="line" points="{path}"/>')
+    step = max(1, math.ceil(len(points) / 12))
+    for i, ((k, value), (x, y)) in enumerate(zip(points, coords, strict=True)):
+        parts.append(
+            f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
+            f"<title>pass@{k}: {value * 100:.1f}%</title></circle>"
+        )
+        if i % step == 0 or i == len(points) - 1:
+            parts.append(
+                f'<text class="tick" x="{x:.1f}" y="{TOP + PLOT_H + 14}" '
+                f'text-anchor="middle">{k}</text>'
+            )
+    if note:
+        parts.append(
+            f'<text class="note" x="{LEFT + PLOT_W / 2}" y="{TOP + 16}" '
+            f'text-anchor="middle">{escape(note)}</text>'
+        )
+    parts.append(
+        f'<line class="axis" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{TOP + PLOT_H}" '
+        f'y2="{TOP + PLOT_H}"/>'
+    )
+    _x_label(parts, x_label)
+    parts.append("</svg>")
+    return "".join(parts)

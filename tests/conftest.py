@@ -1,0 +1,126 @@
+"""Shared test fixtures: the loopback model server, the network guard, offline LiteLLM.
+
+No test may reach the internet. The guard (tests/netguard/) raises before any
+non-loopback connect or DNS lookup, records it, and the hook below fails the test
+that did it; subprocesses get the same guard through PYTHONPATH + sitecustomize.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+_TESTS = Path(__file__).resolve().parent
+_NETGUARD_DIR = _TESTS / "netguard"
+
+# Before anything imports LiteLLM: never fetch the cost map, tokenizers or headers.
+os.environ["LITELLM_OFFLINE_MODE"] = "true"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+
+if str(_TESTS) not in sys.path:
+    sys.path.insert(0, str(_TESTS))
+
+from model_server import ModelServer  # noqa: E402
+
+
+def _load_netguard() -> ModuleType:
+    existing = sys.modules.get("osmosis_netguard")
+    if existing is not None:  # already installed by sitecustomize in this process
+        return existing
+    spec = importlib.util.spec_from_file_location(
+        "osmosis_netguard", _NETGUARD_DIR / "osmosis_netguard.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["osmosis_netguard"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+netguard = _load_netguard()
+netguard.install()
+_log_fd, _log_path = tempfile.mkstemp(prefix="osmosis-netguard-", suffix=".log")
+os.close(_log_fd)
+netguard.watch_log(_log_path)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(_NETGUARD_DIR), os.environ.get("PYTHONPATH", "")) if p
+)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    try:  # each process (controller, xdist worker) made its own log
+        os.unlink(_log_path)
+    except OSError:
+        pass
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Turn any recorded non-loopback attempt during this phase into a test failure."""
+    report = yield
+    found = netguard.drain()
+    if found:
+        text = "\n".join(found)
+        if report.failed:
+            report.sections.append(("network guard", text))
+        else:
+            report.outcome = "failed"
+            report.longrepr = text
+    return report
+
+
+@pytest.fixture
+def network_guard() -> ModuleType:
+    """The guard module; `with network_guard.expected() as caught:` for tests of it."""
+    return netguard
+
+
+class _LoopThread:
+    """One long-lived event loop on its own thread, the way the plugin drives the bridge."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="test-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: object, timeout: float = 120.0) -> object:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return future.result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self.loop.close()
+
+
+@pytest.fixture(scope="session")
+def model_loop() -> Iterator[_LoopThread]:
+    """Session event loop on a thread: `model_loop.run(coro)`. LiteLLM keeps per-loop
+    state, so all model calls of a process share this one loop, as in the plugin."""
+    runner = _LoopThread()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture
+def model_server(model_loop: _LoopThread) -> Iterator[ModelServer]:
+    """A fresh deterministic OpenAI-compatible server on 127.0.0.1 (see model_server.py)."""
+    server = ModelServer().start(loop=model_loop.loop)
+    yield server
+    server.stop()

@@ -1,0 +1,501 @@
+"""The LiteLLM bridge against a real loopback OpenAI-compatible server, with real LiteLLM.
+
+Clients are the OpenAI SDK (what rollouts use) and raw aiohttp (to see status codes
+and SSE framing). Also tests the network guard that keeps every test on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from model_server import ModelServer, ToolRule, count_tokens
+
+from pytest_osmosis.bridge import Bridge, ModelRoute, resolve_route
+from pytest_osmosis.errors import ModelPreflightError
+
+MODEL = "openai/osmosis-test"  # unknown to LiteLLM's catalog: every param passes through
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Harness:
+    """A started bridge plus helpers that call it the way rollouts do."""
+
+    def __init__(self, loop: Any, bridge: Bridge) -> None:
+        self.loop = loop
+        self.bridge = bridge
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run(coro)
+
+    def sdk(self, rollout_id: str) -> Any:
+        import openai
+
+        url, key = self.bridge.open_rollout(rollout_id)
+        return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+
+    def post(
+        self, path: str, body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        import aiohttp
+
+        async def go() -> tuple[int, str]:
+            data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+            async with aiohttp.ClientSession() as session:
+                async with session.post(
+                    self.bridge.base_url + path, data=data, headers=headers or {}
+                ) as resp:
+                    return resp.status, await resp.text()
+
+        result: tuple[int, str] = self.run(go())
+        return result
+
+
+def _start(loop: Any, route: ModelRoute) -> Bridge:
+    bridge = Bridge(route)
+    loop.run(bridge.start())
+    return bridge
+
+
+@pytest.fixture
+def harness(model_loop: Any, model_server: ModelServer) -> Iterator[Harness]:
+    route = ModelRoute(MODEL, MODEL, {"api_base": model_server.url, "api_key": "sk-test-bridge"})
+    bridge = _start(model_loop, route)
+    yield Harness(model_loop, bridge)
+    model_loop.run(bridge.close())
+
+
+def _user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_resolve_route_passes_provider_models_through() -> None:
+    route = resolve_route("anthropic/claude-sonnet-4-5")
+    assert route == ModelRoute("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", {})
+
+
+def test_importing_the_bridge_imports_neither_litellm_nor_aiohttp() -> None:
+    code = "import sys, pytest_osmosis.bridge; print('litellm' in sys.modules, 'aiohttp' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                       os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_round_trip_echoes_client_model_and_routes_to_configured(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    client = harness.sdk("r1")
+    resp = harness.run(
+        client.chat.completions.create(model="my-alias", messages=_user("What is 6 * 7?"))
+    )
+    assert resp.model == "my-alias"
+    assert resp.choices[0].message.content == "42"
+    assert resp.choices[0].finish_reason == "stop"
+    # The provider saw the configured model, not the client's alias.
+    assert model_server.bodies[-1]["model"] == "osmosis-test"
+    expected_total = count_tokens("What is 6 * 7?") + 1
+    assert resp.usage.total_tokens == expected_total
+    assert harness.bridge.close_rollout("r1") == expected_total
+    assert (harness.bridge.calls, harness.bridge.tokens_total) == (1, expected_total)
+
+
+def test_only_inference_fields_are_forwarded(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    url, key = harness.bridge.open_rollout("r1")
+    status, text = harness.post(
+        "/v1/rollouts/r1/chat/completions",
+        {
+            "model": "x",
+            "messages": _user("hello there"),
+            "temperature": 0.3,
+            "top_p": 0.9,
+            "max_tokens": 50,
+            "user": "someone",
+            "api_base": "http://198.51.100.7/v1",
+            "api_key": "stolen",
+            "metadata": {"a": 1},
+            "seed": 3,
+        },
+        {"Authorization": f"Bearer {key}"},
+    )
+    assert status == 200, text
+    sent = model_server.bodies[-1]
+    assert sent["temperature"] == 0.3 and sent["top_p"] == 0.9 and sent["max_tokens"] == 50
+    assert not {"user", "api_base", "api_key", "metadata", "seed"} & set(sent)
+    assert json.loads(text)["choices"][0]["message"]["content"] == "echo: hello there"
+
+
+def test_route_kwargs_override_what_the_rollout_sends(
+    model_loop: Any, model_server: ModelServer
+) -> None:
+    route = ModelRoute(
+        MODEL, MODEL, {"api_base": model_server.url, "api_key": "k", "temperature": 0.0}
+    )
+    bridge = _start(model_loop, route)
+    try:
+        client = Harness(model_loop, bridge).sdk("r")
+        model_loop.run(client.chat.completions.create(
+            model="m", messages=_user("hi"), temperature=1.5
+        ))
+    finally:
+        model_loop.run(bridge.close())
+    assert model_server.bodies[-1]["temperature"] == 0.0
+
+
+def test_tokens_are_accounted_per_rollout_under_concurrency(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    model_server.delay = 0.05
+    clients = {rid: harness.sdk(rid) for rid in ("a", "b", "c")}
+    plan = [("a", i) for i in range(8)] + [("b", i) for i in range(5)] + [("c", 0)]
+
+    async def call(rid: str, i: int) -> tuple[str, int]:
+        words = " ".join(["word"] * (i + 1))
+        resp = await clients[rid].chat.completions.create(
+            model="m", messages=_user(f"{rid} {words}")
+        )
+        return rid, resp.usage.total_tokens
+
+    async def all_calls() -> list[tuple[str, int]]:
+        return await asyncio.gather(*(call(rid, i) for rid, i in plan))
+
+    results = harness.run(all_calls())
+    expected = {rid: sum(t for r, t in results if r == rid) for rid in clients}
+    assert model_server.peak_in_flight > 1  # the calls really overlapped
+    assert expected["a"] != expected["b"]
+    assert {rid: harness.bridge.close_rollout(rid) for rid in clients} == expected
+    assert harness.bridge.close_rollout("a") is None
+    assert harness.bridge.tokens_total == sum(expected.values())
+    assert harness.bridge.calls == len(plan)
+
+
+def test_rollout_without_usage_reports_none(harness: Harness) -> None:
+    harness.bridge.open_rollout("idle")
+    assert harness.bridge.close_rollout("idle") is None
+
+
+def test_bearer_and_rollout_id_are_enforced(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    _, key = harness.bridge.open_rollout("live")
+    body = {"model": "m", "messages": _user("hi")}
+    path = "/v1/rollouts/live/chat/completions"
+    assert harness.post(path, body)[0] == 401
+    assert harness.post(path, body, {"Authorization": "Bearer wrong"})[0] == 401
+    assert harness.post(path, body, {"Authorization": key})[0] == 401
+    auth = {"Authorization": f"Bearer {key}"}
+    status, text = harness.post("/v1/rollouts/nope/chat/completions", body, auth)
+    assert status == 404 and "nope" in json.loads(text)["detail"]
+    harness.bridge.open_rollout("done")
+    harness.bridge.close_rollout("done")
+    assert harness.post("/v1/rollouts/done/chat/completions", body, auth)[0] == 404
+    assert harness.post(path, b"{not json", auth)[0] == 400
+    assert harness.post(path, {"model": "m", "messages": "hi"}, auth)[0] == 400
+    assert harness.post(path, [1, 2], auth)[0] == 400
+    assert model_server.requests_total == 0
+    assert harness.post(path, body, auth)[0] == 200
+
+
+def test_tool_call_round_trip(harness: Harness, model_server: ModelServer) -> None:
+    model_server.tool_rules = [ToolRule("weather", "get_weather", {"city": "Oslo"})]
+    model_server.tool_answer = "It is {result} there."
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    client = harness.sdk("t")
+    messages: list[dict[str, Any]] = _user("What is the weather in Oslo?")
+    first = harness.run(client.chat.completions.create(
+        model="m", messages=messages, tools=tools, tool_choice="auto"
+    ))
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather", {"city": "Oslo"}
+    )
+    assert model_server.bodies[-1]["tool_choice"] == "auto"
+    assert model_server.bodies[-1]["tools"][0]["function"]["name"] == "get_weather"
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    second = harness.run(client.chat.completions.create(model="m", messages=messages, tools=tools))
+    assert second.choices[0].message.content == "It is sunny there."
+    assert model_server.bodies[-1]["messages"][-1]["tool_call_id"] == call.id
+    assert harness.bridge.close_rollout("t") == (
+        first.usage.total_tokens + second.usage.total_tokens
+    )
+
+
+def _sse_events(text: str) -> list[str]:
+    return [block for block in text.split("\n\n") if block]
+
+
+def test_streaming_sends_one_full_chunk_then_done(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    client = harness.sdk("s")
+
+    async def stream() -> list[Any]:
+        chunks = await client.chat.completions.create(
+            model="alias", messages=_user("What is 12 + 30?"), stream=True
+        )
+        return [chunk async for chunk in chunks]
+
+    chunks = harness.run(stream())
+    assert len(chunks) == 1
+    chunk = chunks[0]
+    assert chunk.model == "alias"
+    assert chunk.choices[0].delta.content == "42"
+    assert chunk.choices[0].finish_reason == "stop"
+    assert chunk.usage.total_tokens == count_tokens("What is 12 + 30?") + 1
+    assert harness.bridge.close_rollout("s") == chunk.usage.total_tokens
+
+    _, key = harness.bridge.open_rollout("raw")
+    status, text = harness.post(
+        "/v1/rollouts/raw/chat/completions",
+        {"model": "m", "messages": _user("hi"), "stream": True},
+        {"Authorization": f"Bearer {key}"},
+    )
+    events = _sse_events(text)
+    assert status == 200
+    assert events[0] == ": ping" and events[-1] == "data: [DONE]"
+    assert len([e for e in events if e.startswith("data: {")]) == 1
+
+
+def test_streaming_tool_calls_carry_an_index(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    model_server.tool_rules = [ToolRule("add", "add", {"a": 1, "b": 2})]
+    _, key = harness.bridge.open_rollout("st")
+    status, text = harness.post(
+        "/v1/rollouts/st/chat/completions",
+        {
+            "model": "m",
+            "messages": _user("please add"),
+            "stream": True,
+            "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}],
+        },
+        {"Authorization": f"Bearer {key}"},
+    )
+    assert status == 200
+    data = [json.loads(e[len("data: "):]) for e in _sse_events(text) if e.startswith("data: {")]
+    delta = data[0]["choices"][0]["delta"]
+    assert delta["tool_calls"][0]["index"] == 0
+    assert delta["tool_calls"][0]["function"]["name"] == "add"
+    assert data[0]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_provider_error_becomes_502_with_one_line_detail(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    model_server.fail_next(400, message="bad request\nfrom sk-test-bridge upstream")
+    _, key = harness.bridge.open_rollout("e")
+    status, text = harness.post(
+        "/v1/rollouts/e/chat/completions",
+        {"model": "m", "messages": _user("hi")},
+        {"Authorization": f"Bearer {key}"},
+    )
+    assert status == 502
+    detail = json.loads(text)["detail"]
+    assert "bad request" in detail and "\n" not in detail
+    assert "sk-test-bridge" not in detail and "[REDACTED]" in detail
+    assert harness.bridge.close_rollout("e") is None
+    assert (harness.bridge.calls, harness.bridge.errors) == (0, 1)
+
+
+def test_streaming_error_is_an_error_event(harness: Harness, model_server: ModelServer) -> None:
+    model_server.fail_next(404, message="no such model")
+    _, key = harness.bridge.open_rollout("se")
+    status, text = harness.post(
+        "/v1/rollouts/se/chat/completions",
+        {"model": "m", "messages": _user("hi"), "stream": True},
+        {"Authorization": f"Bearer {key}"},
+    )
+    events = _sse_events(text)
+    assert status == 200
+    assert events[-1] == "data: [DONE]"
+    error = next(e for e in events if e.startswith("event: error"))
+    payload = json.loads(error.split("data: ", 1)[1])
+    assert "no such model" in payload["detail"]
+
+
+# ------------------------------------------------------------------ preflight
+
+
+def _preflight(loop: Any, route: ModelRoute) -> Bridge:
+    bridge = Bridge(route)
+    loop.run(bridge.preflight())
+    return bridge
+
+
+def test_preflight_passes_and_is_not_counted(model_loop: Any, model_server: ModelServer) -> None:
+    bridge = _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url,
+                                                              "api_key": "k"}))
+    assert model_server.requests_total == 1
+    assert model_server.bodies[0]["max_tokens"] == 256
+    assert (bridge.calls, bridge.tokens_total, bridge.preflight_warning) == (0, 0, None)
+
+
+def test_preflight_unreachable_endpoint(model_loop: Any) -> None:
+    base = f"http://127.0.0.1:{_closed_port()}/v1"
+    with pytest.raises(ModelPreflightError) as info:
+        _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": base, "api_key": "k"}))
+    message = str(info.value)
+    assert f"model preflight failed for {MODEL!r}: cannot reach {base}" in message
+    assert "\n" not in message
+
+
+def test_preflight_unknown_provider(model_loop: Any, model_server: ModelServer) -> None:
+    with pytest.raises(ModelPreflightError) as info:
+        _preflight(model_loop, resolve_route("nosuchprovider/some-model"))
+    message = str(info.value)
+    assert "'nosuchprovider/some-model'" in message and "provider/model" in message
+    assert "\n" not in message
+    assert model_server.requests_total == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "env_var", "base_var"),
+    [
+        ("openai/gpt-5-mini", "OPENAI_API_KEY", "OPENAI_BASE_URL"),
+        ("anthropic/claude-sonnet-4-5", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"),
+    ],
+)
+def test_preflight_missing_key_names_the_env_var(
+    model_loop: Any,
+    model_server: ModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    env_var: str,
+    base_var: str,
+) -> None:
+    for name in list(os.environ):
+        if name.startswith(env_var.split("_")[0] + "_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv(base_var, model_server.url)  # if a call went out, it stays local
+    with pytest.raises(ModelPreflightError) as info:
+        _preflight(model_loop, resolve_route(model))
+    message = str(info.value)
+    assert message.startswith(f"model preflight failed for {model!r}: no API key, set {env_var}")
+    assert "\n" not in message
+    assert model_server.requests_total == 0
+
+
+def test_preflight_rejected_key(
+    model_loop: Any, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in model_server.env().items():
+        monkeypatch.setenv(name, value)
+    model_server.fail_next(401, message="Incorrect API key provided")
+    with pytest.raises(ModelPreflightError) as info:
+        _preflight(model_loop, resolve_route("openai/gpt-5-mini"))
+    assert "AuthenticationError" in str(info.value)
+    assert "Incorrect API key provided" in str(info.value)
+
+
+def test_preflight_ignores_rate_limits(model_loop: Any, model_server: ModelServer) -> None:
+    model_server.fail_next(429, count=10, retry_after=0)
+    bridge = _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url,
+                                                              "api_key": "k"}))
+    assert model_server.requests_total >= 1
+    assert bridge.preflight_warning is None
+
+
+def test_preflight_server_error_is_only_a_warning(
+    model_loop: Any, model_server: ModelServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    model_server.fail_next(500, count=10, message="upstream overloaded")
+    bridge = _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url,
+                                                              "api_key": "k"}))
+    assert bridge.preflight_warning is not None
+    assert "upstream overloaded" in bridge.preflight_warning
+    assert "upstream overloaded" in caplog.text
+
+
+# ------------------------------------------------------------------ network guard
+
+
+def test_guard_blocks_non_loopback_connect_before_it_happens(network_guard: Any) -> None:
+    with network_guard.expected() as caught, socket.socket() as sock:
+        sock.setblocking(False)
+        with pytest.raises(network_guard.NetworkGuardError):
+            sock.connect(("192.0.2.1", 9))
+        # An attempted connect would have bound an ephemeral local port.
+        assert sock.getsockname() == ("0.0.0.0", 0)
+    assert caught == [
+        "network guard: socket.connect to 192.0.2.1:9 blocked (tests may only use loopback)"
+    ]
+
+
+def test_guard_blocks_dns_lookups_and_allows_loopback(
+    network_guard: Any, model_server: ModelServer
+) -> None:
+    with network_guard.expected() as caught:
+        with pytest.raises(network_guard.NetworkGuardError):
+            socket.getaddrinfo("example.com", 443)
+        with pytest.raises(network_guard.NetworkGuardError):
+            socket.create_connection(("2001:db8::1", 80), timeout=1)
+    assert len(caught) == 2 and "example.com:443" in caught[0]
+    socket.getaddrinfo("localhost", 80)
+    with socket.create_connection(("127.0.0.1", model_server.port), timeout=5):
+        pass
+
+
+def test_guard_covers_subprocesses(network_guard: Any) -> None:
+    code = "import socket; socket.create_connection(('192.0.2.1', 9), timeout=1)"
+    with network_guard.expected() as caught:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "NetworkGuardError" in out.stderr
+    assert len(caught) == 1 and "192.0.2.1:9" in caught[0]
+
+
+def test_guard_fails_a_test_that_swallows_the_error(
+    pytester: pytest.Pytester, network_guard: Any
+) -> None:
+    tests_dir = Path(__file__).parent
+    shutil.copy(tests_dir / "conftest.py", pytester.path / "conftest.py")
+    shutil.copy(tests_dir / "model_server.py", pytester.path / "model_server.py")
+    shutil.copytree(tests_dir / "netguard", pytester.path / "netguard")
+    pytester.makepyfile(
+        test_swallow="""
+        import socket
+
+        def test_swallows():
+            try:
+                socket.create_connection(("192.0.2.1", 9), timeout=1)
+            except OSError:
+                pass
+
+        def test_clean():
+            pass
+        """
+    )
+    with network_guard.expected() as caught:
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*network guard: socket.getaddrinfo to 192.0.2.1:9 blocked*"])
+    assert caught  # the child's guard also reported to this process
