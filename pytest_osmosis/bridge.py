@@ -96,9 +96,7 @@ def _one_line(exc: BaseException, secret_values: tuple[str, ...] = ()) -> str:
     if text.startswith("litellm."):
         text = text[len("litellm.") :]
     values = {
-        value
-        for name, value in os.environ.items()
-        if _SECRET_NAME.search(name) and len(value) >= 8
+        value for name, value in os.environ.items() if _SECRET_NAME.search(name) and len(value) >= 8
     }
     values.update(v for v in secret_values if v and len(v) >= 4)
     for value in sorted(values, key=len, reverse=True):
@@ -113,6 +111,15 @@ def _chain(exc: BaseException) -> list[BaseException]:
         links.append(link)
         link = link.__cause__ or link.__context__
     return links
+
+
+def _endpoint_of(chain: list[BaseException]) -> str:
+    """host:port of a failed connect (aiohttp's error carries them), for the message."""
+    for link in chain:
+        host, port = getattr(link, "host", None), getattr(link, "port", None)
+        if isinstance(host, str) and host:
+            return f"{host}:{port}" if port else host
+    return "the provider endpoint"
 
 
 def _tool_calls(raw: Any, *, indexed: bool) -> list[dict[str, Any]]:
@@ -301,7 +308,7 @@ class Bridge:
                 ) from None
         chain = _chain(exc)
         if any(type(link).__name__ in _CONNECT_ERRORS for link in chain):
-            where = self._route_kwargs.get("api_base") or "the provider endpoint"
+            where = self._route_kwargs.get("api_base") or _endpoint_of(chain)
             root = _one_line(chain[-1], self._secrets)
             raise ModelPreflightError(
                 f"model preflight failed for {model!r}: cannot reach {where}: {root}"
@@ -346,7 +353,7 @@ class Bridge:
         if body.get("stream"):
             return await self._stream(request, rollout_id, call, echo)
         try:
-            response = await self._complete(rollout_id, call)
+            response = await self._complete(call)
         except Exception as exc:
             self.errors += 1
             detail = _one_line(exc, self._secrets)
@@ -359,7 +366,7 @@ class Bridge:
             content_type="application/json",
         )
 
-    async def _complete(self, rollout_id: str, call: dict[str, Any]) -> Any:
+    async def _complete(self, call: dict[str, Any]) -> Any:
         litellm = _litellm()
         kwargs = self._route_kwargs
         if kwargs:
@@ -390,7 +397,7 @@ class Bridge:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         await response.write(b": ping\n\n")
-        task = asyncio.ensure_future(self._complete(rollout_id, call))
+        task = asyncio.ensure_future(self._complete(call))
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=_SSE_HEARTBEAT_S)

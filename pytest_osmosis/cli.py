@@ -6,9 +6,10 @@ exit codes a script can branch on: 0 ok, 2 usage error or run not found, 1 anyth
 
 Extending: a module adds a subcommand by exposing ``add_<name>_parser(subparsers)``
 that calls ``subparsers.add_parser(...)`` and ``set_defaults(handler=fn)`` (or
-``func=fn``) where ``fn(args: argparse.Namespace) -> int`` returns the exit code. ``pytest_osmosis.rubric``
-is picked up this way when it exists. Handlers raise :class:`~pytest_osmosis.errors.OsmosisError`
-subclasses for errors a user meets (``ConfigError`` and ``RunNotFoundError`` exit 2).
+``func=fn``) where ``fn(args: argparse.Namespace) -> int`` returns the exit code;
+``pytest_osmosis.rubric`` is picked up this way when it exists. Handlers raise
+:class:`~pytest_osmosis.errors.OsmosisError` subclasses for errors a user meets
+(``ConfigError`` and ``RunNotFoundError`` exit 2, the others 1).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_osmosis import __version__
-from pytest_osmosis.errors import ConfigError, OsmosisError
+from pytest_osmosis.errors import ConfigError, OsmosisError, RunDirectoryError
 from pytest_osmosis.runs import (
     find_output_root,
     list_runs,
@@ -378,9 +379,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(text)
         return EXIT_OK
-    path, comparison = write_report(
-        run_dir, output.resolve() if output else None, baseline_dir=baseline_dir, fmt=args.format
-    )
+    try:
+        path, comparison = write_report(
+            run_dir,
+            output.resolve() if output else None,
+            baseline_dir=baseline_dir,
+            fmt=args.format,
+        )
+    except RunDirectoryError as exc:
+        if output is not None:
+            raise
+        raise RunDirectoryError(f"{exc} (-o FILE)") from exc
     if args.json:
         payload["resource"] = {"format": args.format, "path": str(path)}
         if comparison:

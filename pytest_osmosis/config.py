@@ -330,7 +330,9 @@ def validate_rollout_paths(workspace: Path, experiment: Experiment, config_path:
     try:
         rollout_is_dir = rollout_root.is_dir()
     except OSError as exc:  # e.g. a name longer than the file system allows
-        raise fail("rollout", f"cannot be used ({exc.strerror or exc}), got {_show(rollout)}") from None
+        raise fail(
+            "rollout", f"cannot be used ({exc.strerror or exc}), got {_show(rollout)}"
+        ) from None
     if not rollout_is_dir:
         raise fail("rollout", f"rollout directory not found: {rollout_root}")
     entry = None if "\0" in entrypoint else _resolved(rollout_root / entrypoint)

@@ -113,8 +113,8 @@ def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | Non
                 return candidate
         except OSError as exc:  # e.g. a name longer than the file system allows
             raise DatasetError(
-                f"experiment.dataset {_short(dataset)} cannot be looked up as {_short(candidate.name)} "
-                f"({exc.strerror or exc})"
+                f"experiment.dataset {_short(dataset)} cannot be looked up as "
+                f"{_short(candidate.name)} ({exc.strerror or exc})"
             ) from None
     hint = ""
     if Path(dataset).suffix.lstrip(".").lower() in DATASET_EXTENSIONS:

@@ -64,10 +64,12 @@ _PROVIDER_TIMEOUT_S: Mapping[str, float] = {
     "cerebras": 60.0,
     "openrouter": 60.0,
 }
-# The embedded SmolLM2 honours a JSON schema (llama.cpp grammars) but is not in LiteLLM's
-# capability table; with plain json_object it invents its own keys. Its explanation is
-# capped so a rambling 135M model cannot fill its whole context.
-_EMBEDDED_MAX_TOKENS = 512
+# The embedded SmolLM2 honours a JSON schema (llama.cpp turns it into a grammar) but is
+# not in LiteLLM's capability table; with plain json_object it invents its own keys. A
+# 135M model repeats itself until its context is full, so its explanation is bounded in
+# the schema (the grammar then closes the JSON in time) and its answer in tokens.
+_EMBEDDED_EXPLANATION_CHARS = 240
+_EMBEDDED_MAX_TOKENS = 160
 
 RESPONSE_SCHEMA: Mapping[str, Any] = {
     "name": "rubric_response",
@@ -81,6 +83,7 @@ RESPONSE_SCHEMA: Mapping[str, Any] = {
 }
 
 _SENTINEL_LABELS = ("CANDIDATE_OUTPUT", "GROUND_TRUTH", "ORIGINAL_INPUT", "METADATA")
+_SENTINEL_INSIDE = re.compile(r"<<<(?=(?:BEGIN|END)_)")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE_OPEN = re.compile(r"^```(?:json)?\s*", re.IGNORECASE)
 _FENCE_CLOSE = re.compile(r"```$")
@@ -178,7 +181,9 @@ def default_timeout(model: str) -> float:
 
 
 def _quoted(label: str, text: str) -> str:
+    """`text` between sentinels; a sentinel inside it is defused so it cannot end the block."""
     cleaned = text.strip().replace("```", "\\`\\`\\`")
+    cleaned = _SENTINEL_INSIDE.sub("<\\\\<<", cleaned)
     return f"<<<BEGIN_{label}>>>\n{cleaned}\n<<<END_{label}>>>"
 
 
@@ -363,6 +368,7 @@ class RubricJudge:
         self._route: ModelRoute | None = None
         self._route_error: JudgeError | None = None
         self._route_lock: asyncio.Lock | None = None
+        self._embedded_slot: asyncio.Semaphore | None = None
 
     # -- the prompt and the answer (shared with RubricGrader, which calls through the bridge)
 
@@ -400,10 +406,16 @@ class RubricJudge:
         return parse_verdict(content, self.score_min, self.score_max)
 
     @staticmethod
-    def response_format(strict_schema: bool) -> dict[str, Any]:
-        if strict_schema:
-            return {"type": "json_schema", "json_schema": dict(RESPONSE_SCHEMA)}
-        return {"type": "json_object"}
+    def response_format(
+        strict_schema: bool, *, max_explanation: int | None = None
+    ) -> dict[str, Any]:
+        """A strict ``{score, explanation}`` JSON schema, or plain JSON mode."""
+        if not strict_schema:
+            return {"type": "json_object"}
+        schema = json.loads(json.dumps(RESPONSE_SCHEMA))
+        if max_explanation is not None:
+            schema["schema"]["properties"]["explanation"]["maxLength"] = max_explanation
+        return {"type": "json_schema", "json_schema": schema}
 
     # -- calling LiteLLM directly
 
@@ -499,7 +511,9 @@ class RubricJudge:
         call.update(
             messages=messages,
             temperature=0,
-            response_format=self.response_format(strict),
+            response_format=self.response_format(
+                strict, max_explanation=_EMBEDDED_EXPLANATION_CHARS if embedded else None
+            ),
             timeout=self.timeout,
             drop_params=True,
         )
@@ -508,7 +522,14 @@ class RubricJudge:
         if self.api_key:
             call["api_key"] = self.api_key
         try:
-            response = await litellm.acompletion(model=route.litellm_model, **call)
+            if embedded:
+                # One llama.cpp slot: queue here so the timeout covers only our own call.
+                if self._embedded_slot is None:
+                    self._embedded_slot = asyncio.Semaphore(1)
+                async with self._embedded_slot:
+                    response = await litellm.acompletion(model=route.litellm_model, **call)
+            else:
+                response = await litellm.acompletion(model=route.litellm_model, **call)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -69,7 +69,7 @@ def load_rollout(
 def _load(
     rollout_dir: Path, entrypoint: Path, workflow_override: str | None, grader_override: str | None
 ) -> LoadedRollout:
-    from pytest_osmosis import rollout as api
+    import pytest_osmosis.rollout as api
 
     backends: list[Any] = []
     with _capture_backends(backends, stop=False):
@@ -104,8 +104,10 @@ def _load(
         workflow_config, grader_config = backend.workflow_config, backend.grader_config
     else:
         found_by = "classes in the module"
-        workflow_cls = _only_subclass(module, api.AgentWorkflow, "workflow", entrypoint)
-        grader_cls = _only_subclass(module, api.Grader, "grader", entrypoint)
+        if not workflow_override:
+            workflow_cls = _only_subclass(module, api.AgentWorkflow, "workflow", entrypoint)
+        if not grader_override:
+            grader_cls = _only_subclass(module, api.Grader, "grader", entrypoint)
         workflow_config = _only_instance(module, api.AgentWorkflowConfig)
         grader_config = _only_instance(module, api.GraderConfig)
     if workflow_override:
@@ -205,7 +207,7 @@ def _user_traceback(exc: BaseException, rollout_dir: Path) -> str:
 
 
 def _backend_classes() -> list[type[Any]]:
-    from pytest_osmosis import _sdk_api
+    import pytest_osmosis._sdk_api as _sdk_api
 
     classes: list[type[Any]] = [_sdk_api.LocalBackend]
     sdk = sys.modules.get("osmosis_ai.rollout")
@@ -217,7 +219,7 @@ def _backend_classes() -> list[type[Any]]:
 @contextlib.contextmanager
 def _capture_backends(found: list[Any], *, stop: bool) -> Iterator[None]:
     """Record every LocalBackend constructed inside the block (and stop there if asked)."""
-    from pytest_osmosis import rollout as _api  # noqa: F401  (imports the SDK when present)
+    import pytest_osmosis.rollout  # noqa: F401  (imports the SDK when present)
 
     originals: dict[type[Any], Any] = {}
 
@@ -233,12 +235,12 @@ def _capture_backends(found: list[Any], *, stop: bool) -> Iterator[None]:
 
     for cls in _backend_classes():
         originals[cls] = cls.__dict__["__init__"]
-        cls.__init__ = wrap(cls, originals[cls])  # type: ignore[misc]
+        cls.__init__ = wrap(cls, originals[cls])
     try:
         yield
     finally:
         for cls, original in originals.items():
-            cls.__init__ = original  # type: ignore[misc]
+            cls.__init__ = original
 
 
 def _defined_in(obj: Any, module: types.ModuleType) -> bool:

@@ -27,6 +27,7 @@ from pytest_osmosis.config import (
     validate_run_name,
 )
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
+from pytest_osmosis.errors import DatasetError
 
 Overrides = Mapping[str, tuple[object, str]]
 
@@ -71,7 +72,10 @@ def build_plan(config_path: Path, overrides: Overrides, output: Path | None) -> 
     dataset_file = settings.dataset_file
     if dataset_file is not None and not dataset_file.is_absolute():
         dataset_file = Path.cwd() / dataset_file
-    dataset_path = resolve_dataset_path(workspace, cfg.experiment.dataset, dataset_file)
+    try:
+        dataset_path = resolve_dataset_path(workspace, cfg.experiment.dataset, dataset_file)
+    except DatasetError as exc:
+        raise DatasetError(f"{config_path}: {exc}") from None
     dataset = open_dataset(
         dataset_path,
         limit=settings.limit,

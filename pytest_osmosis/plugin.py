@@ -68,7 +68,7 @@ OPTIONS = (
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    from pytest_osmosis import hookspecs
+    import pytest_osmosis.hookspecs as hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
 

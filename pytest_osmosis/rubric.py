@@ -334,7 +334,7 @@ def render_report(report: dict[str, Any], write: Callable[[str], object]) -> Non
     for record in report["records"]:
         write(f"[{record['label']}]")
         for run, (score, explanation) in enumerate(
-            zip(record["scores"], record["explanations"]), start=1
+            zip(record["scores"], record["explanations"], strict=False), start=1
         ):
             write(f"  Run {run:02d}: score={score:.4f}")
             write(f"    explanation: {' '.join(explanation.split())}")
@@ -395,7 +395,8 @@ def _configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     parser.add_argument("-n", "--number", type=_positive_int, default=1, metavar="N",
                         help="judge runs per record (default 1)")
     parser.add_argument("-o", "--output", metavar="OUT",
-                        help=f"write the results as JSON to OUT (a directory gets {RESULT_FILENAME})")
+                        help=f"write the results as JSON to OUT ({RESULT_FILENAME} in it "
+                        "when OUT is a directory or ends with /)")
     parser.add_argument("--timeout", type=_positive_float, default=None, metavar="S",
                         help="seconds per judge call (default: 30, longer for slow providers)")
     parser.add_argument("--score-min", type=_finite, default=0.0, metavar="A",
@@ -411,6 +412,7 @@ def add_rubric_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``rubric`` sub-command; its namespace's ``func`` is `run_rubric_command`."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "rubric",
+        allow_abbrev=False,
         help="score a JSONL file of conversations with an LLM judge",
         description="Score each record of a JSONL file against a rubric with an LLM judge "
         "(the local twin of `osmosis eval rubric`).",
@@ -421,7 +423,7 @@ def add_rubric_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run_rubric_command(
     args: argparse.Namespace, *, stdout: IO[str] | None = None, stderr: IO[str] | None = None
 ) -> int:
-    """Run ``rubric`` with parsed arguments; returns the exit status (never raises for bad input)."""
+    """Run ``rubric`` with parsed arguments and return the exit status; bad input is one line."""
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
 
@@ -482,7 +484,9 @@ def run_rubric_command(
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m pytest_osmosis.rubric ...``: the command without the umbrella CLI."""
     parser = _configure_parser(
-        argparse.ArgumentParser(prog="pytest-osmosis rubric", description=__doc__)
+        argparse.ArgumentParser(
+            prog="pytest-osmosis rubric", description=__doc__, allow_abbrev=False
+        )
     )
     args = parser.parse_args(argv)
     return run_rubric_command(args)

@@ -106,10 +106,14 @@ class RubricGrader(Grader):
             or not isinstance(threshold, (int, float))
             or not math.isfinite(threshold)
         ):
-            raise ConfigError(f"RubricGrader: 'pass_threshold' must be a finite number, got {threshold!r}")
+            raise ConfigError(
+                f"RubricGrader: 'pass_threshold' must be a finite number, got {threshold!r}"
+            )
         model = values["judge_model"]
         if model is not None and (not isinstance(model, str) or not model.strip()):
-            raise ConfigError(f"RubricGrader: 'judge_model' must be a LiteLLM model id, got {model!r}")
+            raise ConfigError(
+                f"RubricGrader: 'judge_model' must be a LiteLLM model id, got {model!r}"
+            )
         try:
             self.judge = RubricJudge(
                 rubric,
@@ -240,14 +244,18 @@ class RubricGrader(Grader):
                 f"{one_line(str(detail or text))}"
             )
         try:
-            return payload["choices"][0]["message"]["content"]  # type: ignore[index]
+            return payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
             raise ProviderRequestError(
                 "judge call through the osmosis bridge returned no chat completion"
             ) from None
 
     def _write_artifact(
-        self, directory: Path | None, verdict: Verdict | None, reward: float | None, error: str | None
+        self,
+        directory: Path | None,
+        verdict: Verdict | None,
+        reward: float | None,
+        error: str | None,
     ) -> None:
         if not directory:
             return

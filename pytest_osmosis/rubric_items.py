@@ -123,7 +123,8 @@ def _settings(config: pytest.Config) -> RubricSettings | None:
         raise pytest.UsageError(f"{data_where} {data_text}: data file {data} {what}")
     rubric_entry = _value(config, "osmosis_rubric_text")
     model_entry = _value(config, "osmosis_judge_model")
-    for entry, name in ((rubric_entry, "osmosis_rubric_text"), (model_entry, "osmosis_judge_model")):
+    required = ((rubric_entry, "osmosis_rubric_text"), (model_entry, "osmosis_judge_model"))
+    for entry, name in required:
         if entry is None:
             raise pytest.UsageError(
                 f"--osmosis-rubric needs --{name.replace('_', '-')} (or ini {name})"

@@ -72,7 +72,7 @@ async def execute(
     write_trajectory: TrajectoryWriter,
 ) -> dict[str, Any]:
     """Run ``work`` and return its result as a dict of builtins (it travels to the xdist controller)."""
-    from pytest_osmosis import rollout as api
+    import pytest_osmosis.rollout as api
 
     rollout_id = uuid.uuid4().hex
     started = time.monotonic()
@@ -219,8 +219,25 @@ async def _phase(name: str, body: Callable[[], Awaitable[Any]], budget: float | 
     if exc is None:
         return task.result()
     raise _PhaseFailed(
-        _categorize(exc), f"{name} raised {type(exc).__name__}: {exc}", _user_traceback(exc)
+        _categorize(exc), f"{name} raised {type(exc).__name__}: {_one_line(exc)}",
+        _user_traceback(exc),
     )
+
+
+def _one_line(exc: BaseException) -> str:
+    """A headline must be one line; pydantic's multi-line errors become ``loc: msg`` pairs."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and hasattr(exc, "error_count"):
+        try:
+            parts = [
+                f"{'.'.join(str(p) for p in e.get('loc', ())) or 'value'}: {e.get('msg')}"
+                for e in errors()
+            ]
+            return "; ".join(parts)
+        except Exception:  # noqa: BLE001 - fall back to the plain text below
+            pass
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _categorize(exc: BaseException) -> str:

@@ -312,14 +312,15 @@ def _rows(run_dir: Path, warnings: list[str], finished: bool) -> tuple[list[dict
     return [by_key[key] for key in sorted(by_key)], source
 
 
-def load_run(run_dir: Path) -> dict[str, Any]:
+def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
     """Everything ``list``/``info``/``report`` need about one run, as plain data.
 
-    Keys: ``name`` (the directory name: what ``info NAME`` takes), ``path``, ``manifest``, ``metrics``, ``progress`` (each ``{}``
-    when absent or unreadable), ``rows`` (index rows sorted by row then run, each with
-    an ``outcome``), ``rows_source``, ``summary`` (``metrics.json``'s, or recomputed
-    from the rows when absent), ``pass_threshold``, ``status``, ``total_runs``,
-    ``warnings``.
+    Keys: ``name`` (the directory name: what ``info NAME`` takes), ``path``,
+    ``manifest``, ``metrics``, ``progress`` (each ``{}`` when absent or unreadable),
+    ``rows`` (index rows sorted by row then run, each with an ``outcome``; empty for a
+    finished run when *summary_only*), ``rows_done``, ``rows_source``, ``summary``
+    (``metrics.json``'s, or recomputed from the rows when absent), ``pass_threshold``,
+    ``status``, ``total_runs``, ``warnings``.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -331,7 +332,13 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     eval_run = _dict(metrics.get("eval_run"))
     summary = _dict(metrics.get("summary"))
     recorded_status = eval_run.get("status") if isinstance(eval_run.get("status"), str) else None
-    rows, rows_source = _rows(run_dir, warnings, finished=recorded_status == "finished")
+    rows_done: int | None = None
+    rows: list[dict[str, Any]]
+    if summary_only and recorded_status == "finished" and _is_int(summary.get("total_samples")):
+        # ``list`` of many large runs: a finished run's metrics already count its rows.
+        rows, rows_source, rows_done = [], "metrics.json", summary["total_samples"]
+    else:
+        rows, rows_source = _rows(run_dir, warnings, finished=recorded_status == "finished")
     threshold_value = summary.get("pass_threshold")
     if _is_number(threshold_value):
         threshold = float(threshold_value)
@@ -353,13 +360,15 @@ def load_run(run_dir: Path) -> dict[str, Any]:
     )
     if total_runs is None and n and selection is not None:
         total_runs = n * len(selection)
-    if not summary or rows_source != "index.jsonl":
+    if not summary or rows_source not in ("index.jsonl", "metrics.json"):
         recomputed = aggregate_metrics(rows, threshold)
         if summary and summary.get("total_samples") != recomputed["total_samples"]:
             warnings.append("metrics.json is older than the journal; numbers recomputed")
         summary = recomputed
     status = recorded_status or ("incomplete" if rows or manifest else "unknown")
-    if status == "finished" and total_runs is not None and len(rows) < total_runs:
+    if rows_done is None:
+        rows_done = len(rows)
+    if status == "finished" and total_runs is not None and rows_done < total_runs:
         status = "incomplete"
     recorded_name = manifest.get("run_name")
     if not manifest:
@@ -376,6 +385,7 @@ def load_run(run_dir: Path) -> dict[str, Any]:
         "metrics": metrics,
         "progress": progress,
         "rows": rows,
+        "rows_done": rows_done,
         "rows_source": rows_source,
         "summary": summary,
         "pass_threshold": threshold,
@@ -420,7 +430,7 @@ def run_list_item(run: Mapping[str, Any]) -> dict[str, Any]:
         "rollout": eval_run.get("rollout_name") or _dict(inputs.get("rollout")).get("name"),
         "model": eval_run.get("model_name") or inputs.get("model_path"),
         "dataset": eval_run.get("dataset_name"),
-        "rows_done": len(run["rows"]),
+        "rows_done": run.get("rows_done", len(run["rows"])),
         "rows_total": run.get("total_runs"),
         "pass_rate": summary.get("pass_rate", 0),
         "pass_threshold": run.get("pass_threshold"),
@@ -433,8 +443,8 @@ def run_list_item(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:
-    """Every run under *root* as loaded by :func:`load_run`, newest first."""
-    runs = [load_run(path) for path in discover_runs(root)]
+    """Every run under *root*, newest first (finished runs without their rows)."""
+    runs = [load_run(path, summary_only=True) for path in discover_runs(root)]
     runs.sort(key=_sort_time, reverse=True)
     return runs
 

@@ -124,6 +124,8 @@ class EvalSession:
                 plan = build_plan(path, self.options.overrides, self.options.output)
                 inputs = run_inputs(plan)
                 plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
+                # A rollout that cannot be imported must fail before its run directory exists.
+                self.load_rollout(plan)
             except RunDirectoryError:
                 raise
             except OsmosisError as exc:

@@ -13,9 +13,10 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any, TypeVar
 
 import pytest
 
@@ -31,6 +32,8 @@ if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
 from model_server import ModelServer  # noqa: E402
+
+T = TypeVar("T")
 
 
 def _load_netguard() -> ModuleType:
@@ -52,9 +55,9 @@ netguard.install()
 _log_fd, _log_path = tempfile.mkstemp(prefix="osmosis-netguard-", suffix=".log")
 os.close(_log_fd)
 netguard.watch_log(_log_path)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (str(_NETGUARD_DIR), os.environ.get("PYTHONPATH", "")) if p
-)
+_pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+if str(_NETGUARD_DIR) not in _pythonpath:  # xdist workers inherit it from the controller
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(_NETGUARD_DIR), *_pythonpath])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -87,6 +90,13 @@ def network_guard() -> ModuleType:
     return netguard
 
 
+async def _cancel_pending() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class _LoopThread:
     """One long-lived event loop on its own thread, the way the plugin drives the bridge."""
 
@@ -99,11 +109,15 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coro: object, timeout: float = 120.0) -> object:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-        return future.result(timeout)
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
+        """Run `coro` on the loop thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
+        # LiteLLM leaves a logging-worker task waiting on this loop; cancel what is
+        # left so closing the loop does not raise "Event loop is closed" in it later.
+        self.run(_cancel_pending())
+        self.run(self.loop.shutdown_asyncgens())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=30)
         self.loop.close()

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import re
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -260,7 +259,9 @@ class ModelServer:
     # ----------------------------------------------------------------- handlers
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "model-server", "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "model-server", "object": "model"}]}
+        )
 
     def _take_failure(self) -> _Failure | None:
         with self._lock:
@@ -354,9 +355,7 @@ class ModelServer:
             if len(words) > max_tokens:
                 content = " ".join(words[:max_tokens])
                 finish_reason = "length"
-        prompt_text = " ".join(
-            _text_of(m.get("content")) for m in messages if isinstance(m, dict)
-        )
+        prompt_text = " ".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
         completion_text = content if content is not None else json.dumps(tool_calls)
         prompt_tokens = max(1, count_tokens(prompt_text))
         completion_tokens = max(1, count_tokens(completion_text))
@@ -369,7 +368,9 @@ class ModelServer:
         cid = f"chatcmpl-{seq:08d}"
         created = int(time.time())
         if body.get("stream"):
-            return await _stream(request, cid, created, model, content, tool_calls, finish_reason, usage)
+            return await _stream(
+                request, cid, created, model, content, tool_calls, finish_reason, usage
+            )
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
@@ -471,4 +472,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

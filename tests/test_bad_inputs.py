@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# pytester restores sys.modules after each in-process run; importing these here, once,
-# keeps ~80 runs from re-importing them each time (the plugin's pydantic models, and
-# hypothesis, which its pytest plugin imports at every terminal summary).
+# hypothesis and pytest_osmosis.* are imported only to stay loaded: pytester restores
+# sys.modules after each in-process run, and ~80 runs re-importing the plugin's pydantic
+# models (and hypothesis, which its pytest plugin imports at every terminal summary)
+# would double this file's run time.
 import hypothesis  # noqa: F401
 import pytest
 from workspaces import calc_rows, toml_text, write_workspace
@@ -157,16 +158,8 @@ def ini(text: str) -> Build:
 # --------------------------------------------------------------------------- #
 
 IMPORTS = "from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend\n"
-WORKFLOW = (
-    "class Flow(AgentWorkflow):\n"
-    "    async def run(self, ctx):\n"
-    "        return None\n"
-)
-GRADER = (
-    "class Judge(Grader):\n"
-    "    async def grade(self, ctx):\n"
-    "        ctx.set_reward(1.0)\n"
-)
+WORKFLOW = "class Flow(AgentWorkflow):\n    async def run(self, ctx):\n        return None\n"
+GRADER = "class Judge(Grader):\n    async def grade(self, ctx):\n        ctx.set_reward(1.0)\n"
 RAISES_ON_IMPORT = (
     "import json\n"  # line 1
     "\n"
@@ -182,7 +175,7 @@ MAIN_RAISES = (
     IMPORTS
     + WORKFLOW
     + GRADER
-    + "\ndef main():\n    raise KeyError('ROLLOUT_MODE')\n"  # line 9 -> main() body
+    + "\ndef main():\n    raise KeyError('ROLLOUT_MODE')\n"  # the raise is line 10
 )
 TWO_BACKENDS = (
     IMPORTS
@@ -192,194 +185,394 @@ TWO_BACKENDS = (
     + "b = LocalBackend(workflow=Flow, grader=Judge)\n"
 )
 
-_ROLLOUT_BUG = (
-    "plugin/session: the rollout is loaded only at collection, after pytest_sessionstart "
-    "has opened the run directory (manifest.json written) and run the model preflight; a "
-    "broken entrypoint therefore leaves a half-written run directory and, with an "
-    "unreachable model, is reported as 'model preflight failed' instead of naming the "
-    "entrypoint"
-)
 
 # --------------------------------------------------------------------------- #
 # The catalogue
 # --------------------------------------------------------------------------- #
 
 TOML_CASES = [
-    Case("toml-unclosed-table", config("[experiment\nrollout = 'calc'\n"),
-         ("calc.toml", "invalid TOML at line 1")),
+    Case(
+        "toml-unclosed-table",
+        config("[experiment\nrollout = 'calc'\n"),
+        ("calc.toml", "invalid TOML at line 1"),
+    ),
     Case("toml-missing-value", evaluation("n = "), ("calc.toml", "invalid TOML at line 7")),
-    Case("toml-duplicate-key", config(VALID.replace("[secrets]", 'rollout = "calc"\n[secrets]')),
-         ("calc.toml", "invalid TOML at line 6")),
-    Case("toml-not-utf8", config(VALID.encode() + b"# caf\xe9\n"),
-         ("calc.toml", "not valid UTF-8")),
-    Case("unknown-section", config(VALID + "[local]\nworkers = 2\n"),
-         ("calc.toml", "local: unrecognized section")),
-    Case("unknown-experiment-key", config(VALID.replace("[secrets]", 'modle = "x"\n[secrets]')),
-         ("calc.toml", "experiment.modle: unrecognized key", "model_path")),
-    Case("unknown-evaluation-key", evaluation("batchsize = 4"),
-         ("calc.toml", "evaluation.batchsize: unrecognized key", "batch_size")),
-    Case("unknown-secrets-key", config(VALID + "optional = []\n"),
-         ("calc.toml", "secrets.optional: unrecognized key")),
-    Case("missing-experiment", config(SECRETS),
-         ("calc.toml", "experiment: missing required section")),
-    Case("missing-model-path", config(VALID.replace('model_path = "openai/test-model"\n', "")),
-         ("calc.toml", "experiment.model_path: missing required key")),
-    Case("experiment-not-table", config("experiment = 'calc'\n" + SECRETS),
-         ("calc.toml", "experiment: must be a table")),
-    Case("rollout-not-string", config(VALID.replace('rollout = "calc"', "rollout = 3")),
-         ("calc.toml", "experiment.rollout: must be a string, got 3")),
-    Case("n-is-string", evaluation('n = "2"'),
-         ("calc.toml", "evaluation.n: must be a positive integer, got '2'")),
-    Case("threshold-is-bool", evaluation("pass_threshold = true"),
-         ("calc.toml", "evaluation.pass_threshold: must be a number, got True")),
-    Case("env-value-not-string", config(EXPERIMENT + "[env]\nMODE = 1\n" + SECRETS),
-         ("calc.toml", "env.MODE: must be a string, got 1")),
-    Case("secrets-required-not-list", config(EXPERIMENT + '[secrets]\nrequired = "TOKEN"\n'),
-         ("calc.toml", "secrets.required: must be a list")),
-    Case("branch-and-commit-sha",
-         config(VALID.replace("[secrets]", 'branch = "main"\ncommit_sha = "abcdef1"\n[secrets]')),
-         ("calc.toml", "either branch or commit_sha, not both")),
-    Case("missing-secrets", config(EXPERIMENT),
-         ("calc.toml", "secrets: missing required section", "required = []")),
-    Case("env-name-lowercase", valid(env={"mode": "fast"}),
-         ("calc.toml", "env.mode", "^[A-Z_][A-Z0-9_]*$")),
-    Case("env-name-reserved", valid(env={"_OSMOSIS_ROLLOUT_PORT": "1"}),
-         ("calc.toml", "env._OSMOSIS_ROLLOUT_PORT", "reserved")),
-    Case("secret-name-invalid", valid(secrets=["api-key"]),
-         ("calc.toml", "secrets.required[0]", "'api-key'")),
-    Case("name-in-env-and-secrets", valid(env={"TOKEN": "x"}, secrets=["TOKEN"]),
-         ("calc.toml", "secrets.required: TOKEN also set in [env]")),
-    Case("secret-not-set", valid(secrets=["CATALOGUE_UNSET_TOKEN"]),
-         ("calc.toml", "[secrets] required CATALOGUE_UNSET_TOKEN", "not set")),
+    Case(
+        "toml-duplicate-key",
+        config(VALID.replace("[secrets]", 'rollout = "calc"\n[secrets]')),
+        ("calc.toml", "invalid TOML at line 6"),
+    ),
+    Case(
+        "toml-not-utf8", config(VALID.encode() + b"# caf\xe9\n"), ("calc.toml", "not valid UTF-8")
+    ),
+    Case(
+        "unknown-section",
+        config(VALID + "[local]\nworkers = 2\n"),
+        ("calc.toml", "local: unrecognized section"),
+    ),
+    Case(
+        "unknown-experiment-key",
+        config(VALID.replace("[secrets]", 'modle = "x"\n[secrets]')),
+        ("calc.toml", "experiment.modle: unrecognized key", "model_path"),
+    ),
+    Case(
+        "unknown-evaluation-key",
+        evaluation("batchsize = 4"),
+        ("calc.toml", "evaluation.batchsize: unrecognized key", "batch_size"),
+    ),
+    Case(
+        "unknown-secrets-key",
+        config(VALID + "optional = []\n"),
+        ("calc.toml", "secrets.optional: unrecognized key"),
+    ),
+    Case(
+        "missing-experiment", config(SECRETS), ("calc.toml", "experiment: missing required section")
+    ),
+    Case(
+        "missing-model-path",
+        config(VALID.replace('model_path = "openai/test-model"\n', "")),
+        ("calc.toml", "experiment.model_path: missing required key"),
+    ),
+    Case(
+        "experiment-not-table",
+        config("experiment = 'calc'\n" + SECRETS),
+        ("calc.toml", "experiment: must be a table"),
+    ),
+    Case(
+        "rollout-not-string",
+        config(VALID.replace('rollout = "calc"', "rollout = 3")),
+        ("calc.toml", "experiment.rollout: must be a string, got 3"),
+    ),
+    Case(
+        "n-is-string",
+        evaluation('n = "2"'),
+        ("calc.toml", "evaluation.n: must be a positive integer, got '2'"),
+    ),
+    Case(
+        "threshold-is-bool",
+        evaluation("pass_threshold = true"),
+        ("calc.toml", "evaluation.pass_threshold: must be a number, got True"),
+    ),
+    Case(
+        "env-value-not-string",
+        config(EXPERIMENT + "[env]\nMODE = 1\n" + SECRETS),
+        ("calc.toml", "env.MODE: must be a string, got 1"),
+    ),
+    Case(
+        "secrets-required-not-list",
+        config(EXPERIMENT + '[secrets]\nrequired = "TOKEN"\n'),
+        ("calc.toml", "secrets.required: must be a list"),
+    ),
+    Case(
+        "branch-and-commit-sha",
+        config(VALID.replace("[secrets]", 'branch = "main"\ncommit_sha = "abcdef1"\n[secrets]')),
+        ("calc.toml", "either branch or commit_sha, not both"),
+    ),
+    Case(
+        "missing-secrets",
+        config(EXPERIMENT),
+        ("calc.toml", "secrets: missing required section", "required = []"),
+    ),
+    Case(
+        "env-name-lowercase",
+        valid(env={"mode": "fast"}),
+        ("calc.toml", "env.mode", "^[A-Z_][A-Z0-9_]*$"),
+    ),
+    Case(
+        "env-name-reserved",
+        valid(env={"_OSMOSIS_ROLLOUT_PORT": "1"}),
+        ("calc.toml", "env._OSMOSIS_ROLLOUT_PORT", "reserved"),
+    ),
+    Case(
+        "secret-name-invalid",
+        valid(secrets=["api-key"]),
+        ("calc.toml", "secrets.required[0]", "'api-key'"),
+    ),
+    Case(
+        "name-in-env-and-secrets",
+        valid(env={"TOKEN": "x"}, secrets=["TOKEN"]),
+        ("calc.toml", "secrets.required: TOKEN also set in [env]"),
+    ),
+    Case(
+        "secret-not-set",
+        valid(secrets=["CATALOGUE_UNSET_TOKEN"]),
+        ("calc.toml", "[secrets] required CATALOGUE_UNSET_TOKEN", "not set"),
+    ),
 ]
 
 PATH_CASES = [
-    Case("rollout-parent", valid(rollout=".."),
-         ("calc.toml", "experiment.rollout: must be one directory name under rollouts/")),
-    Case("rollout-with-slash", config(VALID.replace('rollout = "calc"', 'rollout = "../calc"')),
-         ("calc.toml", "experiment.rollout: must be one directory name", "'../calc'")),
-    Case("rollout-symlink-outside", symlinked_rollout,
-         ("calc.toml", "experiment.rollout: must resolve to a directory under")),
-    Case("rollout-dir-missing", no_rollout_dir,
-         ("calc.toml", "experiment.rollout: rollout directory not found", "rollouts/nope")),
-    Case("rollout-name-too-long",
-         config(VALID.replace('rollout = "calc"', f'rollout = "{"r" * 300}"')),
-         ("calc.toml", "experiment.rollout: cannot be used (File name too long)")),
-    Case("entrypoint-escapes",
-         config(VALID.replace('"main.py"', '"../../configs/eval/calc.toml"')),
-         ("calc.toml", "experiment.entrypoint: must be a file path inside rollouts/calc/")),
-    Case("entrypoint-missing", no_entrypoint,
-         ("calc.toml", "experiment.entrypoint: file not found", "rollouts/calc/main.py")),
-    Case("entrypoint-name-too-long", config(VALID.replace('"main.py"', f'"{"m" * 300}.py"')),
-         ("calc.toml", "experiment.entrypoint: cannot be used (File name too long)")),
+    Case(
+        "rollout-parent",
+        valid(rollout=".."),
+        ("calc.toml", "experiment.rollout: must be one directory name under rollouts/"),
+    ),
+    Case(
+        "rollout-with-slash",
+        config(VALID.replace('rollout = "calc"', 'rollout = "../calc"')),
+        ("calc.toml", "experiment.rollout: must be one directory name", "'../calc'"),
+    ),
+    Case(
+        "rollout-symlink-outside",
+        symlinked_rollout,
+        ("calc.toml", "experiment.rollout: must resolve to a directory under"),
+    ),
+    Case(
+        "rollout-dir-missing",
+        no_rollout_dir,
+        ("calc.toml", "experiment.rollout: rollout directory not found", "rollouts/nope"),
+    ),
+    Case(
+        "rollout-name-too-long",
+        config(VALID.replace('rollout = "calc"', f'rollout = "{"r" * 300}"')),
+        ("calc.toml", "experiment.rollout: cannot be used (File name too long)"),
+    ),
+    Case(
+        "entrypoint-escapes",
+        config(VALID.replace('"main.py"', '"../../configs/eval/calc.toml"')),
+        ("calc.toml", "experiment.entrypoint: must be a file path inside rollouts/calc/"),
+    ),
+    Case(
+        "entrypoint-missing",
+        no_entrypoint,
+        ("calc.toml", "experiment.entrypoint: file not found", "rollouts/calc/main.py"),
+    ),
+    Case(
+        "entrypoint-name-too-long",
+        config(VALID.replace('"main.py"', f'"{"m" * 300}.py"')),
+        ("calc.toml", "experiment.entrypoint: cannot be used (File name too long)"),
+    ),
 ]
 
 # The collection header names the config; these lines name the dataset file and its row.
 DATASET_CASES = [
-    Case("dataset-missing", no_dataset,
-         ("no dataset file for experiment.dataset 'calc'", "data/calc.jsonl",
-          "data/calc.csv", "data/calc.parquet")),
-    Case("dataset-name-with-extension",
-         config(VALID.replace('dataset = "calc"', 'dataset = "calc.jsonl"')),
-         ("experiment.dataset 'calc.jsonl'", "data/calc.jsonl.jsonl", "try 'calc'")),
-    Case("dataset-name-too-long",
-         config(VALID.replace('dataset = "calc"', f'dataset = "{"d" * 300}"')),
-         ("experiment.dataset 'ddd", "cannot be looked up", "File name too long")),
+    Case(
+        "dataset-missing",
+        no_dataset,
+        (
+            "no dataset file for experiment.dataset 'calc'",
+            "data/calc.jsonl",
+            "data/calc.csv",
+            "data/calc.parquet",
+        ),
+    ),
+    Case(
+        "dataset-name-with-extension",
+        config(VALID.replace('dataset = "calc"', 'dataset = "calc.jsonl"')),
+        ("experiment.dataset 'calc.jsonl'", "data/calc.jsonl.jsonl", "try 'calc'"),
+    ),
+    Case(
+        "dataset-name-too-long",
+        config(VALID.replace('dataset = "calc"', f'dataset = "{"d" * 300}"')),
+        ("experiment.dataset 'ddd", "cannot be looked up", "File name too long"),
+    ),
     Case("dataset-empty", jsonl(), ("calc.jsonl selected no rows (it has 0 rows)",)),
-    Case("prompt-row-without-label", jsonl(*calc_rows([("1+1?", "2")]), {"user_prompt": "2+2?"}),
-         ("calc.jsonl: row 1 (line 2)", "ground_truth (or label) is required")),
-    Case("label-without-prompt", jsonl({"ground_truth": "4"}),
-         ("calc.jsonl: row 0 (line 1)", "user_prompt is required")),
-    Case("metadata-row-empty", jsonl(*calc_rows([("1+1?", "2")]), {"metadata": {}}),
-         ("calc.jsonl: row 1 (line 2)", "has no prompt and no metadata")),
-    Case("metadata-not-object", jsonl({"user_prompt": "q", "metadata": [1, 2]}),
-         ("calc.jsonl: row 0 (line 1)", "metadata must be a JSON object, got list")),
-    Case("metadata-string-not-json", jsonl({"user_prompt": "q", "metadata": "{oops"}),
-         ("calc.jsonl: row 0 (line 1)", "metadata is not valid JSON")),
-    Case("jsonl-invalid-line", jsonl(*calc_rows([("1+1?", "2")]), '{"user_prompt": "x",'),
-         ("calc.jsonl:2: invalid JSON",)),
-    Case("jsonl-line-is-array", jsonl(*calc_rows([("1+1?", "2")]), "", '["user_prompt", "x"]'),
-         ("calc.jsonl:3: each line must be a JSON object, got a JSON array",)),
-    Case("jsonl-not-utf8", data("calc.jsonl", b'{"user_prompt": "caf\xe9", "label": "x"}\n'),
-         ("calc.jsonl:1: not valid UTF-8",)),
-    Case("csv-unterminated-quote",
-         data("calc.csv", 'user_prompt,ground_truth\n"What is 2+2?,4\nWhat is 3*5?,15\n'),
-         ("calc.csv: row 0 (line 2)", "ground_truth (or label) is required")),
-    Case("csv-field-too-large",
-         data("calc.csv", 'user_prompt,ground_truth\n"' + "x" * (16 * 1024 * 1024 + 1) + '",4\n'),
-         ("calc.csv:", "invalid CSV (field larger than field limit")),
+    Case(
+        "prompt-row-without-label",
+        jsonl(*calc_rows([("1+1?", "2")]), {"user_prompt": "2+2?"}),
+        ("calc.jsonl: row 1 (line 2)", "ground_truth (or label) is required"),
+    ),
+    Case(
+        "label-without-prompt",
+        jsonl({"ground_truth": "4"}),
+        ("calc.jsonl: row 0 (line 1)", "user_prompt is required"),
+    ),
+    Case(
+        "metadata-row-empty",
+        jsonl(*calc_rows([("1+1?", "2")]), {"metadata": {}}),
+        ("calc.jsonl: row 1 (line 2)", "has no prompt and no metadata"),
+    ),
+    Case(
+        "metadata-not-object",
+        jsonl({"user_prompt": "q", "metadata": [1, 2]}),
+        ("calc.jsonl: row 0 (line 1)", "metadata must be a JSON object, got list"),
+    ),
+    Case(
+        "metadata-string-not-json",
+        jsonl({"user_prompt": "q", "metadata": "{oops"}),
+        ("calc.jsonl: row 0 (line 1)", "metadata is not valid JSON"),
+    ),
+    Case(
+        "jsonl-invalid-line",
+        jsonl(*calc_rows([("1+1?", "2")]), '{"user_prompt": "x",'),
+        ("calc.jsonl:2: invalid JSON",),
+    ),
+    Case(
+        "jsonl-line-is-array",
+        jsonl(*calc_rows([("1+1?", "2")]), "", '["user_prompt", "x"]'),
+        ("calc.jsonl:3: each line must be a JSON object, got a JSON array",),
+    ),
+    Case(
+        "jsonl-not-utf8",
+        data("calc.jsonl", b'{"user_prompt": "caf\xe9", "label": "x"}\n'),
+        ("calc.jsonl:1: not valid UTF-8",),
+    ),
+    Case(
+        "csv-unterminated-quote",
+        data("calc.csv", 'user_prompt,ground_truth\n"What is 2+2?,4\nWhat is 3*5?,15\n'),
+        ("calc.csv: row 0 (line 2)", "ground_truth (or label) is required"),
+    ),
+    Case(
+        "csv-field-too-large",
+        data("calc.csv", 'user_prompt,ground_truth\n"' + "x" * (16 * 1024 * 1024 + 1) + '",4\n'),
+        ("calc.csv:", "invalid CSV (field larger than field limit"),
+    ),
     Case("csv-empty", data("calc.csv", ""), ("calc.csv: the CSV file is empty",)),
-    Case("parquet-metadata-int",
-         data("calc.parquet", parquet({"user_prompt": ["q"], "metadata": [7]})),
-         ("calc.parquet: row 0", "metadata must be a JSON object, got int")),
-    Case("parquet-no-label", data("calc.parquet", parquet({"user_prompt": ["q"], "answer": [4]})),
-         ("calc.parquet: row 0", "ground_truth (or label) is required")),
-    Case("parquet-garbage", data("calc.parquet", b"PAR1 this is not parquet PAR1"),
-         ("calc.parquet: not a readable Parquet file",)),
-    Case("dataset-file-missing", valid(), ("dataset file", "nowhere.jsonl does not exist"),
-         args=("--osmosis-dataset-file", "nowhere.jsonl")),
+    Case(
+        "parquet-metadata-int",
+        data("calc.parquet", parquet({"user_prompt": ["q"], "metadata": [7]})),
+        ("calc.parquet: row 0", "metadata must be a JSON object, got int"),
+    ),
+    Case(
+        "parquet-no-label",
+        data("calc.parquet", parquet({"user_prompt": ["q"], "answer": [4]})),
+        ("calc.parquet: row 0", "ground_truth (or label) is required"),
+    ),
+    Case(
+        "parquet-garbage",
+        data("calc.parquet", b"PAR1 this is not parquet PAR1"),
+        ("calc.parquet: not a readable Parquet file",),
+    ),
+    Case(
+        "dataset-file-missing",
+        valid(),
+        ("dataset file", "nowhere.jsonl does not exist"),
+        args=("--osmosis-dataset-file", "nowhere.jsonl"),
+    ),
 ]
 
 OPTION_CASES = [
-    Case("n-zero", evaluation("n = 0"),
-         ("calc.toml", "evaluation.n: must be a positive integer, got 0")),
-    Case("limit-is-float", evaluation("limit = 1.5"),
-         ("calc.toml", "evaluation.limit: must be an integer, got 1.5")),
-    Case("cli-n-zero", valid(), ("--osmosis-n: must be a positive integer, got '0'",),
-         args=("--osmosis-n", "0")),
-    Case("cli-n-word", valid(), ("--osmosis-n: must be a positive integer, got 'two'",),
-         args=("--osmosis-n", "two")),
+    Case(
+        "n-zero",
+        evaluation("n = 0"),
+        ("calc.toml", "evaluation.n: must be a positive integer, got 0"),
+    ),
+    Case(
+        "limit-is-float",
+        evaluation("limit = 1.5"),
+        ("calc.toml", "evaluation.limit: must be an integer, got 1.5"),
+    ),
+    Case(
+        "cli-n-zero",
+        valid(),
+        ("--osmosis-n: must be a positive integer, got '0'",),
+        args=("--osmosis-n", "0"),
+    ),
+    Case(
+        "cli-n-word",
+        valid(),
+        ("--osmosis-n: must be a positive integer, got 'two'",),
+        args=("--osmosis-n", "two"),
+    ),
     Case("ini-n-word", ini("osmosis_n = zero"), ("ini osmosis_n: must be a positive integer",)),
-    Case("cli-limit-float", valid(), ("--osmosis-limit: must be an integer, got '2.5'",),
-         args=("--osmosis-limit", "2.5")),
-    Case("rows-outside-dataset", valid(),
-         ("calc.jsonl has 2 rows", "selects 5", "valid indices are 0-1"),
-         args=("--osmosis-rows", "0,5")),
-    Case("rows-inverted", valid(), ("--osmosis-rows: range 3-1 is inverted",),
-         args=("--osmosis-rows", "3-1")),
-    Case("rows-negative", valid(), ("--osmosis-rows: must be comma-separated row indices",),
-         args=("--osmosis-rows=-1",)),
-    Case("threshold-nan-toml", evaluation("pass_threshold = nan"),
-         ("calc.toml", "evaluation.pass_threshold: must be finite, got nan")),
-    Case("threshold-inf-toml", evaluation("pass_threshold = -inf"),
-         ("calc.toml", "evaluation.pass_threshold: must be finite, got -inf")),
-    Case("threshold-nan-cli", valid(), ("--osmosis-pass-threshold: must be finite, got 'nan'",),
-         args=("--osmosis-pass-threshold", "nan")),
-    Case("sample-zero", valid(), ("--osmosis-sample: must be a fraction in (0, 1], got '0'",),
-         args=("--osmosis-sample", "0")),
-    Case("sample-nan", valid(), ("--osmosis-sample: must be finite, got 'nan'",),
-         args=("--osmosis-sample", "nan")),
-    Case("concurrency-zero", valid(),
-         ("--osmosis-concurrency: must be a positive integer, got '0'",),
-         args=("--osmosis-concurrency", "0")),
-    Case("run-name-traversal", valid(), ("run name", "single path segment", "'../escape'"),
-         args=("--osmosis-name", "../escape")),
+    Case(
+        "cli-limit-float",
+        valid(),
+        ("--osmosis-limit: must be an integer, got '2.5'",),
+        args=("--osmosis-limit", "2.5"),
+    ),
+    Case(
+        "rows-outside-dataset",
+        valid(),
+        ("calc.jsonl has 2 rows", "selects 5", "valid indices are 0-1"),
+        args=("--osmosis-rows", "0,5"),
+    ),
+    Case(
+        "rows-inverted",
+        valid(),
+        ("--osmosis-rows: range 3-1 is inverted",),
+        args=("--osmosis-rows", "3-1"),
+    ),
+    Case(
+        "rows-negative",
+        valid(),
+        ("--osmosis-rows: must be comma-separated row indices",),
+        args=("--osmosis-rows=-1",),
+    ),
+    Case(
+        "threshold-nan-toml",
+        evaluation("pass_threshold = nan"),
+        ("calc.toml", "evaluation.pass_threshold: must be finite, got nan"),
+    ),
+    Case(
+        "threshold-inf-toml",
+        evaluation("pass_threshold = -inf"),
+        ("calc.toml", "evaluation.pass_threshold: must be finite, got -inf"),
+    ),
+    Case(
+        "threshold-nan-cli",
+        valid(),
+        ("--osmosis-pass-threshold: must be finite, got 'nan'",),
+        args=("--osmosis-pass-threshold", "nan"),
+    ),
+    Case(
+        "sample-zero",
+        valid(),
+        ("--osmosis-sample: must be a fraction in (0, 1], got '0'",),
+        args=("--osmosis-sample", "0"),
+    ),
+    Case(
+        "sample-nan",
+        valid(),
+        ("--osmosis-sample: must be finite, got 'nan'",),
+        args=("--osmosis-sample", "nan"),
+    ),
+    Case(
+        "concurrency-zero",
+        valid(),
+        ("--osmosis-concurrency: must be a positive integer, got '0'",),
+        args=("--osmosis-concurrency", "0"),
+    ),
+    Case(
+        "run-name-traversal",
+        valid(),
+        ("run name", "single path segment", "'../escape'"),
+        args=("--osmosis-name", "../escape"),
+    ),
 ]
 
 ROLLOUT_CASES = [
-    Case("rollout-raises-on-import", rollout(RAISES_ON_IMPORT),
-         ("main.py", "importing the rollout failed: RuntimeError: database at db.internal"),
-         rollout_traceback='main.py", line 4'),
-    Case("rollout-syntax-error", rollout(SYNTAX_ERROR),
-         ("main.py", "importing the rollout failed: SyntaxError"),
-         rollout_traceback='main.py", line 3'),
-    Case("rollout-missing-module", rollout(MISSING_MODULE),
-         ("main.py", "ModuleNotFoundError", "definitely_not_installed_pkg_xyz"),
-         rollout_traceback='main.py", line 1'),
-    Case("rollout-exits-on-import", rollout(EXITS_ON_IMPORT),
-         ("main.py", "importing the rollout called sys.exit(3)"),
-         rollout_traceback='main.py", line 3'),
-    Case("rollout-main-raises", rollout(MAIN_RAISES),
-         ("main.py", "main() raised before building its LocalBackend: KeyError"),
-         rollout_traceback='main.py", line 10'),
+    Case(
+        "rollout-raises-on-import",
+        rollout(RAISES_ON_IMPORT),
+        ("main.py", "importing the rollout failed: RuntimeError: database at db.internal"),
+        rollout_traceback='main.py", line 4',
+    ),
+    Case(
+        "rollout-syntax-error",
+        rollout(SYNTAX_ERROR),
+        ("main.py", "importing the rollout failed: SyntaxError"),
+        rollout_traceback='main.py", line 3',
+    ),
+    Case(
+        "rollout-missing-module",
+        rollout(MISSING_MODULE),
+        ("main.py", "ModuleNotFoundError", "definitely_not_installed_pkg_xyz"),
+        rollout_traceback='main.py", line 1',
+    ),
+    Case(
+        "rollout-exits-on-import",
+        rollout(EXITS_ON_IMPORT),
+        ("main.py", "importing the rollout called sys.exit(3)"),
+        rollout_traceback='main.py", line 3',
+    ),
+    Case(
+        "rollout-main-raises",
+        rollout(MAIN_RAISES),
+        ("main.py", "main() raised before building its LocalBackend: KeyError"),
+        rollout_traceback='main.py", line 10',
+    ),
     Case("no-workflow", rollout(IMPORTS + GRADER), ("main.py", "no workflow found")),
-    Case("several-workflows",
-         rollout(IMPORTS + WORKFLOW + WORKFLOW.replace("Flow", "Flow2") + GRADER),
-         ("main.py", "several workflow classes (Flow, Flow2)", "osmosis_workflow")),
+    Case(
+        "several-workflows",
+        rollout(IMPORTS + WORKFLOW + WORKFLOW.replace("Flow", "Flow2") + GRADER),
+        ("main.py", "several workflow classes (Flow, Flow2)", "osmosis_workflow"),
+    ),
     Case("no-grader", rollout(IMPORTS + WORKFLOW), ("main.py", "no grader found")),
-    Case("several-graders",
-         rollout(IMPORTS + WORKFLOW + GRADER + GRADER.replace("Judge", "Judge2")),
-         ("main.py", "several grader classes (Judge, Judge2)", "osmosis_grader")),
+    Case(
+        "several-graders",
+        rollout(IMPORTS + WORKFLOW + GRADER + GRADER.replace("Judge", "Judge2")),
+        ("main.py", "several grader classes (Judge, Judge2)", "osmosis_grader"),
+    ),
     Case("two-backends", rollout(TWO_BACKENDS), ("main.py", "2 LocalBackend objects")),
 ]
 
@@ -451,7 +644,6 @@ def test_bad_rollout_is_refused_naming_the_place(pytester: pytest.Pytester, case
     assert_refused_cleanly(pytester, case, ret, output)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=_ROLLOUT_BUG)
 def test_bad_rollout_is_refused_before_the_run_starts(pytester: pytest.Pytester) -> None:
     """A real session: the broken entrypoint must be reported, naming it, before a run
     directory exists or the model is called (the dead endpoint would refuse it first)."""

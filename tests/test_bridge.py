@@ -48,9 +48,7 @@ class Harness:
         url, key = self.bridge.open_rollout(rollout_id)
         return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
 
-    def post(
-        self, path: str, body: Any, headers: dict[str, str] | None = None
-    ) -> tuple[int, str]:
+    def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, str]:
         import aiohttp
 
         async def go() -> tuple[int, str]:
@@ -89,9 +87,16 @@ def test_resolve_route_passes_provider_models_through() -> None:
 
 
 def test_importing_the_bridge_imports_neither_litellm_nor_aiohttp() -> None:
-    code = "import sys, pytest_osmosis.bridge; print('litellm' in sys.modules, 'aiohttp' in sys.modules)"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")])}
+    code = (
+        "import sys, pytest_osmosis.bridge; "
+        "print('litellm' in sys.modules, 'aiohttp' in sys.modules)"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
@@ -115,9 +120,7 @@ def test_round_trip_echoes_client_model_and_routes_to_configured(
     assert (harness.bridge.calls, harness.bridge.tokens_total) == (1, expected_total)
 
 
-def test_only_inference_fields_are_forwarded(
-    harness: Harness, model_server: ModelServer
-) -> None:
+def test_only_inference_fields_are_forwarded(harness: Harness, model_server: ModelServer) -> None:
     url, key = harness.bridge.open_rollout("r1")
     status, text = harness.post(
         "/v1/rollouts/r1/chat/completions",
@@ -151,9 +154,9 @@ def test_route_kwargs_override_what_the_rollout_sends(
     bridge = _start(model_loop, route)
     try:
         client = Harness(model_loop, bridge).sdk("r")
-        model_loop.run(client.chat.completions.create(
-            model="m", messages=_user("hi"), temperature=1.5
-        ))
+        model_loop.run(
+            client.chat.completions.create(model="m", messages=_user("hi"), temperature=1.5)
+        )
     finally:
         model_loop.run(bridge.close())
     assert model_server.bodies[-1]["temperature"] == 0.0
@@ -191,9 +194,7 @@ def test_rollout_without_usage_reports_none(harness: Harness) -> None:
     assert harness.bridge.close_rollout("idle") is None
 
 
-def test_bearer_and_rollout_id_are_enforced(
-    harness: Harness, model_server: ModelServer
-) -> None:
+def test_bearer_and_rollout_id_are_enforced(harness: Harness, model_server: ModelServer) -> None:
     _, key = harness.bridge.open_rollout("live")
     body = {"model": "m", "messages": _user("hi")}
     path = "/v1/rollouts/live/chat/completions"
@@ -227,13 +228,16 @@ def test_tool_call_round_trip(harness: Harness, model_server: ModelServer) -> No
     ]
     client = harness.sdk("t")
     messages: list[dict[str, Any]] = _user("What is the weather in Oslo?")
-    first = harness.run(client.chat.completions.create(
-        model="m", messages=messages, tools=tools, tool_choice="auto"
-    ))
+    first = harness.run(
+        client.chat.completions.create(
+            model="m", messages=messages, tools=tools, tool_choice="auto"
+        )
+    )
     call = first.choices[0].message.tool_calls[0]
     assert first.choices[0].finish_reason == "tool_calls"
     assert (call.function.name, json.loads(call.function.arguments)) == (
-        "get_weather", {"city": "Oslo"}
+        "get_weather",
+        {"city": "Oslo"},
     )
     assert model_server.bodies[-1]["tool_choice"] == "auto"
     assert model_server.bodies[-1]["tools"][0]["function"]["name"] == "get_weather"
@@ -285,9 +289,7 @@ def test_streaming_sends_one_full_chunk_then_done(
     assert len([e for e in events if e.startswith("data: {")]) == 1
 
 
-def test_streaming_tool_calls_carry_an_index(
-    harness: Harness, model_server: ModelServer
-) -> None:
+def test_streaming_tool_calls_carry_an_index(harness: Harness, model_server: ModelServer) -> None:
     model_server.tool_rules = [ToolRule("add", "add", {"a": 1, "b": 2})]
     _, key = harness.bridge.open_rollout("st")
     status, text = harness.post(
@@ -301,7 +303,7 @@ def test_streaming_tool_calls_carry_an_index(
         {"Authorization": f"Bearer {key}"},
     )
     assert status == 200
-    data = [json.loads(e[len("data: "):]) for e in _sse_events(text) if e.startswith("data: {")]
+    data = [json.loads(e[len("data: ") :]) for e in _sse_events(text) if e.startswith("data: {")]
     delta = data[0]["choices"][0]["delta"]
     assert delta["tool_calls"][0]["index"] == 0
     assert delta["tool_calls"][0]["function"]["name"] == "add"
@@ -352,19 +354,30 @@ def _preflight(loop: Any, route: ModelRoute) -> Bridge:
 
 
 def test_preflight_passes_and_is_not_counted(model_loop: Any, model_server: ModelServer) -> None:
-    bridge = _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url,
-                                                              "api_key": "k"}))
+    bridge = _preflight(
+        model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url, "api_key": "k"})
+    )
     assert model_server.requests_total == 1
     assert model_server.bodies[0]["max_tokens"] == 256
     assert (bridge.calls, bridge.tokens_total, bridge.preflight_warning) == (0, 0, None)
 
 
-def test_preflight_unreachable_endpoint(model_loop: Any) -> None:
+@pytest.mark.parametrize("via", ["route", "env"])
+def test_preflight_unreachable_endpoint(
+    model_loop: Any, monkeypatch: pytest.MonkeyPatch, via: str
+) -> None:
     base = f"http://127.0.0.1:{_closed_port()}/v1"
+    if via == "route":
+        route = ModelRoute(MODEL, MODEL, {"api_base": base, "api_key": "k"})
+    else:  # the usual way: LiteLLM resolves the endpoint from the environment
+        monkeypatch.setenv("OPENAI_BASE_URL", base)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+        route = resolve_route(MODEL)
     with pytest.raises(ModelPreflightError) as info:
-        _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": base, "api_key": "k"}))
+        _preflight(model_loop, route)
     message = str(info.value)
-    assert f"model preflight failed for {MODEL!r}: cannot reach {base}" in message
+    where = base if via == "route" else base[len("http://") : -len("/v1")]
+    assert f"model preflight failed for {MODEL!r}: cannot reach {where}: " in message
     assert "\n" not in message
 
 
@@ -418,8 +431,9 @@ def test_preflight_rejected_key(
 
 def test_preflight_ignores_rate_limits(model_loop: Any, model_server: ModelServer) -> None:
     model_server.fail_next(429, count=10, retry_after=0)
-    bridge = _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url,
-                                                              "api_key": "k"}))
+    bridge = _preflight(
+        model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url, "api_key": "k"})
+    )
     assert model_server.requests_total >= 1
     assert bridge.preflight_warning is None
 
@@ -428,8 +442,9 @@ def test_preflight_server_error_is_only_a_warning(
     model_loop: Any, model_server: ModelServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     model_server.fail_next(500, count=10, message="upstream overloaded")
-    bridge = _preflight(model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url,
-                                                              "api_key": "k"}))
+    bridge = _preflight(
+        model_loop, ModelRoute(MODEL, MODEL, {"api_base": model_server.url, "api_key": "k"})
+    )
     assert bridge.preflight_warning is not None
     assert "upstream overloaded" in bridge.preflight_warning
     assert "upstream overloaded" in caplog.text
@@ -499,3 +514,96 @@ def test_guard_fails_a_test_that_swallows_the_error(
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*network guard: socket.getaddrinfo to 192.0.2.1:9 blocked*"])
     assert caught  # the child's guard also reported to this process
+
+
+# ------------------------------------------------------------------ the model server itself
+
+
+def _post_raw(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], str]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read().decode()
+
+
+def test_model_server_rules_errors_and_counters(model_server: ModelServer) -> None:
+    ask = {"model": "m", "messages": _user("What is 7 - 10?")}
+    status, _, text = _post_raw(model_server.url, ask)
+    assert status == 200 and json.loads(text)["choices"][0]["message"]["content"] == "-3"
+    model_server.replies = {"7 - 10": "scripted"}
+    assert json.loads(_post_raw(model_server.url, ask)[2])["choices"][0]["message"]["content"] == (
+        "scripted"
+    )
+    model_server.fail_next(429, count=2, retry_after=1.5)
+    for _ in range(2):
+        status, headers, text = _post_raw(model_server.url, ask)
+        assert status == 429 and headers["Retry-After"] == "1.5"
+        assert json.loads(text)["error"]["type"] == "rate_limit_error"
+    assert _post_raw(model_server.url, ask)[0] == 200
+    assert model_server.requests_total == 5 and len(model_server.bodies) == 5
+
+
+def test_model_server_streams_usage_in_the_last_chunk(
+    model_loop: Any, model_server: ModelServer
+) -> None:
+    import litellm
+
+    async def stream() -> tuple[str, Any]:
+        chunks = await litellm.acompletion(
+            model=MODEL,
+            messages=_user("say three words"),
+            api_base=model_server.url,
+            api_key="k",
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, usage = "", None
+        async for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+            usage = getattr(chunk, "usage", None) or usage
+        return text, usage
+
+    text, usage = model_loop.run(stream())
+    assert text == "echo: say three words"
+    assert (usage.prompt_tokens, usage.completion_tokens) == (3, 4)
+
+
+def test_model_server_runs_standalone(tmp_path: Path) -> None:
+    config = tmp_path / "script.json"
+    config.write_text(json.dumps({"replies": {"ping": "pong"}}))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("model_server.py")),
+            "--port",
+            "0",
+            "--delay",
+            "0.01",
+            "--config",
+            str(config),
+            "--reply",
+            "hello=world",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        for question, answer in (("ping?", "pong"), ("hello", "world")):
+            _, _, text = _post_raw(url, {"messages": _user(question)})
+            assert json.loads(text)["choices"][0]["message"]["content"] == answer
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# LiteLLM (imported by the plugin run below) swaps in the importlib_metadata backport;
+# importing it first keeps in-process pytester runs finding pytest11 entry points.
+import importlib_metadata  # noqa: F401
 import pytest
 from workspaces import calc_rows, read_index, write_workspace
 
@@ -19,10 +22,7 @@ from pytest_osmosis.results.metrics import aggregate_metrics
 
 pytest_plugins = ["pytester"]
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-run"
-if not REFERENCE.is_dir():  # the checkout may live elsewhere than /work/main
-    REFERENCE = Path("/work/shared/reference-run")
-pytestmark = pytest.mark.skipif(not REFERENCE.is_dir(), reason="reference run not available")
+REFERENCE = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
 
 
 def copy_run(source: Path, destination: Path) -> Path:
@@ -31,13 +31,17 @@ def copy_run(source: Path, destination: Path) -> Path:
     for path in [destination, *destination.rglob("*")]:
         mode = os.lstat(path).st_mode
         if not stat.S_ISLNK(mode):
-            os.chmod(path, mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if path.is_dir() else 0))
+            os.chmod(
+                path, mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if path.is_dir() else 0)
+            )
     return destination
 
 
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A workspace holding a copy of the reference run under .osmosis/evals, as cwd."""
+    if not REFERENCE.is_dir():
+        pytest.skip(f"the SDK's reference run is not at {REFERENCE}")
     (tmp_path / "configs" / "eval").mkdir(parents=True)
     copy_run(REFERENCE, tmp_path / ".osmosis" / "evals" / "reference-run")
     monkeypatch.chdir(tmp_path)
@@ -84,7 +88,10 @@ def test_list_json_matches_the_reference_run(
     assert item["rollout"] == eval_run["rollout_name"]
     assert item["model"] == eval_run["model_name"]
     assert item["dataset"] == eval_run["dataset_name"]
-    assert (item["rows_done"], item["rows_total"]) == (12, load(run_dir / "progress.json")["total_runs"])
+    assert (item["rows_done"], item["rows_total"]) == (
+        12,
+        load(run_dir / "progress.json")["total_runs"],
+    )
     assert item["pass_rate"] == summary["pass_rate"] == 0.4
     assert item["started_at"] == eval_run["started_at"]
     assert item["duration_ms"] == eval_run["duration_ms"]
@@ -96,10 +103,23 @@ def test_list_human_table(workspace: Path, capsys: pytest.CaptureFixture[str]) -
     assert code == 0
     header, _rule, line = out.splitlines()[2:5]
     assert header.split() == [
-        "NAME", "STATUS", "ROLLOUT", "MODEL", "DATASET", "DONE", "PASS", "STARTED", "DURATION"
+        "NAME",
+        "STATUS",
+        "ROLLOUT",
+        "MODEL",
+        "DATASET",
+        "DONE",
+        "PASS",
+        "STARTED",
+        "DURATION",
     ]
     assert line.split()[:7] == [
-        "reference-run", "finished", "ref-rollout", "openai/gpt-5-mini", "ref-dataset", "12/12",
+        "reference-run",
+        "finished",
+        "ref-rollout",
+        "openai/gpt-5-mini",
+        "ref-dataset",
+        "12/12",
         "40.0%",
     ]
     assert line.endswith("69.4 s")
@@ -166,15 +186,28 @@ def test_info_json_matches_the_reference_run(
     assert payload["schema_version"] == 1
     info = payload["data"]
     assert set(info) == {
-        "name", "path", "status", "local_run_id", "context", "timing", "progress",
-        "configuration", "results", "failed_rows", "below_threshold_rows", "skipped_rows",
-        "error_types", "warnings",
+        "name",
+        "path",
+        "status",
+        "local_run_id",
+        "context",
+        "timing",
+        "progress",
+        "configuration",
+        "results",
+        "failed_rows",
+        "below_threshold_rows",
+        "skipped_rows",
+        "error_types",
+        "warnings",
     }
     assert info["local_run_id"] == manifest["local_run_id"]
     assert info["context"]["model"] == manifest["inputs"]["model_path"]
     assert info["context"]["entrypoint"] == manifest["inputs"]["rollout"]["entrypoint"]
     assert info["context"]["git"] == {
-        "commit": manifest["provenance"]["git_head"], "branch": "main", "dirty": False
+        "commit": manifest["provenance"]["git_head"],
+        "branch": "main",
+        "dirty": False,
     }
     assert info["timing"]["started_at"] == metrics["eval_run"]["started_at"]
     assert info["timing"]["duration_ms"] == metrics["eval_run"]["duration_ms"]
@@ -187,12 +220,21 @@ def test_info_json_matches_the_reference_run(
     assert info["results"] == metrics["summary"]
     progress = info["progress"]
     assert (progress["done"], progress["total"], progress["pending"]) == (12, 12, 0)
-    assert (progress["passed"], progress["below_threshold"], progress["failed"],
-            progress["skipped"]) == (4, 2, 4, 2)
-    failed = [(r["row_index"], r["run_index"], r["rollout_id"], r["error_type"])
-              for r in index if r["status"] == "failed"]
-    assert [(r["row_index"], r["run_index"], r["rollout_id"], r["error_type"])
-            for r in info["failed_rows"]] == failed
+    assert (
+        progress["passed"],
+        progress["below_threshold"],
+        progress["failed"],
+        progress["skipped"],
+    ) == (4, 2, 4, 2)
+    failed = [
+        (r["row_index"], r["run_index"], r["rollout_id"], r["error_type"])
+        for r in index
+        if r["status"] == "failed"
+    ]
+    assert [
+        (r["row_index"], r["run_index"], r["rollout_id"], r["error_type"])
+        for r in info["failed_rows"]
+    ] == failed
     assert info["error_types"] == {"agent_error": 2, "grader_failed": 2}
     assert [r["row_index"] for r in info["skipped_rows"]] == [3, 3]
     assert info["warnings"] == []
@@ -204,9 +246,13 @@ def test_info_human_output_and_dirty_warning(
     run_dir = workspace / ".osmosis" / "evals" / "reference-run"
     code, out, _ = run_cli(capsys, "info", str(run_dir))  # a path works as well as a name
     assert code == 0
-    for expected in ("Run       reference-run  (finished)", "3a19e77e2ef2 on main  (clean)",
-                     "Timeouts        workflow 60 s, grader 30 s", "pass@k       k=1 40.0% · k=2 60.0%",
-                     "row 5 run 1: error_type=grader_failed -> rollout_trials/"):
+    for expected in (
+        "Run       reference-run  (finished)",
+        "3a19e77e2ef2 on main  (clean)",
+        "Timeouts        workflow 60 s, grader 30 s",
+        "pass@k       k=1 40.0% · k=2 60.0%",
+        "row 5 run 1: error_type=grader_failed -> rollout_trials/",
+    ):
         assert expected in out
     manifest = load(run_dir / "manifest.json")
     manifest["provenance"]["git_dirty"] = True
@@ -245,13 +291,17 @@ def test_damaged_files_are_warnings_not_crashes(
     run_dir = workspace / ".osmosis" / "evals" / "reference-run"
     (run_dir / "manifest.json").write_text("{not json")
     index = (run_dir / "index.jsonl").read_text().splitlines()
-    (run_dir / "index.jsonl").write_text("\n".join([index[0], "[1, 2]", "garbage", *index[1:]]) + "\n")
+    (run_dir / "index.jsonl").write_text(
+        "\n".join([index[0], "[1, 2]", "garbage", *index[1:]]) + "\n"
+    )
     [item] = cli_json(capsys, "list")["items"]
-    assert item["rows_done"] == 12
-    warnings = " | ".join(item["warnings"])
+    assert item["rows_done"] == 12  # list trusts a finished run's metrics.json
+    assert "manifest.json: invalid JSON" in " | ".join(item["warnings"])
+    info = cli_json(capsys, "info", "reference-run")["data"]
+    warnings = " | ".join(info["warnings"])
     assert "manifest.json: invalid JSON" in warnings
     assert "index.jsonl: skipped 2 line(s)" in warnings
-    info = cli_json(capsys, "info", "reference-run")["data"]
+    assert info["progress"]["done"] == 12
     assert info["configuration"]["n"] is None
     assert info["results"]["passed"] == 4
 
@@ -273,6 +323,22 @@ def test_unknown_runs_and_bad_usage_exit_2(
     assert run_cli(capsys, "report", "reference-run", "--compare", "reference-run")[0] == 2
     assert run_cli(capsys, "report", "reference-run", "-o", str(workspace))[0] == 2
     assert run_cli(capsys)[0] == 2
+
+
+def test_read_only_run_directory_is_left_untouched(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = workspace / ".osmosis" / "evals" / "reference-run"
+    before = sorted(p.name for p in run_dir.iterdir())
+    run_dir.chmod(0o555)  # like the shared reference run; root could still write into it
+    try:
+        code, _, err = run_cli(capsys, "report", "reference-run")
+        assert code == 1
+        assert "the run directory is read-only; write the report elsewhere (-o FILE)" in err
+        assert sorted(p.name for p in run_dir.iterdir()) == before
+        assert run_cli(capsys, "report", "reference-run", "-o", "r.html")[0] == 0
+    finally:
+        run_dir.chmod(0o755)
 
 
 def test_unwritable_report_exits_1(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -313,8 +379,9 @@ def test_report_markdown_and_compare(workspace: Path, capsys: pytest.CaptureFixt
     metrics = load(after / "metrics.json")
     metrics["summary"] = aggregate_metrics(index, 1.0)
     (after / "metrics.json").write_text(json.dumps(metrics))
-    code, out, _ = run_cli(capsys, "report", "after", "--compare", "reference-run",
-                           "--format", "markdown")
+    code, out, _ = run_cli(
+        capsys, "report", "after", "--compare", "reference-run", "--format", "markdown"
+    )
     assert code == 0
     assert out.startswith("### Osmosis eval: after vs reference-run")
     assert "**Pass rate 50.0%** (was 40.0%): **+10.0 pp**" in out
@@ -322,8 +389,9 @@ def test_report_markdown_and_compare(workspace: Path, capsys: pytest.CaptureFixt
     assert "| 1 | 2/2 | 1/2 |" in out
     assert "#### Improved rows (2)" in out
     assert "| 0 | 1/2 | 2/2 |" in out and "| 4 | 0/2 | 1/2 |" in out
-    comparison = cli_json(capsys, "report", "after", "--compare", "reference-run",
-                          "--format", "markdown")["comparison"]
+    comparison = cli_json(
+        capsys, "report", "after", "--compare", "reference-run", "--format", "markdown"
+    )["comparison"]
     assert [e["source_row_index"] for e in comparison["regressed"]] == [1]
     assert [e["source_row_index"] for e in comparison["improved"]] == [0, 4]
     change = comparison["pass_rate_change"]
@@ -339,17 +407,31 @@ def test_report_markdown_and_compare(workspace: Path, capsys: pytest.CaptureFixt
 
 
 def test_python_dash_m_runs_the_cli(workspace: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
-                                                       os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     done = subprocess.run(
         [sys.executable, "-m", "pytest_osmosis", "list", "--json"],
-        capture_output=True, text=True, cwd=workspace, env=env, check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=workspace,
+        env=env,
+        check=False,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["items"][0]["name"] == "reference-run"
     missing = subprocess.run(
         [sys.executable, "-m", "pytest_osmosis", "info", "missing"],
-        capture_output=True, text=True, cwd=workspace, env=env, check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=workspace,
+        env=env,
+        check=False,
+        timeout=60,
     )
     assert missing.returncode == 2
     assert missing.stderr.startswith("pytest-osmosis: error: run 'missing' not found")
@@ -378,9 +460,16 @@ def test_cli_over_a_run_written_by_the_plugin(
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
     secret = model_server.env()["OPENAI_API_KEY"]
-    write_workspace(pytester.path, rows=MIXED, evaluation={"n": 2}, env={"MODE": "plain"},
-                    secrets=["OPENAI_API_KEY"])
-    result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "mine", "-p", "no:cacheprovider")
+    write_workspace(
+        pytester.path,
+        rows=MIXED,
+        evaluation={"n": 2},
+        env={"MODE": "plain"},
+        secrets=["OPENAI_API_KEY"],
+    )
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-name", "mine", "-p", "no:cacheprovider"
+    )
     result.assert_outcomes(passed=2, failed=6, skipped=2)
     capsys.readouterr()
     run_dir = pytester.path / ".osmosis" / "evals" / "mine"
@@ -388,9 +477,16 @@ def test_cli_over_a_run_written_by_the_plugin(
 
     [item] = cli_json(capsys, "list")["items"]
     assert (item["name"], item["status"], item["rows_done"], item["rows_total"]) == (
-        "mine", "finished", 10, 10
+        "mine",
+        "finished",
+        10,
+        10,
     )
-    assert (item["rollout"], item["model"], item["dataset"]) == ("calc", "openai/test-model", "calc")
+    assert (item["rollout"], item["model"], item["dataset"]) == (
+        "calc",
+        "openai/test-model",
+        "calc",
+    )
     assert item["pass_rate"] == metrics["summary"]["pass_rate"] == pytest.approx(2 / 8)
 
     info = cli_json(capsys, "info", "mine")["data"]
@@ -414,3 +510,37 @@ def test_cli_over_a_run_written_by_the_plugin(
     assert "workflow exploded on purpose" in html
     everything = html + json.dumps(info)
     assert secret not in everything  # the provider key never reaches a report
+
+
+def test_markdown_to_a_file(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "report", "reference-run", "--format", "markdown", "-o", "pr.md")
+    assert code == 0
+    assert Path(out.strip()) == workspace / "pr.md"
+    assert (
+        (workspace / "pr.md").read_text().startswith("### Osmosis eval: reference-run (finished)")
+    )
+
+
+def test_modules_can_add_subcommands(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import types
+
+    from pytest_osmosis import cli
+
+    module = types.ModuleType("fake_osmosis_extension")
+    seen: list[argparse.Namespace] = []
+
+    def add_fake_osmosis_extension_parser(subparsers: Any) -> None:
+        parser = subparsers.add_parser("fake-ext", help="a subcommand from another module")
+        parser.add_argument("--word")
+        parser.set_defaults(func=lambda args: seen.append(args) or 7)
+
+    module.add_fake_osmosis_extension_parser = add_fake_osmosis_extension_parser  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fake_osmosis_extension", module)
+    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_osmosis_extension", "no_such_module_xyz"))
+    assert main(["fake-ext", "--word", "hi"]) == 7
+    assert seen[0].word == "hi"
+    assert main(["--help"]) == 0
+    assert "fake-ext" in capsys.readouterr().out

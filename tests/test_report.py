@@ -31,9 +31,7 @@ from pytest_osmosis.report.stats import (
 from pytest_osmosis.results.metrics import aggregate_metrics
 from pytest_osmosis.runs import load_run
 
-REFERENCE = Path("/work/shared/reference-run")
-if not REFERENCE.is_dir():
-    REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-run"
+REFERENCE = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
 needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason="reference run not available")
 
 
@@ -84,7 +82,8 @@ class Page(HTMLParser):
 
     def find(self, tag: str, **attrs: str) -> list[dict[str, str | None]]:
         return [
-            a for t, a in self.tags
+            a
+            for t, a in self.tags
             if t == tag and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())
         ]
 
@@ -131,9 +130,15 @@ def test_pass_at_k_curve_agrees_with_metrics_json() -> None:
     pattern = {0: [1, 1, 1, 1], 1: [0, 1, 0, 0], 2: [0, 0, 0, 0], 3: [1, 0, 1, 0]}
     for row_index, rewards in pattern.items():
         for run_index, reward in enumerate(rewards):
-            rows.append({"row_index": row_index, "run_index": run_index, "status": "success",
-                         "reward": float(reward), "outcome": "passed" if reward else
-                         "below_threshold"})
+            rows.append(
+                {
+                    "row_index": row_index,
+                    "run_index": run_index,
+                    "status": "success",
+                    "reward": float(reward),
+                    "outcome": "passed" if reward else "below_threshold",
+                }
+            )
     rows.append({"row_index": 4, "run_index": 0, "status": "failed", "outcome": "failed"})
     curve = dict(pass_at_k_curve(rows))
     expected = {p["k"]: p["value"] for p in aggregate_metrics(rows, 1.0)["pass_at_k"]}
@@ -174,8 +179,13 @@ def test_report_has_the_plots_cards_and_every_attempt(run_dir: Path) -> None:
     assert [r["data-key"] for r in rows] == [f"{r['row_index']}.{r['run_index']}" for r in index]
     assert [r["data-status"] for r in rows] == [r["status"] for r in index]
     expected = [
-        "skipped" if r["status"] == "skipped" else "failed" if r["status"] == "failed"
-        else "passed" if r["reward"] >= 1.0 else "below_threshold"
+        "skipped"
+        if r["status"] == "skipped"
+        else "failed"
+        if r["status"] == "failed"
+        else "passed"
+        if r["reward"] >= 1.0
+        else "below_threshold"
         for r in index
     ]
     assert [r["data-outcome"] for r in rows] == expected
@@ -202,16 +212,17 @@ def test_report_has_the_plots_cards_and_every_attempt(run_dir: Path) -> None:
 @needs_reference
 def test_header_cards_show_the_metrics(run_dir: Path) -> None:
     text = write_report_for_run(run_dir).read_text()
-    cards = text[text.index('<section class="cards" id="cards">'):text.index("</section>")]
-    labels = re.findall(r'<div class="label">([^<]+)</div><div class="value[^"]*">([^<]+)</div>',
-                        cards)
+    cards = text[text.index('<section class="cards" id="cards">') : text.index("</section>")]
+    labels = re.findall(
+        r'<div class="label">([^<]+)</div><div class="value[^"]*">([^<]+)</div>', cards
+    )
     assert labels == [
         ("Pass rate", "40.0%"),
         ("Outcomes", "12 / 12"),
         ("Tokens", "150"),
         ("Duration", "69.4 s"),
         ("pass@2", "60.0%"),
-        ("Reward", "0.667"),
+        ("Mean reward", "0.667"),
     ]
     assert "4 of 10 scored attempts reached reward &ge; 1.0" in cards
     assert "4 passed" in cards and "2 below threshold" in cards and "2 skipped" in cards
@@ -307,8 +318,9 @@ def test_compare_finds_regressed_and_improved_rows(run_dir: Path, tmp_path: Path
     metrics["summary"] = aggregate_metrics(index, 1.0)
     (after / "metrics.json").write_text(json.dumps(metrics))
     comparison = compare_runs(load_run(after), load_run(run_dir))
-    assert [(e["source_row_index"], e["baseline"], e["current"]) for e in comparison["regressed"]] \
-        == [(2, {"passes": 1, "attempts": 2}, {"passes": 0, "attempts": 2})]
+    assert [
+        (e["source_row_index"], e["baseline"], e["current"]) for e in comparison["regressed"]
+    ] == [(2, {"passes": 1, "attempts": 2}, {"passes": 0, "attempts": 2})]
     assert [e["source_row_index"] for e in comparison["improved"]] == [0]
     assert comparison["unchanged"] == 3  # rows 1, 4, 5 (row 3 was always skipped)
     change = comparison["pass_rate_change"]
@@ -341,3 +353,89 @@ def test_compare_warns_about_different_datasets_and_thresholds(
 def test_markdown_cells_cannot_break_the_table() -> None:
     assert escape_markdown("a|b\nc <x> `y`") == "a\\|b c \\<x\\> \\`y\\`"
     assert escape_markdown(None) == "–"
+
+
+def _rewrite(run_dir: Path, index: list[dict[str, Any]], *, n: int, rows: int) -> None:
+    """Make *run_dir* a consistent run of *index* (n attempts of *rows* rows)."""
+    (run_dir / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["inputs"]["n"] = n
+    manifest["inputs"]["dataset"]["selected_source_rows"] = f"0-{rows - 1}"
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    progress = {"total_runs": rows * n, "sampled_rows": rows, "total_dataset_rows": rows}
+    (run_dir / "progress.json").write_text(json.dumps(progress))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    metrics["summary"] = aggregate_metrics(index, 1.0)
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+
+
+def _svg(html: str, name: str) -> str:
+    start = html.index(f'data-plot="{name}"')
+    return html[start : html.index("</svg>", start)]
+
+
+@needs_reference
+def test_single_attempt_run(run_dir: Path) -> None:
+    index = [r for r in index_of(run_dir) if r["run_index"] == 0]
+    _rewrite(run_dir, index, n=1, rows=6)
+    html = write_report_for_run(run_dir).read_text()
+    assert _svg(html, "pass-at-k").count("<circle") == 1
+    assert "run with n ≥ 2 to see pass@k grow" in _svg(html, "pass-at-k")
+    assert _svg(html, "per-row").count("<rect") == 6
+    assert "pass@1 only: n = 1" in html
+
+
+@needs_reference
+def test_run_with_no_results_yet(run_dir: Path) -> None:
+    for name in ("metrics.json", "index.jsonl", "summary.jsonl", "progress.json"):
+        (run_dir / name).unlink()
+    (run_dir / "events.jsonl").write_text("")
+    html = write_report_for_run(run_dir).read_text()
+    for name in ("reward", "pass-at-k", "per-row", "duration"):
+        assert 'class="empty"' in _svg(html, name)
+    assert "<tr tabindex" not in html
+    assert Page(html).data["rows"] == []
+
+
+@needs_reference
+def test_many_rows_switch_the_per_row_plot_to_a_histogram(run_dir: Path) -> None:
+    index = []
+    for row in range(300):
+        for attempt in range(3):
+            reward = 1.0 if (row % 3 == 0 or (row % 3 == 1 and attempt == 0)) else 0.0
+            index.append(
+                {
+                    "row_index": row,
+                    "run_index": attempt,
+                    "rollout_id": f"{row:016x}{attempt:016x}",
+                    "status": "success",
+                    "reward": reward,
+                    "duration_ms": 10.0 + row,
+                }
+            )
+    _rewrite(run_dir, index, n=3, rows=300)
+    html = write_report_for_run(run_dir).read_text()
+    per_row = _svg(html, "per-row")
+    titles = re.findall(r"<title>([^<]*)</title>", per_row)
+    assert titles[1:] == [
+        "100 rows with 0 of 3 attempts passing",
+        "100 rows with 1 of 3 attempts passing",
+        "0 rows with 2 of 3 attempts passing",
+        "100 rows with 3 of 3 attempts passing",
+    ]
+    assert html.count("<tr tabindex") == 900
+
+
+@needs_reference
+def test_binary_and_large_artifacts_are_linked_not_inlined(run_dir: Path) -> None:
+    artifacts = run_dir / "artifacts" / "row_1_run_0"
+    (artifacts / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00binary")
+    (artifacts / "big.log").write_text("x" * 100_000)
+    data = Page(write_report_for_run(run_dir).read_text()).data["rows"]
+    by_name = {a["name"]: a for a in data[2]["arts"]}
+    assert by_name["answer.txt"]["text"] == (artifacts / "answer.txt").read_text()
+    for name, size in (("plot.png", 16), ("big.log", 100_000)):
+        assert "text" not in by_name[name]
+        assert by_name[name]["size"] == size
+        assert by_name[name]["href"] == f"artifacts/row_1_run_0/{name}"

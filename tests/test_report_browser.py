@@ -27,23 +27,34 @@ import pytest
 
 from pytest_osmosis.report import write_report_for_run
 
-REFERENCE = Path("/work/shared/reference-run")
-if not REFERENCE.is_dir():
-    REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-run"
+REFERENCE = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
 CHROMIUM = next(
-    (found for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-     if (found := shutil.which(name))),
+    (
+        found
+        for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+        if (found := shutil.which(name))
+    ),
     None,
 )
 pytestmark = [
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get "
-                       "install chromium); the report's browser checks need a real browser"),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no chromium binary on PATH (Debian: apt-get "
+        "install chromium); the report's browser checks need a real browser",
+    ),
     pytest.mark.skipif(not REFERENCE.is_dir(), reason="reference run not available"),
 ]
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
-    "--disable-default-apps", "--disable-extensions", "--mute-audio",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--mute-audio",
     "--host-resolver-rules=MAP * ~NOTFOUND",  # even a stray lookup resolves nowhere
 ]
 
@@ -100,8 +111,9 @@ class Page:
             self.events.append(await self.ws.receive_json(timeout=remaining))
 
     async def js(self, expression: str) -> Any:
-        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True,
-                                 awaitPromise=True)
+        result = await self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression!r} raised {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -131,9 +143,16 @@ async def browser(tmp_path: Path) -> AsyncIterator[Page]:
     profile = tmp_path / "chromium-profile"
     profile.mkdir()
     process = subprocess.Popen(
-        [CHROMIUM, *FLAGS, "--remote-debugging-port=0", f"--user-data-dir={profile}",
-         "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            CHROMIUM,
+            *FLAGS,
+            "--remote-debugging-port=0",
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         port_file = profile / "DevToolsActivePort"
@@ -298,9 +317,7 @@ def test_clicking_an_attempt_opens_its_trajectory(report: Path, tmp_path: Path) 
                 await asyncio.sleep(0.02)
             detail = await page.js("document.getElementById('detail').innerText")
             assert "grader_failed" in detail and "No trajectory" in detail
-            await page.js(
-                "document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}))"
-            )
+            await page.js("document.dispatchEvent(new KeyboardEvent('keydown', {key: 'Escape'}))")
             assert await page.js("document.getElementById('detail').hidden") is True
             assert page.problems() == []
 
@@ -313,9 +330,19 @@ def test_command_line_screenshot(report: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     profile = tmp_path / "shot-profile"
     subprocess.run(
-        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={shot}",
-         "--window-size=1400,1000", "--hide-scrollbars", report.as_uri() + "#row=0.0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=True,
+        [
+            CHROMIUM,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--screenshot={shot}",
+            "--window-size=1400,1000",
+            "--hide-scrollbars",
+            report.as_uri() + "#row=0.0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=60,
+        check=True,
         start_new_session=True,
     )
     header = shot.read_bytes()[:24]

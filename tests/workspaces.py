@@ -9,6 +9,13 @@ grades by exact match; a row's metadata can make it misbehave on purpose
 from __future__ import annotations
 
 import json
+
+# In-process pytester runs restore sys.modules afterwards, so anything first imported
+# inside one is imported again by the next. Import LiteLLM once here: it costs 3 s a time,
+# and its importlib_metadata backport deletes the stdlib finder's find_distributions, so a
+# copy first imported inside a run would leave later runs unable to find pytest11 plugins.
+import importlib_metadata  # noqa: F401
+import litellm  # noqa: F401
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any

@@ -11,6 +11,7 @@ Public API:
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,6 +49,18 @@ def default_report_path(
         safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in str(baseline["name"]))
         return run_dir / f"report-vs-{safe}.{suffix}"
     return run_dir / f"report.{suffix}"
+
+
+def _writable(directory: Path) -> bool:
+    """Write bits, not ``os.access``: root may write anywhere, but a run directory someone
+    made read-only (an archived or shared run) should stay untouched."""
+    try:
+        mode = directory.stat().st_mode
+    except OSError:
+        return False
+    return bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(
+        directory, os.W_OK
+    )
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -133,6 +146,10 @@ def write_report(
     run = load_run(run_dir)
     baseline = load_run(baseline_dir) if baseline_dir is not None else None
     comparison = compare_runs(run, baseline) if baseline is not None else None
+    if output is None and not _writable(Path(run_dir)):
+        raise RunDirectoryError(
+            f"{run_dir}: the run directory is read-only; write the report elsewhere"
+        )
     target = output if output is not None else default_report_path(Path(run_dir), baseline, fmt)
     if fmt == "markdown":
         text = comparison_markdown(comparison) if comparison is not None else run_markdown(run)

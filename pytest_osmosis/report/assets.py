@@ -44,7 +44,7 @@ figcaption{font-weight:600;margin-bottom:2px}
 figcaption small{font-weight:400;color:var(--muted);margin-left:6px}
 svg.plot{width:100%;height:auto;display:block}
 svg .grid{stroke:#eceff1}svg .axis{stroke:#adb5bd}
-svg .tick,svg .axis-label,svg .note,svg .marker-label{font-size:10.5px;fill:var(--muted)}
+svg .tick,svg .axis-label,svg .note,svg .marker-label{font-size:11px;fill:var(--muted)}
 svg .empty{font-size:13px;fill:var(--muted)}
 svg .bar.pass{fill:var(--pass)}svg .bar.fail{fill:var(--fail)}svg .bar.mixed{fill:var(--below)}
 svg .bar.neutral{fill:var(--accent)}svg .bar.none{fill:var(--skip)}
@@ -70,7 +70,7 @@ tbody tr{cursor:pointer}tbody tr:hover{background:#f1f8ff}
 tbody tr.selected{background:#e7f5ff}
 tbody tr:focus{outline:2px solid var(--accent);outline-offset:-2px}
 .pill{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;font-weight:600}
-#detail{position:fixed;top:0;right:0;bottom:0;width:min(680px,50vw);background:#fff;
+#detail{position:fixed;top:0;right:0;bottom:0;width:min(640px,46vw);background:#fff;
 border-left:1px solid var(--line);box-shadow:-6px 0 24px rgba(0,0,0,.08);overflow:auto;
 padding:16px 20px 40px;z-index:10}
 #detail[hidden]{display:none}

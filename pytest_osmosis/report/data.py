@@ -8,6 +8,7 @@ the rest fall back to links into the run directory).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,7 +54,9 @@ def _numbers(value: Any, keys: tuple[str, ...]) -> dict[str, float | int]:
     return {
         key: value[key]
         for key in keys
-        if isinstance(value.get(key), (int, float)) and not isinstance(value.get(key), bool)
+        if isinstance(value.get(key), (int, float))
+        and not isinstance(value.get(key), bool)
+        and math.isfinite(value[key])
     }
 
 

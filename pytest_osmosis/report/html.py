@@ -19,7 +19,7 @@ from pytest_osmosis.report.assets import CSS, JS
 from pytest_osmosis.report.data import build_rows
 from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
-from pytest_osmosis.runs import OUTCOMES, run_info
+from pytest_osmosis.runs import OUTCOMES, parse_time, run_info
 
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
@@ -55,6 +55,11 @@ def _duration(ms: Any) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {sec:02d}s"
 
 
+def _when(value: Any) -> str:
+    parsed = parse_time(value)
+    return parsed.strftime("%Y-%m-%d %H:%M:%S UTC") if parsed else ""
+
+
 def _json_script(payload: Any) -> str:
     """JSON that cannot end the ``<script>`` block it sits in."""
     text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -77,7 +82,7 @@ def _header(info: Mapping[str, Any]) -> str:
         ("model", ctx.get("model")),
         ("dataset", ctx.get("dataset")),
         ("rollout", f"{ctx.get('rollout') or '–'} / {ctx.get('entrypoint') or '–'}"),
-        ("started", (timing.get("started_at") or timing.get("created_at") or "").replace("T", " ")),
+        ("started", _when(timing.get("started_at") or timing.get("created_at"))),
         ("duration", _duration(timing.get("duration_ms"))),
     ]
     if git.get("commit"):
@@ -182,10 +187,10 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     if stats:
         cards.append(
             _card(
-                "Reward",
+                "Mean reward",
                 f"{stats['mean']:.3f}",
-                f"mean ± {stats['std']:.3f} · median {stats['median']:.3f} · "
-                f"min {stats['min']:.3f} · max {stats['max']:.3f}",
+                f"std {stats['std']:.3f} · median {stats['median']:.3f} · "
+                f"range {stats['min']:.3f} – {stats['max']:.3f}",
             )
         )
     return '<section class="cards" id="cards">' + "".join(cards) + "</section>"

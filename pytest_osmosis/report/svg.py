@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from html import escape
 
 WIDTH, HEIGHT = 360, 220
-LEFT, RIGHT, TOP, BOTTOM = 44, 10, 16, 40
+LEFT, RIGHT, TOP, BOTTOM = 50, 10, 16, 40
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
 
@@ -25,13 +25,21 @@ def _fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
-def nice_ticks(high: float, count: int = 4) -> list[float]:
-    """0 and round steps up to at least *high*."""
+def nice_step(raw: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 times a power of ten that is >= *raw*."""
+    if raw <= 0 or not math.isfinite(raw):
+        return 1.0
+    magnitude: float = 10.0 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw * (1 - 1e-12))
+
+
+def nice_ticks(high: float, count: int = 4, *, whole: bool = False) -> list[float]:
+    """0 and round steps up to at least *high* (whole-number steps for counts)."""
     if high <= 0:
         return [0.0, 1.0]
-    raw = high / count
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    step = nice_step(high / count)
+    if whole and not step.is_integer():
+        step = 1.0 if step < 1 else step * 2  # 2.5 * 10^k -> 5 * 10^k
     ticks = [0.0]
     while ticks[-1] < high - 1e-12:
         ticks.append(round(ticks[-1] + step, 10))
@@ -65,7 +73,7 @@ def _y_axis(parts: list[str], ticks: list[float], top: float, label: str, pct: b
             f'<text class="tick" x="{LEFT - 6}" y="{y + 3.5:.1f}" text-anchor="end">{text}</text>'
         )
     parts.append(
-        f'<text class="axis-label" transform="translate(11 {TOP + PLOT_H / 2}) rotate(-90)" '
+        f'<text class="axis-label" transform="translate(10 {TOP + PLOT_H / 2}) rotate(-90)" '
         f'text-anchor="middle">{escape(label)}</text>'
     )
 
@@ -92,7 +100,8 @@ def bar_chart(
     if not bars:
         return _empty(name, label, "no data")
     top = 1.0 if pct else max(max(b[1] for b in bars), 1e-9)
-    ticks = [0.0, 0.25, 0.5, 0.75, 1.0] if pct else nice_ticks(top)
+    whole = all(float(b[1]).is_integer() for b in bars)
+    ticks = [0.0, 0.25, 0.5, 0.75, 1.0] if pct else nice_ticks(top, whole=whole)
     top = ticks[-1]
     parts = _open(name, label)
     _y_axis(parts, ticks, top, y_label, pct)
@@ -152,22 +161,23 @@ def histogram(
             bars.append((_fmt(value) + unit, float(count), css, f"{_fmt(value)}{unit}: {count}"))
         return bar_chart(name, label, bars, x_label=x_label, y_label="count")
     bins = max(1, min(bins, math.ceil(math.sqrt(len(values))) * 2))
-    width = (high - low) / bins
-    counts = [0] * bins
+    width = nice_step((high - low) / bins)
+    start = math.floor(low / width) * width
+    count = max(1, math.floor((high - start) / width) + 1)
+    counts = [0] * count
     for value in values:
-        counts[min(int((value - low) / width), bins - 1)] += 1
+        counts[min(int((value - start) / width), count - 1)] += 1
     bars = []
-    for i, count in enumerate(counts):
-        start, stop = low + i * width, low + (i + 1) * width
-        css = _side(start, threshold)
-        bars.append(
-            (_fmt(start), float(count), css, f"{_fmt(start)}{unit} – {_fmt(stop)}{unit}: {count}")
-        )
+    for i, n in enumerate(counts):
+        left, right = start + i * width, start + (i + 1) * width
+        hover = f"{_fmt(left)}{unit} – {_fmt(right)}{unit}: {n}"
+        bars.append((_fmt(left), float(n), _side(left, threshold), hover))
     marker = None
-    if threshold is not None and low <= threshold <= high:
-        marker = ((threshold - low) / width, f"threshold {_fmt(threshold)}")
+    if threshold is not None and start <= threshold <= start + count * width:
+        marker = ((threshold - start) / width, f"threshold {_fmt(threshold)}")
+    every = max(1, math.ceil(count / 6))
     return bar_chart(
-        name, label, bars, x_label=x_label, y_label="count", marker=marker, every=max(1, bins // 5)
+        name, label, bars, x_label=x_label, y_label="count", marker=marker, every=every
     )
 
 

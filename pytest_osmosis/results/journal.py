@@ -9,6 +9,7 @@ a skewed clock can never change which attempt wins).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,21 @@ def is_single_path_segment(name: str) -> bool:
     return Path(name).name == name
 
 
+def _show(value: Any) -> str:
+    """A short repr, so one corrupt value cannot flood an error line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_utf8(text: str) -> bool:
+    """False for lone surrogates (``"\\ud800"`` in JSON), which no file can hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def normalize_record(payload: Any, *, where: str) -> dict[str, Any]:
     """Validate one terminal record and return exactly the journal fields.
 
@@ -72,7 +88,11 @@ def normalize_record(payload: Any, *, where: str) -> dict[str, Any]:
                 raise RunDirectoryError(f"{where}: {name} is missing")
             continue
         if isinstance(value, bool) or not isinstance(value, kinds):
-            raise RunDirectoryError(f"{where}: {name} must be {label}, got {value!r}")
+            raise RunDirectoryError(f"{where}: {name} must be {label}, got {_show(value)}")
+        if isinstance(value, str) and not _is_utf8(value):
+            raise RunDirectoryError(
+                f"{where}: {name} is not valid Unicode text, got {_show(value)}"
+            )
         values[name] = value
     # The id names a directory under rollout_trials/ and is copied into
     # projections, so a separator or traversal would reach outside the run.
@@ -86,7 +106,17 @@ def normalize_record(payload: Any, *, where: str) -> dict[str, Any]:
         )
     for name in ("reward", "duration_ms"):
         if name in values:
-            values[name] = float(values[name])
+            # The journal is written with allow_nan=False, so a non-finite number here
+            # could never be written back (index, metrics): refuse it as corruption.
+            try:
+                number = float(values[name])
+            except OverflowError:
+                number = math.inf
+            if not math.isfinite(number):
+                raise RunDirectoryError(
+                    f"{where}: {name} must be a finite number, got {_show(values[name])}"
+                )
+            values[name] = number
     values.setdefault("duration_ms", 0.0)
     return values
 
@@ -127,8 +157,10 @@ def replay_journal(path: Path) -> JournalReplay:
                 raise RunDirectoryError(f"{where}: blank journal record; {_CORRUPT_HINT}")
             try:
                 payload = json.loads(text)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                reason = getattr(exc, "msg", None) or str(exc)
+            except (ValueError, RecursionError) as exc:
+                # Besides JSONDecodeError/UnicodeDecodeError: integers past the str->int
+                # digit limit (ValueError) and deeply nested arrays (RecursionError).
+                reason = getattr(exc, "msg", None) or " ".join(str(exc).split())
                 raise RunDirectoryError(
                     f"{where}: invalid JSON in journal record ({reason}); {_CORRUPT_HINT}"
                 ) from exc
