@@ -110,7 +110,7 @@ class EvalItem(pytest.Item):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
-        return self.path, 0, f"{self.path.name}::{self.name}"
+        return self.path, 0, self.name
 
 
 SESSION_KEY = pytest.StashKey["EvalSession"]()

@@ -58,6 +58,9 @@ OPTIONS = (
             is_flag=True, override=False),
     _Option("retry_failed", "--osmosis-retry-failed", "re-run failed and skipped items of a "
             "named run, keeping successes", is_flag=True, override=False),
+    _Option("report", "--osmosis-report", "write report.html (plots, every attempt's "
+            "trajectory) into each run directory at the end of the session", is_flag=True,
+            override=False),
     _Option("min_pass_rate", "--osmosis-min-pass-rate", "CI gate: the exit status is 0 when "
             "every run's pass rate reaches RATE (0..1), else 1", "RATE", override=False),
     _Option("gate_bound", "--osmosis-gate-bound", "point (default) or wilson: gate on the 95%% "
@@ -154,6 +157,7 @@ def pytest_configure(config: pytest.Config) -> None:
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
         gate=gate,
+        report=bool(plain("report")),
     )
     session = EvalSession(
         config,
@@ -290,7 +294,13 @@ class EvalHooks:
         run.log.write("info", "result", "work item finished", **details)
         self.session.config.hook.pytest_osmosis_row_result(config=self.session.config, result=result)
         if result.get("detail"):
-            run.log.write("error", "result", result.get("message", ""), detail=result["detail"])
+            run.log.write(
+                "error",
+                "result",
+                result.get("message", ""),
+                rollout_id=result["rollout_id"],
+                detail=result["detail"],
+            )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -300,9 +310,21 @@ class EvalHooks:
                 interrupted = session.shouldstop or session.shouldfail
                 for run in self.session.runs.values():
                     run.metrics = finalize_run(run, cancelled=bool(interrupted))
+                if self.session.options.report:
+                    self._write_reports()
                 self._gate(session)
         finally:
             self.session.close()
+
+    def _write_reports(self) -> None:
+        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.report import write_report_for_run
+
+        for run in self.session.runs.values():
+            try:
+                run.report_path = write_report_for_run(run.plan.run_dir)
+            except OsmosisError as exc:
+                run.report_error = str(exc)
 
     def _gate(self, session: pytest.Session) -> None:
         from pytest_osmosis.gate import Verdict, decide

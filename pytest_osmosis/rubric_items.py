@@ -326,6 +326,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     register_rubric(parser)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file."""
+    keep_at_file(args)
+
+
+def keep_at_file(args: list[str]) -> None:
+    """Join ``--osmosis-rubric-text`` and its ``@FILE`` value (in place) before pytest parses."""
+    flag = "--osmosis-rubric-text"
+    position = 0
+    while position < len(args) - 1:
+        if args[position] == flag and args[position + 1].startswith("@"):
+            args[position : position + 2] = [f"{flag}={args[position + 1]}"]
+        position += 1
+
+
 def pytest_configure(config: pytest.Config) -> None:
     configure_rubric(config)
 

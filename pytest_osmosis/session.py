@@ -51,6 +51,7 @@ class SessionOptions:
     workflow_override: str | None
     grader_override: str | None
     gate: GateOptions
+    report: bool = False
 
 
 @dataclass
@@ -63,6 +64,8 @@ class ControllerRun:
     started_at: Any
     executed: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
+    report_path: Path | None = None
+    report_error: str | None = None
 
 
 class EvalSession:

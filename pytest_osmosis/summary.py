@@ -64,6 +64,10 @@ def summary_lines(run: ControllerRun) -> list[str]:
         + (f"   duration {duration / 1000:.1f} s" if isinstance(duration, (int, float)) else "")
     )
     lines.append(f"output     {plan.run_dir}")
+    if run.report_path is not None:
+        lines.append(f"report     {run.report_path}")
+    elif run.report_error:
+        lines.append(f"report     not written: {run.report_error}")
     failed = [
         record
         for _, record in sorted(run.rundir.records.items())

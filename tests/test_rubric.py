@@ -590,11 +590,15 @@ def test_prompts_inputs_parsing_and_document_match_the_sdk(
 # ---------------------------------------------------------------------------- pytest items
 
 
+# Several lines, one starting with "-": pytest must not read it as an @argument file.
+RUBRIC_FILE = "Judge it.\n- 1: right city\n- 0: wrong city\n"
+
+
 def rubric_project(pytester: pytest.Pytester, records: list[Any]) -> Path:
     data = pytester.path / "evals" / "conversations.jsonl"
     data.parent.mkdir()
     write_jsonl(data, records)
-    (pytester.path / "rubric.md").write_text("Judge it.\n", encoding="utf-8")
+    (pytester.path / "rubric.md").write_text(RUBRIC_FILE, encoding="utf-8")
     return data
 
 
@@ -626,7 +630,9 @@ def test_each_record_and_run_is_an_item_passing_on_min_score(
         ]
     )
     assert "Traceback" not in result.stdout.str()
-    assert len(judge_requests(judge_server)) == 6
+    requests = judge_requests(judge_server)
+    assert len(requests) == 6
+    assert f"Rubric:\n{RUBRIC_FILE.strip()}\n\nScore range" in requests[0]["messages"][1]["content"]
 
 
 def test_items_select_like_tests_and_take_settings_from_ini(
