@@ -99,7 +99,9 @@ class EvalItem(pytest.Item):
             raise EvalFailure(f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", ""))
         reward = result["reward"]
         if reward < threshold:
-            raise EvalFailure(f"reward {reward:.2f} < pass_threshold {threshold:.2f} {where}{resumed}")
+            raise EvalFailure(
+                f"reward {reward:.2f} < pass_threshold {threshold:.2f} {where}{resumed}"
+            )
 
     def repr_failure(
         self, excinfo: ExceptionInfo[BaseException], style: Any = None

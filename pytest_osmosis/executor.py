@@ -25,12 +25,12 @@ class Executor:
     def __init__(self, concurrency: int) -> None:
         self.concurrency = max(1, concurrency)
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._run_loop, name="osmosis-loop", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run_loop, name="osmosis-loop", daemon=True)
         self._thread.start()
         self._lock = threading.Lock()
-        self._queue: collections.OrderedDict[str, tuple[CoroFactory, concurrent.futures.Future[Any]]]
+        self._queue: collections.OrderedDict[
+            str, tuple[CoroFactory, concurrent.futures.Future[Any]]
+        ]
         self._queue = collections.OrderedDict()
         self._futures: dict[str, concurrent.futures.Future[Any]] = {}
         self._running = 0
@@ -83,7 +83,7 @@ class Executor:
         with self._lock:
             self._closed = True
             keys = [k for k, f in self._futures.items() if not f.done()]
-            for key, (_, future) in self._queue.items():
+            for _, future in self._queue.values():
                 future.cancel()
             self._queue.clear()
             running = [f for f in self._futures.values() if not f.done()]

@@ -58,7 +58,9 @@ class EvalPlan:
 def is_eval_config(path: Path) -> bool:
     """``<workspace>/configs/eval/<name>.toml``: the layout every Osmosis workspace has."""
     return (
-        path.suffix == ".toml" and path.parent.name == "eval" and path.parent.parent.name == "configs"
+        path.suffix == ".toml"
+        and path.parent.name == "eval"
+        and path.parent.parent.name == "configs"
     )
 
 
@@ -137,7 +139,7 @@ def run_provenance(plan: EvalPlan) -> dict[str, Any]:
 def choose_run_name(
     plan: EvalPlan, name: str | None, inputs: dict[str, Any], now: datetime, several: bool
 ) -> str:
-    """``--osmosis-name`` (suffixed by the config stem when several configs share it), else generated."""
+    """``--osmosis-name`` (plus the config stem when several configs share it), else generated."""
     from pytest_osmosis.results import inputs_digest
 
     if name:
@@ -152,6 +154,4 @@ def utc_now() -> datetime:
 
 def secret_values(plan: EvalPlan) -> dict[str, str]:
     """Values of ``[secrets].required`` found in the environment (names only ever leave here)."""
-    return {
-        name: os.environ[name] for name in plan.config.secrets.required if os.environ.get(name)
-    }
+    return {name: os.environ[name] for name in plan.config.secrets.required if os.environ.get(name)}

@@ -17,6 +17,9 @@ import pytest
 if TYPE_CHECKING:
     from pytest_osmosis.session import EvalSession
 
+# `pytest --osmosis-rubric DATA.jsonl ...`: rubric checks as test items (its own hooks).
+pytest_plugins = ["pytest_osmosis.rubric_items"]
+
 
 @dataclass(frozen=True)
 class _Option:
@@ -33,40 +36,110 @@ class _Option:
 
 
 OPTIONS = (
-    _Option("eval", "--osmosis-eval", "collect every configs/eval/*.toml under the given paths",
-            is_flag=True, override=False),
-    _Option("model_path", "--osmosis-model", "LiteLLM model id to evaluate (overrides "
-            "experiment.model_path); osmosis/embedded runs the offline SmolLM2", "MODEL"),
+    _Option(
+        "eval",
+        "--osmosis-eval",
+        "collect every configs/eval/*.toml under the given paths",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "model_path",
+        "--osmosis-model",
+        "LiteLLM model id to evaluate (overrides "
+        "experiment.model_path); osmosis/embedded runs the offline SmolLM2",
+        "MODEL",
+    ),
     _Option("limit", "--osmosis-limit", "evaluate the first N rows (<= 0: all rows)", "N"),
     _Option("n", "--osmosis-n", "attempts per row", "N"),
-    _Option("rows", "--osmosis-rows", "dataset rows to evaluate, e.g. 3,7,10-20 "
-            "(overrides the limit)", "SPEC"),
-    _Option("pass_threshold", "--osmosis-pass-threshold",
-            "reward an attempt needs to pass", "REWARD"),
-    _Option("dataset_file", "--osmosis-dataset-file",
-            "local dataset file (.jsonl, .csv, .parquet) instead of data/<dataset>.*", "PATH"),
-    _Option("sample", "--osmosis-sample", "preview the platform's random sampling: evaluate "
-            "this fraction of the selected rows (at least one)", "FRACTION"),
+    _Option(
+        "rows",
+        "--osmosis-rows",
+        "dataset rows to evaluate, e.g. 3,7,10-20 (overrides the limit)",
+        "SPEC",
+    ),
+    _Option(
+        "pass_threshold", "--osmosis-pass-threshold", "reward an attempt needs to pass", "REWARD"
+    ),
+    _Option(
+        "dataset_file",
+        "--osmosis-dataset-file",
+        "local dataset file (.jsonl, .csv, .parquet) instead of data/<dataset>.*",
+        "PATH",
+    ),
+    _Option(
+        "sample",
+        "--osmosis-sample",
+        "preview the platform's random sampling: evaluate "
+        "this fraction of the selected rows (at least one)",
+        "FRACTION",
+    ),
     _Option("seed", "--osmosis-seed", "seed for --osmosis-sample", "SEED"),
-    _Option("concurrency", "--osmosis-concurrency", "work items in flight at once "
-            "(overrides evaluation.batch_size)", "N", override=False),
-    _Option("output", "--osmosis-output", "root of run directories "
-            "(default <workspace>/.osmosis/evals)", "DIR", override=False),
-    _Option("name", "--osmosis-name", "stable run name: running it again resumes", "NAME",
-            override=False),
-    _Option("fresh", "--osmosis-fresh", "archive an existing run of this name and start anew",
-            is_flag=True, override=False),
-    _Option("retry_failed", "--osmosis-retry-failed", "re-run failed and skipped items of a "
-            "named run, keeping successes", is_flag=True, override=False),
-    _Option("report", "--osmosis-report", "write report.html (plots, every attempt's "
-            "trajectory) into each run directory at the end of the session", is_flag=True,
-            override=False),
-    _Option("min_pass_rate", "--osmosis-min-pass-rate", "CI gate: the exit status is 0 when "
-            "every run's pass rate reaches RATE (0..1), else 1", "RATE", override=False),
-    _Option("gate_bound", "--osmosis-gate-bound", "point (default) or wilson: gate on the 95%% "
-            "Wilson lower bound of the pass rate instead", "BOUND", override=False),
-    _Option("max_error_rate", "--osmosis-max-error-rate", "CI gate: workflow/grader errors "
-            "(not low rewards) may be at most this share of scored rows", "RATE", override=False),
+    _Option(
+        "concurrency",
+        "--osmosis-concurrency",
+        "work items in flight at once (overrides evaluation.batch_size)",
+        "N",
+        override=False,
+    ),
+    _Option(
+        "output",
+        "--osmosis-output",
+        "root of run directories (default <workspace>/.osmosis/evals)",
+        "DIR",
+        override=False,
+    ),
+    _Option(
+        "name",
+        "--osmosis-name",
+        "stable run name: running it again resumes",
+        "NAME",
+        override=False,
+    ),
+    _Option(
+        "fresh",
+        "--osmosis-fresh",
+        "archive an existing run of this name and start anew",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "retry_failed",
+        "--osmosis-retry-failed",
+        "re-run failed and skipped items of a named run, keeping successes",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "report",
+        "--osmosis-report",
+        "write report.html (plots, every attempt's "
+        "trajectory) into each run directory at the end of the session",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "min_pass_rate",
+        "--osmosis-min-pass-rate",
+        "CI gate: the exit status is 0 when every run's pass rate reaches RATE (0..1), else 1",
+        "RATE",
+        override=False,
+    ),
+    _Option(
+        "gate_bound",
+        "--osmosis-gate-bound",
+        "point (default) or wilson: gate on the 95%% Wilson lower bound of the pass rate instead",
+        "BOUND",
+        override=False,
+    ),
+    _Option(
+        "max_error_rate",
+        "--osmosis-max-error-rate",
+        "CI gate: workflow/grader errors "
+        "(not low rewards) may be at most this share of scored rows",
+        "RATE",
+        override=False,
+    ),
 )
 
 
@@ -80,18 +153,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("osmosis", "pytest-osmosis: Osmosis evaluations as tests")
     for opt in OPTIONS:
         if opt.is_flag:
-            group.addoption(opt.flag, action="store_true", default=None, dest=f"osmosis_{opt.dest}",
-                            help=opt.help)
-            parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", type="bool",
-                          default=False)
+            group.addoption(
+                opt.flag,
+                action="store_true",
+                default=None,
+                dest=f"osmosis_{opt.dest}",
+                help=opt.help,
+            )
+            parser.addini(
+                opt.ini, f"{opt.help} (ini twin of {opt.flag})", type="bool", default=False
+            )
         else:
-            group.addoption(opt.flag, default=None, metavar=opt.metavar,
-                            dest=f"osmosis_{opt.dest}", help=opt.help)
+            group.addoption(
+                opt.flag,
+                default=None,
+                metavar=opt.metavar,
+                dest=f"osmosis_{opt.dest}",
+                help=opt.help,
+            )
             parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default="")
-    parser.addini("osmosis_workflow", "workflow class as 'module:Class' when the entrypoint "
-                  "has none or several", default="")
-    parser.addini("osmosis_grader", "grader class as 'module:Class' when the entrypoint "
-                  "has none or several", default="")
+    parser.addini(
+        "osmosis_workflow",
+        "workflow class as 'module:Class' when the entrypoint has none or several",
+        default="",
+    )
+    parser.addini(
+        "osmosis_grader",
+        "grader class as 'module:Class' when the entrypoint has none or several",
+        default="",
+    )
 
 
 def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
@@ -228,7 +318,7 @@ class EvalHooks:
         """Controller or single process: open run directories and check the models."""
         if self.session.is_worker:
             workerinput: dict[str, Any] = session.config.workerinput  # type: ignore[attr-defined]
-            self.session.set_run_names(workerinput.get("osmosis_runs", {}))
+            self.session.set_worker_input(workerinput)
             return
         if session.config.option.collectonly:
             return
@@ -292,7 +382,9 @@ class EvalHooks:
         if result.get("error_type"):
             details["error_type"] = result["error_type"]
         run.log.write("info", "result", "work item finished", **details)
-        self.session.config.hook.pytest_osmosis_row_result(config=self.session.config, result=result)
+        self.session.config.hook.pytest_osmosis_row_result(
+            config=self.session.config, result=result
+        )
         if result.get("detail"):
             run.log.write(
                 "error",
@@ -380,13 +472,29 @@ def finalize_run(run: Any, *, cancelled: bool) -> dict[str, Any]:
 
 
 class XdistControllerHooks:
-    """xdist controller only: tell workers which run directory each config writes to."""
+    """xdist controller only: shard the rows across workers and tell them where to write."""
 
     def __init__(self, session: EvalSession) -> None:
         self.session = session
 
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        from pytest_osmosis.xdist import EvalScheduling, dist_was_chosen, per_worker
+
+        if dist_was_chosen(config) or not self.session.runs:
+            return None
+        workers = int(getattr(config.option, "numprocesses", 1) or 1)
+        share = per_worker(self.session.total_concurrency(), workers)
+        attempts = max(run.plan.settings.n for run in self.session.runs.values())
+        return EvalScheduling(config, log, shard_rows=max(1, share // attempts))
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
+        from pytest_osmosis.xdist import dist_was_chosen
+
         node.workerinput["osmosis_runs"] = {
             str(path): run.plan.run_name for path, run in self.session.runs.items()
         }
+        node.workerinput["osmosis_prefetch"] = bool(self.session.runs) and not dist_was_chosen(
+            self.session.config
+        )

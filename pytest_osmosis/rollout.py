@@ -7,7 +7,7 @@ implementations with the same names and behaviour (``pytest_osmosis._sdk_api``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "AgentWorkflow",
@@ -20,6 +20,7 @@ __all__ = [
     "LocalBackend",
     "RolloutContext",
     "RolloutSample",
+    "RubricGrader",
     "SampleSource",
     "USING_OSMOSIS_SDK",
     "get_rollout_context",
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
         SampleSource,
         get_rollout_context,
     )
+    from pytest_osmosis.rubric_grader import RubricGrader
 
     USING_OSMOSIS_SDK: bool
 else:
@@ -77,3 +79,11 @@ else:
         USING_OSMOSIS_SDK = False
     else:
         USING_OSMOSIS_SDK = True
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RubricGrader":  # lazy: rubric_grader subclasses this module's Grader
+        from pytest_osmosis.rubric_grader import RubricGrader
+
+        return RubricGrader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

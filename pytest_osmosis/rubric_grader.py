@@ -76,8 +76,10 @@ class RubricGrader(Grader):
     The reward is the judge's score (clamped to ``[score_min, score_max]``); with a
     ``pass_threshold`` it is 1.0 when the score reaches the threshold and 0.0 otherwise.
     ``judge_model`` names the judge (any LiteLLM id, or ``osmosis/embedded``); left unset,
-    the run's own model judges. The judge's explanation is written to
-    ``rubric_judgement.json`` in the rollout's artifacts.
+    the run's own model judges. Inside a run it is asked for with the
+    ``X-Osmosis-Judge-Model`` header; a bridge that routes every call to the run's model
+    (the SDK's does) answers with that model instead. The judge's explanation is written
+    to ``rubric_judgement.json`` in the rollout's artifacts.
     """
 
     rubric: ClassVar[str | None] = None

@@ -71,7 +71,7 @@ async def execute(
     prepare_artifacts: Callable[[str], Path | None],
     write_trajectory: TrajectoryWriter,
 ) -> dict[str, Any]:
-    """Run ``work`` and return its result as a dict of builtins (it travels to the xdist controller)."""
+    """Run ``work``; the result is a dict of builtins because it travels to the xdist controller."""
     import pytest_osmosis.rollout as api
 
     rollout_id = uuid.uuid4().hex
@@ -95,7 +95,8 @@ async def execute(
                 "rollout_failed",
                 "the row has neither a label nor metadata, so the grader did not run",
             )
-        sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api)
+        with rollout_ctx:  # graders reach the bridge too, as under the SDK's server
+            sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api)
         if sample.remove_sample:
             status = "skipped"
             message = "the rollout removed this sample (remove_sample)"

@@ -33,8 +33,8 @@ from pytest_osmosis.runner import Budgets, WorkItem, execute
 
 if TYPE_CHECKING:
     from pytest_osmosis.bridge import Bridge
-    from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.collect import EvalItem
+    from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.results import RunDirectory, RunLog
 
 
@@ -87,6 +87,7 @@ class EvalSession:
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
         self._prefetched = False
+        self._worker_prefetch = False
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
 
@@ -110,9 +111,10 @@ class EvalSession:
             self._plans[path] = plan
         return self._plans[path]
 
-    def set_run_names(self, names: dict[str, str]) -> None:
-        """Run directory names chosen by the controller (xdist workers only)."""
-        self._run_names.update(names)
+    def set_worker_input(self, workerinput: dict[str, Any]) -> None:
+        """What the xdist controller decided: run directory names, whether shards are ours."""
+        self._run_names.update(workerinput.get("osmosis_runs", {}))
+        self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
@@ -201,17 +203,25 @@ class EvalSession:
         return self._executor
 
     def _concurrency(self) -> int:
+        """Items in flight in this process: the total, split evenly across xdist workers."""
+        total = self.total_concurrency()
+        if self.is_worker:
+            from pytest_osmosis.xdist import per_worker
+
+            workerinput: dict[str, Any] = self.config.workerinput  # type: ignore[attr-defined]
+            return per_worker(total, int(workerinput.get("workercount", 1)))
+        return total
+
+    def total_concurrency(self) -> int:
+        """``--osmosis-concurrency``, else ``batch_size``, capped by what the rollout advertises."""
         if self.options.concurrency:
             return self.options.concurrency
         best = 1
         for plan in self._plans.values():
-            requested = plan.settings.concurrency
             rollout = self._rollouts.get(plan.config_path)
-            capacity = _advertised_capacity(rollout)
-            value = requested or capacity or 1
-            if capacity:
-                value = min(value, capacity)
-            best = max(best, value)
+            limit = _explicit_limit(rollout)
+            value = plan.settings.concurrency or limit or _DEFAULT_CAPACITY
+            best = max(best, min(value, limit) if limit else value)
         return best
 
     def run_item(self, item: EvalItem) -> dict[str, Any]:
@@ -224,6 +234,12 @@ class EvalSession:
             self.executor.concurrency = self._concurrency()
             if not self.is_worker:
                 self._prefetch(item.session.items)
+        if self.is_worker and self._worker_prefetch:
+            # xdist sends this worker whole shards; start what is already queued for it.
+            from pytest_osmosis.xdist import queued_indices
+
+            items = item.session.items
+            self._prefetch([items[i] for i in queued_indices(self.config) if i < len(items)])
         return dict(self.executor.result(item.nodeid, lambda: self._execute(item)))
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
@@ -321,12 +337,17 @@ class EvalSession:
             self._executor = None
 
 
-def _advertised_capacity(rollout: LoadedRollout | None) -> int | None:
-    """What a LocalBackend would advertise on /health: 4 by default, else its config's limit."""
-    if rollout is None:
+_DEFAULT_CAPACITY = 4  # what a default LocalBackend advertises on /health
+
+
+def _explicit_limit(rollout: LoadedRollout | None) -> int | None:
+    """``workflow_config.concurrency.max_concurrent``: a limit the rollout's author set.
+
+    The SDK also caps ``batch_size`` by a default LocalBackend's advertised 4; in process
+    there is no server to protect, so only a limit the author wrote caps ``batch_size``.
+    """
+    if rollout is None or rollout.workflow_config is None:
         return None
-    if rollout.workflow_config is None:
-        return 4
     concurrency = getattr(rollout.workflow_config, "concurrency", None)
     limit = getattr(concurrency, "max_concurrent", None)
     return limit if isinstance(limit, int) and limit > 0 else None

@@ -22,12 +22,13 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
     verdict = session.verdict
     if verdict is not None:
         word = "PASSED" if verdict.passed else "FAILED"
-        terminal.write_sep("=", f"osmosis gate {word}", green=verdict.passed, red=not verdict.passed)
+        terminal.write_sep(
+            "=", f"osmosis gate {word}", green=verdict.passed, red=not verdict.passed
+        )
         for reason in verdict.reasons:
             terminal.write_line(reason)
         terminal.write_line(
-            f"exit status {0 if verdict.passed else 1} is decided by the gate, "
-            "not by single rows"
+            f"exit status {0 if verdict.passed else 1} is decided by the gate, not by single rows"
         )
 
 
@@ -55,9 +56,7 @@ def summary_lines(run: ControllerRun) -> list[str]:
         )
     points = summary.get("pass_at_k")
     if points:
-        lines.append(
-            "pass@k     " + "  ".join(f"pass@{p['k']} {_pct(p['value'])}" for p in points)
-        )
+        lines.append("pass@k     " + "  ".join(f"pass@{p['k']} {_pct(p['value'])}" for p in points))
     duration = eval_run.get("duration_ms")
     lines.append(
         f"tokens     {summary.get('tokens_used', 0)}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 import pytest
 from workspaces import (
     calc_rows,
@@ -220,7 +219,7 @@ def test_xdist_gives_the_same_outcomes(pytester: pytest.Pytester, model_env) -> 
     ]
 
 
-SCAFFOLD = '''
+SCAFFOLD = """
 import os
 from pathlib import Path
 
@@ -249,9 +248,9 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
-CLASSES_ONLY = '''
+CLASSES_ONLY = """
 from pytest_osmosis.rollout import AgentWorkflow, Grader, get_rollout_context, SampleSource, RolloutSample
 
 
@@ -274,7 +273,7 @@ class Workflow(AgentWorkflow):
 class ExactGrader(Grader):
     async def grade(self, ctx):
         ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"] == ctx.label else 0.0)
-'''
+"""
 
 
 @pytest.mark.parametrize("source", [SCAFFOLD, CLASSES_ONLY], ids=["scaffold-main", "classes"])
@@ -296,7 +295,9 @@ def test_ambiguous_rollout_names_candidates_and_the_override(
     source = CLASSES_ONLY + "\n\nclass OtherWorkflow(Workflow):\n    pass\n"
     write_workspace(pytester.path, rollout_source=source)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*several workflow classes (OtherWorkflow, Workflow)*osmosis_workflow*"])
+    result.stdout.fnmatch_lines(
+        ["*several workflow classes (OtherWorkflow, Workflow)*osmosis_workflow*"]
+    )
     pytester.makeini("[pytest]\nosmosis_workflow = Workflow\n")
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
@@ -331,7 +332,5 @@ def _collected(pytester: pytest.Pytester, *args: str, flag: bool = True) -> list
     extra = ["--osmosis-eval"] if flag else []
     result = pytester.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", *extra, *args)
     return [
-        line
-        for line in result.stdout.lines
-        if "::" in line and not line.startswith(("=", " "))
+        line for line in result.stdout.lines if "::" in line and not line.startswith(("=", " "))
     ]

@@ -9,6 +9,9 @@ grades by exact match; a row's metadata can make it misbehave on purpose
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 # In-process pytester runs restore sys.modules afterwards, so anything first imported
 # inside one is imported again by the next. Import LiteLLM once here: it costs 3 s a time,
@@ -16,11 +19,8 @@ import json
 # copy first imported inside a run would leave later runs unable to find pytest11 plugins.
 import importlib_metadata  # noqa: F401
 import litellm  # noqa: F401
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
 
-CALC_ROLLOUT = '''
+CALC_ROLLOUT = """
 import asyncio
 import json
 import math
@@ -78,7 +78,7 @@ class ExactGrader(Grader):
 
 
 backend = LocalBackend(workflow=CalcWorkflow, grader=ExactGrader)
-'''
+"""
 
 
 def toml_text(

@@ -1,0 +1,350 @@
+"""Shared pieces of the benchmarks: workspace generators, a timed subprocess runner, the
+loopback model server, and the printed table.
+
+Every benchmark builds its own workspaces in a temporary directory, runs the things it
+compares one after the other in the same invocation, and prints the measured numbers
+with the ratio against the target of ``../shared/design.md`` §3. Nothing here is imported
+by the plugin or the test suite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL_SERVER = REPO / "tests" / "model_server.py"
+PYTHON = sys.executable
+
+# LiteLLM must never reach the internet (its cost map would otherwise be fetched).
+OFFLINE_ENV = {
+    "LITELLM_OFFLINE_MODE": "true",
+    "HF_HUB_OFFLINE": "1",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+}
+
+# The rollout every eval workspace uses. Its behaviour comes from the environment so one
+# workspace serves the 200 ms run and the 0 ms run alike:
+#   BENCH_MODE   sleep (default): await asyncio.sleep(BENCH_SLEEP); no model call
+#                bridge: one POST through the bridge (shared httpx client, the way a
+#                rollout that cares about cost would write it)
+#   BENCH_SLEEP  seconds to await in sleep mode (0: an instant workflow)
+#   BENCH_COUNT  if set, every workflow execution appends one byte to this file
+ROLLOUT = '''
+import asyncio
+import os
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, get_rollout_context,
+)
+
+MODE = os.environ.get("BENCH_MODE", "sleep")
+SLEEP = float(os.environ.get("BENCH_SLEEP", "0"))
+COUNT = os.environ.get("BENCH_COUNT")
+_client = None
+
+
+async def _ask(prompt):
+    global _client
+    import httpx
+
+    if _client is None:
+        # The plugin runs every workflow on one long-lived loop, so one client is safe.
+        _client = httpx.AsyncClient(timeout=60)
+    rollout = get_rollout_context()
+    response = await _client.post(
+        rollout.chat_completions_url + "/chat/completions",
+        headers={"Authorization": f"Bearer {rollout.api_key}"},
+        json={"model": "bench", "messages": prompt},
+    )
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
+
+
+class BenchWorkflow(AgentWorkflow):
+    async def run(self, ctx):
+        if COUNT:
+            with open(COUNT, "a") as fh:
+                fh.write("x")
+        if MODE == "bridge":
+            answer = await _ask(ctx.prompt)
+        else:
+            if SLEEP:
+                await asyncio.sleep(SLEEP)
+            answer = "ok"
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class BenchGrader(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+backend = LocalBackend(workflow=BenchWorkflow, grader=BenchGrader)
+'''
+
+
+def eval_workspace(
+    root: Path, rows: int, *, batch_size: int = 64, name: str = "bench", row_bytes: int = 0
+) -> Path:
+    """An Osmosis eval workspace with ``rows`` rows; returns its root.
+
+    ``row_bytes`` pads each prompt so rows have roughly that size on disk (0: ~60 bytes).
+    """
+    (root / "configs" / "eval").mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    (root / "rollouts" / name).mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    (root / "configs" / "eval" / f"{name}.toml").write_text(
+        "[experiment]\n"
+        f'rollout = "{name}"\n'
+        'entrypoint = "main.py"\n'
+        'model_path = "openai/bench"\n'
+        f'dataset = "{name}"\n'
+        "[evaluation]\n"
+        f"batch_size = {batch_size}\n"
+        "pass_threshold = 1.0\n"
+        "[secrets]\n"
+        "required = []\n"
+    )
+    with open(root / "data" / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+        for i in range(rows):
+            row = {"user_prompt": f"What is {i} + 1?", "ground_truth": str(i + 1)}
+            if row_bytes:
+                pad = row_bytes - len(json.dumps(row)) - 20
+                if pad > 0:
+                    row["user_prompt"] += " " + "x" * pad
+            fh.write(json.dumps(row) + "\n")
+    (root / "rollouts" / name / "main.py").write_text(ROLLOUT)
+    return root
+
+
+def plain_suite(root: Path, tests: int, *, sleep: float = 0.0) -> Path:
+    """A plain pytest suite: ``tests`` parametrized tests, each sleeping ``sleep`` s."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    body = f"time.sleep({sleep})" if sleep else "pass"
+    (root / "test_plain.py").write_text(
+        "import time\n\nimport pytest\n\n\n"
+        f"@pytest.mark.parametrize('i', range({tests}))\n"
+        f"def test_item(i):\n    {body}\n"
+    )
+    return root
+
+
+@dataclass
+class Run:
+    """One measured subprocess."""
+
+    label: str
+    cmd: list[str]
+    wall: float
+    cpu: float  # user + system seconds of the process and every child it waited for
+    rc: int
+    stdout: str
+    stderr: str
+    maxrss_mb: float | None = None
+
+    @property
+    def pytest_seconds(self) -> float | None:
+        """pytest's own "in X s" (session start to end; no interpreter or plugin start-up)."""
+        found = re.findall(r" in (\d+(?:\.\d+)?)s", self.stdout)
+        return float(found[-1]) if found else None
+
+    def summary_line(self) -> str:
+        lines = [ln for ln in self.stdout.splitlines() if ln.strip()]
+        for line in reversed(lines):
+            if re.search(r"\b(passed|failed|error|no tests ran|deselected|collected)\b", line):
+                return line.strip("= ")
+        return lines[-1] if lines else ""
+
+    def check(self, expect: str | None = None) -> Run:
+        """Fail loudly when the run did not do what the benchmark measures."""
+        ok = self.rc == 0 and (expect is None or expect in self.stdout)
+        if not ok:
+            tail = "\n".join((self.stdout + "\n" + self.stderr).splitlines()[-30:])
+            raise SystemExit(
+                f"benchmark run {self.label!r} failed (rc {self.rc}, expected {expect!r}):\n"
+                f"$ {' '.join(self.cmd)}\n{tail}"
+            )
+        return self
+
+
+def run(
+    label: str,
+    cmd: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    rss: bool = False,
+    timeout: float = 600,
+) -> Run:
+    """Run ``cmd`` to completion; wall time from spawn to exit, CPU from RUSAGE_CHILDREN.
+
+    With ``rss`` the command runs under ``/usr/bin/time -f %M`` so its own peak RSS is
+    reported (RUSAGE_CHILDREN's ru_maxrss is the largest child ever, not a delta).
+    """
+    full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
+    for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONPATH"):
+        full_env.pop(name, None)
+    argv = list(cmd)
+    rss_file = None
+    if rss:
+        rss_file = tempfile.NamedTemporaryFile(prefix="bench-rss-", delete=False)
+        rss_file.close()
+        argv = ["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *argv]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(
+        argv, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    maxrss = None
+    if rss_file is not None:
+        text = Path(rss_file.name).read_text().strip().splitlines()
+        os.unlink(rss_file.name)
+        maxrss = int(text[-1]) / 1024 if text and text[-1].isdigit() else None
+    return Run(label, list(cmd), wall, cpu, proc.returncode, proc.stdout, proc.stderr, maxrss)
+
+
+def pytest_cmd(*args: str) -> list[str]:
+    return [PYTHON, "-m", "pytest", "-p", "no:cacheprovider", *args]
+
+
+def osmosis_cmd(*args: str, output: Path | None = None) -> list[str]:
+    extra = ["--osmosis-output", str(output)] if output is not None else []
+    return pytest_cmd("--osmosis-eval", "-q", *extra, *args)
+
+
+def metrics_of(output: Path) -> dict[str, Any]:
+    """metrics.json of the single run directory under ``output``."""
+    runs = [p for p in output.iterdir() if not p.name.startswith(".")]
+    if len(runs) != 1:
+        raise SystemExit(f"expected one run directory under {output}, found {runs}")
+    return dict(json.loads((runs[0] / "metrics.json").read_text()))
+
+
+def duration_s(metrics: dict[str, Any]) -> float | None:
+    """metrics.json duration (this invocation, from pytest_sessionstart to finalize)."""
+    for where in (metrics, metrics.get("summary", {}), metrics.get("run", {})):
+        if isinstance(where, dict) and isinstance(where.get("duration_ms"), (int, float)):
+            return float(where["duration_ms"]) / 1000.0
+    return None
+
+
+@contextlib.contextmanager
+def model_server(delay: float) -> Iterator[dict[str, str]]:
+    """Start ``tests/model_server.py`` as its own process; yields the env that points at it.
+
+    It is a separate process so its CPU never lands in a measured run's RUSAGE_CHILDREN
+    delta (it is only reaped after every measurement).
+    """
+    proc = subprocess.Popen(
+        [PYTHON, str(MODEL_SERVER), "--port", "0", "--delay", str(delay)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise SystemExit(f"model server did not start (said {url!r})")
+        yield {
+            "OPENAI_API_BASE": url,
+            "OPENAI_BASE_URL": url,
+            "OPENAI_API_KEY": "sk-bench-model-server",
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def tempdir(prefix: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix=prefix) as name:
+        yield Path(name)
+
+
+def loadavg() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f}/{five:.2f} (1/5 min), {os.cpu_count()} cpus"
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+@dataclass
+class Check:
+    """One target: the measured value, the limit, and the ratio that is compared."""
+
+    name: str
+    measured: str
+    target: str
+    ratio: float
+    limit: float
+    higher_is_better: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.ratio >= self.limit if self.higher_is_better else self.ratio <= self.limit
+
+
+def print_runs(runs: Sequence[Run]) -> None:
+    print(f"{'run':44} {'wall s':>8} {'cpu s':>8} {'pytest s':>9}  summary")
+    for r in runs:
+        ps = r.pytest_seconds
+        pst = f"{ps:9.2f}" if ps is not None else f"{'-':>9}"
+        print(f"{r.label[:44]:44} {r.wall:8.2f} {r.cpu:8.2f} {pst}  {r.summary_line()[:60]}")
+
+
+def print_checks(title: str, checks: Sequence[Check]) -> None:
+    print(f"\n== {title} ==")
+    for c in checks:
+        sign = ">=" if c.higher_is_better else "<="
+        verdict = "MET" if c.ok else "MISSED"
+        print(f"{c.name}: {c.measured}")
+        print(f"    ratio {c.ratio:.3f} (target {sign} {c.limit:g}: {c.target}) -> {verdict}")
+        for note in c.notes:
+            print(f"    {note}")
+
+
+def as_json(checks: Sequence[Check]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": c.name,
+            "measured": c.measured,
+            "target": c.target,
+            "ratio": c.ratio,
+            "limit": c.limit,
+            "higher_is_better": c.higher_is_better,
+            "ok": c.ok,
+            "notes": c.notes,
+        }
+        for c in checks
+    ]
+
+
+def finish(title: str, checks: Sequence[Check], json_path: str | None) -> None:
+    print_checks(title, checks)
+    if json_path:
+        Path(json_path).write_text(json.dumps(as_json(checks), indent=2))

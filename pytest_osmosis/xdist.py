@@ -1,0 +1,55 @@
+"""xdist without double spending: whole shards of rows go to one worker.
+
+xdist's default ``load`` distribution hands items to whichever worker is free, so a
+worker cannot know which items it will run next and must run them one at a time. Our
+scheduler groups an eval config's items into shards of consecutive rows and sends each
+shard to one worker (it is ``loadscope`` with our own scopes); a worker then starts every
+item already queued for it ahead of time, and no row is ever run by two workers.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+_ROW = re.compile(r"::row_(\d+)_run_\d+$")
+
+
+class EvalScheduling(LoadScopeScheduling):
+    """``loadscope`` whose scopes are shards of ``shard_rows`` consecutive dataset rows."""
+
+    def __init__(self, config: pytest.Config, log: Any, shard_rows: int) -> None:
+        super().__init__(config, log)
+        self.shard_rows = max(1, shard_rows)
+
+    def _split_scope(self, nodeid: str) -> str:
+        match = _ROW.search(nodeid)
+        if match is None:
+            return super()._split_scope(nodeid)
+        return f"{nodeid[: match.start()]}::shard{int(match.group(1)) // self.shard_rows}"
+
+
+def dist_was_chosen(config: pytest.Config) -> bool:
+    """True when the user named a distribution; we only replace xdist's default."""
+    return any(
+        arg == "--dist" or arg.startswith("--dist=") for arg in config.invocation_params.args
+    )
+
+
+def per_worker(total: int, workers: int) -> int:
+    """``--osmosis-concurrency`` is the total across workers, so each gets its share."""
+    return max(1, math.ceil(total / max(1, workers)))
+
+
+def queued_indices(config: pytest.Config) -> list[int]:
+    """Indices of the items xdist has already sent to this worker and not yet run."""
+    for plugin in config.pluginmanager.get_plugins():
+        torun = getattr(plugin, "torun", None)
+        if type(plugin).__name__ == "WorkerInteractor" and torun is not None:
+            with torun.lock() as queue:
+                return [i for i in queue if isinstance(i, int)]
+    return []

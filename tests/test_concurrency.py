@@ -1,0 +1,127 @@
+"""Many rows in flight: overlap, xdist sharding without double spending, stopping early."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from workspaces import calc_rows, read_index, write_workspace
+
+ROWS = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(16)])
+
+
+@pytest.fixture
+def slow_model(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    model_server.delay = 0.4
+    for key, value in model_server.env().items():
+        monkeypatch.setenv(key, value)
+    return model_server
+
+
+def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8})
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=16)
+    # The preflight is alone; then eight rows wait on the model at once, never more.
+    assert slow_model.peak_in_flight == 8
+    assert slow_model.requests_total == 16 + 1
+
+
+def test_command_line_concurrency_overrides_batch_size(
+    pytester: pytest.Pytester, slow_model
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 8})
+    result = pytester.runpytest(
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-concurrency", "3"
+    )
+    result.assert_outcomes(passed=6)
+    assert slow_model.peak_in_flight == 3
+
+
+def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, slow_model) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8, "n": 2})
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=32)
+    bodies = [b for b in slow_model.bodies if b["messages"][-1]["content"] != "hi"]
+    questions = [b["messages"][-1]["content"] for b in bodies]
+    # Every (row, attempt) reached the model exactly once: 16 rows x 2 attempts.
+    assert len(questions) == 32 and all(questions.count(q) == 2 for q in set(questions))
+    # The total concurrency is shared by the workers, and both kept rows in flight.
+    assert 4 < slow_model.peak_in_flight <= 8
+    runs = list((pytester.path / ".osmosis" / "evals").iterdir())
+    rows = read_index(next(p for p in runs if not p.name.startswith(".")))
+    assert [(r["row_index"], r["run_index"]) for r in rows] == [
+        (r, n) for r in range(16) for n in range(2)
+    ]
+
+
+def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes(
+    pytester: pytest.Pytester, slow_model
+) -> None:  # type: ignore[no-untyped-def]
+    rows = [dict(r) for r in ROWS[:10]]
+    rows[1]["ground_truth"] = "wrong"
+    write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 4})
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "stop")
+    result = pytester.runpytest(*args, "-x")
+    result.assert_outcomes(passed=1, failed=1)
+    run_dir = pytester.path / ".osmosis" / "evals" / "stop"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "incomplete"
+    recorded = {(r["row_index"], r["run_index"]) for r in read_index(run_dir)}
+    assert recorded == {(0, 0), (1, 0)}  # in-flight rows 2..3 were cancelled, not failed
+    before = slow_model.requests_total
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=9, failed=1)
+    assert slow_model.requests_total - before == 8 + 1  # exactly the eight pending rows
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "finished"
+    assert sum(1 for r in read_index(run_dir) if r.get("resumed")) == 2
+
+
+def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
+    pytester: pytest.Pytester, slow_model, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    slow_model.delay = 1.0
+    write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 2})
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--osmosis-eval",
+            "-p",
+            "no:cacheprovider",
+            "--osmosis-name",
+            "sig",
+        ],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    run_dir = pytester.path / ".osmosis" / "evals" / "sig"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        events = run_dir / "events.jsonl"
+        if events.exists() and len(events.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out.decode()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "incomplete"
+    done = len(read_index(run_dir))
+    assert 3 <= done < 16
+    before = slow_model.requests_total
+    slow_model.delay = 0.0
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "sig")
+    result.assert_outcomes(passed=16)
+    assert slow_model.requests_total - before == (16 - done) + 1
