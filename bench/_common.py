@@ -240,7 +240,7 @@ def metrics_of(output: Path) -> dict[str, Any]:
 
 def duration_s(metrics: dict[str, Any]) -> float | None:
     """metrics.json duration (this invocation, from pytest_sessionstart to finalize)."""
-    for where in (metrics, metrics.get("summary", {}), metrics.get("run", {})):
+    for where in (metrics.get("eval_run", {}), metrics, metrics.get("summary", {})):
         if isinstance(where, dict) and isinstance(where.get("duration_ms"), (int, float)):
             return float(where["duration_ms"]) / 1000.0
     return None

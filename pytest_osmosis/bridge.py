@@ -32,8 +32,22 @@ logger = logging.getLogger(__name__)
 EMBEDDED_MODEL_PATH = "osmosis/embedded"
 
 # Only these request fields reach the provider: the rollout must not be able to
-# change the model, the credentials or the endpoint the user configured.
-_FORWARDED = ("messages", "temperature", "top_p", "max_tokens", "tools", "tool_choice")
+# change the model, the credentials or the endpoint the user configured. Beyond the
+# contract's five, these are inference fields osmosis-ai 0.3.8's bridge also forwards and
+# the SDK's agent integrations send (structured output, stop words, newer token limits).
+_FORWARDED = (
+    "messages",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "tools",
+    "tool_choice",
+    "max_completion_tokens",
+    "stop",
+    "response_format",
+    "parallel_tool_calls",
+    "reasoning_effort",
+)
 
 # Contract §5.5: these LiteLLM exceptions mean the configuration is wrong, not flaky.
 _PREFLIGHT_FATAL = frozenset(
@@ -154,6 +168,21 @@ def _usage(response: Any) -> dict[str, int] | None:
     }
 
 
+def _call_metrics(response: Any, usage: dict[str, int] | None) -> dict[str, int]:
+    """One call's entry for the trajectory, named as the SDK's ``LlmCallMetrics``."""
+    if usage is None:
+        return {}
+    entry = {
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"],
+    }
+    details = getattr(getattr(response, "usage", None), "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None)
+    if isinstance(cached, int) and not isinstance(cached, bool):
+        entry["cached_tokens"] = cached
+    return entry
+
+
 def _payload(
     response: Any, model: str, usage: dict[str, int] | None, *, stream: bool
 ) -> dict[str, Any]:
@@ -216,6 +245,7 @@ class Bridge:
         self._api_key = secrets.token_hex(16)
         self._auth = f"Bearer {self._api_key}".encode()
         self._tokens: dict[str, int | None] = {}
+        self._calls: dict[str, list[dict[str, int]]] = {}
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self._base = ""
@@ -258,12 +288,23 @@ class Bridge:
             raise ValueError(f"rollout id must be one URL path segment, got {rollout_id!r}")
         with self._lock:
             self._tokens.setdefault(rollout_id, None)
+            self._calls.setdefault(rollout_id, [])
         return f"{self.base_url}/v1/rollouts/{rollout_id}", self._api_key
 
     def close_rollout(self, rollout_id: str) -> int | None:
         """Stop serving `rollout_id` and return its token total (None: no usage seen)."""
         with self._lock:
+            self._calls.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
+
+    def call_usage(self, rollout_id: str) -> list[dict[str, int]]:
+        """Per-call token counts served for `rollout_id` so far, in the order they completed.
+
+        One entry per successful call (``{}`` when the provider reported no usage), so the
+        count still lines up with the trajectory's agent steps.
+        """
+        with self._lock:
+            return [dict(entry) for entry in self._calls.get(rollout_id, ())]
 
     # ----------------------------------------------------------------- preflight
 
@@ -360,7 +401,7 @@ class Bridge:
             logger.warning("osmosis bridge: model call failed: %s", detail)
             return _json_error(502, detail)
         usage = _usage(response)
-        self._account(rollout_id, usage)
+        self._account(rollout_id, usage, _call_metrics(response, usage))
         return web.Response(
             body=json.dumps(_payload(response, echo, usage, stream=False)).encode(),
             content_type="application/json",
@@ -378,8 +419,14 @@ class Bridge:
             raise RuntimeError("the model returned no choices")
         return response
 
-    def _account(self, rollout_id: str, usage: dict[str, int] | None) -> None:
+    def _account(
+        self, rollout_id: str, usage: dict[str, int] | None, call: dict[str, int]
+    ) -> None:
         self.calls += 1
+        with self._lock:
+            calls = self._calls.get(rollout_id)
+            if calls is not None:
+                calls.append(call)
         if usage is None:
             return
         total = usage["total_tokens"]
@@ -420,7 +467,7 @@ class Bridge:
             await response.write(f"event: error\ndata: {json.dumps(error)}\n\n".encode())
         else:
             usage = _usage(result)
-            self._account(rollout_id, usage)
+            self._account(rollout_id, usage, _call_metrics(result, usage))
             chunk = json.dumps(_payload(result, echo, usage, stream=True))
             await response.write(f"data: {chunk}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")

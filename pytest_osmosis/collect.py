@@ -53,6 +53,11 @@ class EvalConfigFile(pytest.File):
                 dataset=experiment.dataset,
             )
         )
+        backstop = _backstop_seconds(plan, self.config)
+        if backstop is not None:
+            # pytest-timeout catches code that blocks the loop (where our budgets cannot
+            # fire). Signal method only: the thread method kills the process and its results.
+            self.add_marker(pytest.mark.timeout(backstop, method="signal", func_only=True))
         sources = plan.dataset.selected_source_rows
         n = plan.settings.n
         for row_index, source in enumerate(sources):
@@ -113,6 +118,22 @@ class EvalItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, 0, self.name
+
+
+def _backstop_seconds(plan: EvalPlan, config: pytest.Config) -> float | None:
+    """Both budgets plus a grace, when both are bounded and SIGALRM exists."""
+    import signal
+
+    settings = plan.settings
+    if settings.agent_timeout_s is None or settings.grader_timeout_s is None:
+        return None
+    if not hasattr(signal, "SIGALRM") or not config.pluginmanager.hasplugin("timeout"):
+        return None
+    try:
+        grace = float(config.getini("osmosis_backstop_grace") or 30)
+    except ValueError:
+        raise pytest.UsageError("osmosis_backstop_grace: must be a number of seconds") from None
+    return settings.agent_timeout_s + settings.grader_timeout_s + grace
 
 
 SESSION_KEY = pytest.StashKey["EvalSession"]()

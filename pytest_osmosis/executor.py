@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import sys
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
@@ -68,11 +69,37 @@ class Executor:
                 self._running += 1
         if entry is not None:
             self._launch(*entry)
-        try:
-            return future.result()
-        finally:
-            with self._lock:
-                self._futures.pop(key, None)
+        result = future.result()  # an exception here (e.g. a backstop) keeps the future
+        with self._lock:
+            self._futures.pop(key, None)
+        return result
+
+    def abandon(self, key: str) -> None:
+        """Give up on ``key``: cancel it (if its code ever yields) and forget it."""
+        with self._lock:
+            future = self._futures.pop(key, None)
+            self._queue.pop(key, None)
+        if future is not None:
+            future.cancel()
+
+    def blocker(self) -> tuple[str, Any] | None:
+        """Where the loop thread is right now, when a synchronous call is blocking it.
+
+        Returns a description naming the work item (the runner's ``work`` variable) and the
+        innermost frame, and the work item itself, so a session stalled by one row's
+        ``time.sleep`` says which row it was.
+        """
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        if frame is None:
+            return None
+        innermost = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        while frame is not None:
+            work = frame.f_locals.get("work")
+            if work is not None and hasattr(work, "run_index"):
+                where = f"row {getattr(work, 'source_row_index', '?')} run {work.run_index}"
+                return f"{where} is blocking the event loop at {innermost}", work
+            frame = frame.f_back
+        return None
 
     def in_flight(self) -> int:
         with self._lock:

@@ -218,16 +218,28 @@ def _backend_classes() -> list[type[Any]]:
 
 @contextlib.contextmanager
 def _capture_backends(found: list[Any], *, stop: bool) -> Iterator[None]:
-    """Record every LocalBackend constructed inside the block (and stop there if asked)."""
+    """Record every LocalBackend constructed inside the block (and stop there if asked).
+
+    Only outermost constructions count: a ``"main:MyWorkflow"`` string makes the backend
+    import ``main`` again while it is being built, and that copy's own module-level
+    backend is the SDK's side effect of the re-import, not a second backend of the rollout.
+    """
     import pytest_osmosis.rollout  # noqa: F401  (imports the SDK when present)
 
     originals: dict[type[Any], Any] = {}
+    depth = threading.local()
 
     def wrap(cls: type[Any], original: Any) -> Any:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            original(self, *args, **kwargs)
-            if type(self) is cls or isinstance(self, cls):
-                found.append(self)
+            level = getattr(depth, "value", 0)
+            depth.value = level + 1
+            try:
+                original(self, *args, **kwargs)
+            finally:
+                depth.value = level
+            if level:
+                return
+            found.append(self)
             if stop:
                 raise _BackendBuilt
 

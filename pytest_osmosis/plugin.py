@@ -173,6 +173,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             )
             parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default="")
     parser.addini(
+        "osmosis_backstop_grace",
+        "seconds beyond both budgets before pytest-timeout stops a row blocking the loop",
+        default="30",
+    )
+    parser.addini(
         "osmosis_workflow",
         "workflow class as 'module:Class' when the entrypoint has none or several",
         default="",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import math
 import time
 import traceback
@@ -28,6 +29,8 @@ class BridgeLike(Protocol):
     def open_rollout(self, rollout_id: str) -> tuple[str, str]: ...
 
     def close_rollout(self, rollout_id: str) -> int | None: ...
+
+    def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,12 @@ class _PhaseFailed(Exception):
         self.detail = detail
 
 
-TrajectoryWriter = Callable[[str, Any, WorkItem], bool]
+TrajectoryWriter = Callable[..., bool]
+"""``(rollout_id, sample, work[, step_usage])``: writes the trajectory, True when written.
+
+``step_usage`` (the workflow's model calls through the bridge, one mapping per call in
+order) is passed only to writers that declare that parameter.
+"""
 
 
 async def execute(
@@ -79,6 +87,7 @@ async def execute(
     url, api_key = bridge.open_rollout(rollout_id)
     artifacts_dir = prepare_artifacts(rollout_id)
     sample: Any = None
+    step_usage: list[dict[str, int]] = []
     status, reward, error_type, message, detail = "failed", None, None, "", ""
     try:
         rollout_ctx = api.RolloutContext(
@@ -86,6 +95,8 @@ async def execute(
         )
         with rollout_ctx:
             sample = await _workflow_phase(work, rollout, rollout_ctx, artifacts_dir, budgets, api)
+        # Taken before grading: a judge's calls are not steps of the sample's conversation.
+        step_usage = bridge.call_usage(rollout_id)
         if rollout.grader_cls is None:
             raise _PhaseFailed(
                 "rollout_failed", "the rollout has no grader, so no reward was given"
@@ -95,7 +106,10 @@ async def execute(
                 "rollout_failed",
                 "the row has neither a label nor metadata, so the grader did not run",
             )
-        with rollout_ctx:  # graders reach the bridge too, as under the SDK's server
+        # Graders reach the bridge too (a judge model). The context is a fresh one: the SDK's
+        # LocalBackend leaves none active while grading, so a grader that builds its own
+        # agent session must not collide with the workflow's registered sample source.
+        with api.RolloutContext(chat_completions_url=url, api_key=api_key, rollout_id=rollout_id):
             sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api)
         if sample.remove_sample:
             status = "skipped"
@@ -103,13 +117,16 @@ async def execute(
         else:
             status, reward = "success", float(sample.reward)
     except _PhaseFailed as failure:
+        # No reward on a failure, even one the grader set before failing: the SDK's server
+        # nulls the wire reward of every non-success result (0.3.8 `_handle_rollout`).
         error_type, message, detail = failure.error_type, failure.message, failure.detail
-        if sample is not None and sample.reward is not None and not sample.remove_sample:
-            reward = float(sample.reward)
     tokens = bridge.close_rollout(rollout_id)
     has_trajectory = False
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
-        has_trajectory = write_trajectory(rollout_id, sample, work)
+        if _accepts_step_usage(write_trajectory):
+            has_trajectory = write_trajectory(rollout_id, sample, work, step_usage=step_usage)
+        else:
+            has_trajectory = write_trajectory(rollout_id, sample, work)
     duration_ms = (time.monotonic() - started) * 1000.0
     result: dict[str, Any] = {
         "row_index": work.row_index,
@@ -128,6 +145,14 @@ async def execute(
         "passed": status == "success" and reward is not None and reward >= pass_threshold,
     }
     return result
+
+
+def _accepts_step_usage(writer: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(writer).parameters
+    except (TypeError, ValueError):
+        return False
+    return "step_usage" in parameters
 
 
 async def _workflow_phase(
@@ -205,17 +230,22 @@ async def _grader_phase(
 
 async def _phase(name: str, body: Callable[[], Awaitable[Any]], budget: float | None) -> Any:
     """Run one phase in its own task so its budget can cancel it without touching ours."""
+    started = time.monotonic()
     task = asyncio.ensure_future(body())
     try:
         done, _ = await asyncio.wait({task}, timeout=budget)
     except asyncio.CancelledError:
         task.cancel()
         raise
+    expired = f"{name} timeout after {_seconds(budget)} s"
     if task not in done:
         task.cancel()
         # Give a cooperative phase a moment to unwind; one that swallows the cancel is abandoned.
         await asyncio.wait({task}, timeout=1.0)
-        raise _PhaseFailed(f"{name}_timeout", f"{name} timeout after {_seconds(budget)} s")
+        raise _PhaseFailed(f"{name}_timeout", expired)
+    if budget is not None and time.monotonic() - started > budget:
+        # Synchronous code blocked the loop past the budget and then returned: still a timeout.
+        raise _PhaseFailed(f"{name}_timeout", f"{expired} (it blocked the event loop)")
     exc = task.exception()
     if exc is None:
         return task.result()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -240,7 +241,47 @@ class EvalSession:
 
             items = item.session.items
             self._prefetch([items[i] for i in queued_indices(self.config) if i < len(items)])
-        return dict(self.executor.result(item.nodeid, lambda: self._execute(item)))
+        factory = lambda: self._execute(item)  # noqa: E731
+        try:
+            return dict(self.executor.result(item.nodeid, factory))
+        except pytest.fail.Exception as exc:
+            if not str(exc).startswith("Timeout"):
+                raise
+            blocker = self.executor.blocker()
+            if blocker is not None and (blocker[1].row_index, blocker[1].run_index) != item.key:
+                # Another row blocks the loop; it is the one that fails. This one waits on.
+                warnings.warn(
+                    f"{item.nodeid} waits past its backstop: {blocker[0]}",
+                    pytest.PytestWarning,
+                    stacklevel=1,
+                )
+                return dict(self.executor.result(item.nodeid, factory))
+            self.executor.abandon(item.nodeid)
+            return self._backstop_result(item, str(exc), blocker[0] if blocker else None)
+
+    def _backstop_result(self, item: EvalItem, why: str, blocker: str | None) -> dict[str, Any]:
+        """pytest-timeout fired while this item waited: its own code blocked the event loop."""
+        import uuid
+
+        message = why.split(" from pytest-timeout")[0].rstrip(".")
+        message = f"backstop {message[0].lower()}{message[1:]}: " + (
+            blocker or "the event loop did not answer"
+        )
+        return {
+            "row_index": item.row_index,
+            "run_index": item.run_index,
+            "source_row_index": item.source_row_index,
+            "rollout_id": uuid.uuid4().hex,
+            "status": "failed",
+            "reward": None,
+            "tokens": None,
+            "duration_ms": 0.0,
+            "error_type": "backstop_timeout",
+            "message": message,
+            "detail": "",
+            "pass_threshold": item.parent.plan.settings.pass_threshold,
+            "passed": False,
+        }
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
         from pytest_osmosis.collect import EvalItem

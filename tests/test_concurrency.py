@@ -125,3 +125,48 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "sig")
     result.assert_outcomes(passed=16)
     assert slow_model.requests_total - before == (16 - done) + 1
+
+
+BLOCKING = '''
+import time
+
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+
+
+class Blocking(AgentWorkflow):
+    async def run(self, ctx):
+        if "block" in ctx.prompt[-1]["content"]:
+            time.sleep(6)  # synchronous: the event loop cannot cancel this
+        return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
+
+
+class Always(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+backend = LocalBackend(workflow=Blocking, grader=Always)
+'''
+
+
+def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
+    pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    for key, value in model_server.env().items():
+        monkeypatch.setenv(key, value)
+    rows = calc_rows([("fine", "x"), ("please block", "x"), ("fine too", "x")])
+    write_workspace(
+        pytester.path,
+        rows=rows,
+        rollout_source=BLOCKING,
+        evaluation={"agent_workflow_timeout_s": 0.5, "grader_timeout_s": 0.5, "batch_size": 1},
+    )
+    pytester.makeini("[pytest]\nosmosis_backstop_grace = 1\n")
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*backstop_timeout: backstop timeout (>2.0s): row 1 run 0 is blocking the event loop at *main.py:10 in run*",
+            "*row_2_run_0 waits past its backstop: row 1 run 0 is blocking the event loop*",
+        ]
+    )

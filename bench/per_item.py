@@ -1,0 +1,94 @@
+"""Benchmark 4 — per-item overhead (issue 4 §7, design.md §3).
+
+An instant workflow and grader over N work items, against a plain pytest suite with the
+same number of trivial tests (``@pytest.mark.parametrize`` over ``range(N)``, body
+``pass``). Target: the plugin's cost per item <= 1.5 x pytest's own cost per test.
+
+Start-up is removed by running each side twice, at N and at 1 item:
+
+    per item = (wall(N) - wall(1)) / (N - 1)
+
+so the plugin's fixed costs (LiteLLM import, model preflight, run directory) are not
+counted; collection, the protocol, the workflow/grader and the results files are. The
+same is printed for CPU time (``RUSAGE_CHILDREN``), which the other agents' load on the
+machine disturbs less than wall time.
+
+    python bench/per_item.py [--items 2000] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import _common as c
+
+
+def measure(items: int, repeat: int) -> dict[str, dict[int, list[c.Run]]]:
+    runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "pytest": {}}
+    with c.tempdir("bench-per-item-") as tmp, c.model_server(0.0) as env:
+        evals = {n: c.eval_workspace(tmp / f"ws{n}", n) for n in (items, 1)}
+        plains = {n: c.plain_suite(tmp / f"plain{n}", n) for n in (items, 1)}
+        for i in range(repeat):
+            for n in (items, 1):
+                r = c.run(
+                    f"plugin {n} instant items #{i + 1}",
+                    c.osmosis_cmd(output=tmp / f"out-{n}-{i}"),
+                    cwd=evals[n],
+                    env={**env, "BENCH_SLEEP": "0"},
+                ).check(f"{n} passed")
+                runs["plugin"].setdefault(n, []).append(r)
+                p = c.run(
+                    f"plain pytest {n} trivial tests #{i + 1}",
+                    c.pytest_cmd("-q"),
+                    cwd=plains[n],
+                ).check(f"{n} passed")
+                runs["pytest"].setdefault(n, []).append(p)
+    return runs
+
+
+def per_item(runs: dict[int, list[c.Run]], items: int, what: str) -> float:
+    big = min(getattr(r, what) for r in runs[items])
+    one = min(getattr(r, what) for r in runs[1])
+    return (big - one) / (items - 1) * 1000
+
+
+def checks(items: int, runs: dict[str, dict[int, list[c.Run]]]) -> list[c.Check]:
+    ours_wall = per_item(runs["plugin"], items, "wall")
+    base_wall = per_item(runs["pytest"], items, "wall")
+    ours_cpu = per_item(runs["plugin"], items, "cpu")
+    base_cpu = per_item(runs["pytest"], items, "cpu")
+    start_ours = min(r.wall for r in runs["plugin"][1])
+    start_base = min(r.wall for r in runs["pytest"][1])
+    return [
+        c.Check(
+            "per-item overhead",
+            f"plugin {ours_wall:.3f} ms/item vs plain pytest {base_wall:.3f} ms/test "
+            f"(wall, {items} vs 1 item)",
+            "plugin per-item wall <= 1.5 x pytest per-test wall",
+            ours_wall / base_wall,
+            1.5,
+            notes=[
+                f"CPU per item: plugin {ours_cpu:.3f} ms vs pytest {base_cpu:.3f} ms -> ratio "
+                f"{ours_cpu / base_cpu:.3f}",
+                f"start-up (1 item): plugin {start_ours:.2f} s, plain pytest {start_base:.2f} s",
+                "min over repeats of each (size, side) before taking differences",
+            ],
+        )
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--items", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--json", help="also write the checks to this file")
+    args = parser.parse_args()
+    print(f"per-item overhead: {c.loadavg()}")
+    runs = measure(args.items, args.repeat)
+    c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
+    print(f"after: {c.loadavg()}")
+    c.finish("benchmark 4: per-item overhead", checks(args.items, runs), args.json)
+
+
+if __name__ == "__main__":
+    main()

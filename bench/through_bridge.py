@@ -1,0 +1,155 @@
+"""Benchmark 2 — through the bridge (issue 4 §7, design.md §3).
+
+The same 1,000 items, each making one real model call through the plugin's loopback
+bridge (``httpx`` POST to ``get_rollout_context().chat_completions_url``) to the loopback
+model server answering after 200 ms, against ``litellm.acompletion`` called directly
+at the same concurrency (64) in a separate process. Target: CPU per call <= 1.3 x
+LiteLLM's.
+
+CPU is ``getrusage(RUSAGE_CHILDREN)`` user+sys around each subprocess; the model server
+is its own long-lived process and is never in a delta. Fixed costs (interpreter, LiteLLM
+import, pytest start-up, preflight) are removed by running each side at two sizes:
+
+    CPU per call = (CPU(N) - CPU(N_small)) / (N - N_small)   (same for wall -> calls/s)
+
+The total CPU divided by N is printed too. The direct script also times its call phase
+in-process (``time.process_time``), a third view of LiteLLM's own cost.
+
+    python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import _common as c
+
+DIRECT = '''
+import asyncio, json, sys, time
+
+n, concurrency = int(sys.argv[1]), int(sys.argv[2])
+t0, c0 = time.perf_counter(), time.process_time()
+import litellm
+
+litellm.suppress_debug_info = True
+
+
+async def main():
+    # One call first, as the plugin's preflight makes one.
+    await litellm.acompletion(model="openai/bench", messages=[{"role": "user", "content": "hi"}],
+                              max_tokens=256, drop_params=True)
+    t1, c1 = time.perf_counter(), time.process_time()
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i):
+        async with gate:
+            r = await litellm.acompletion(
+                model="openai/bench",
+                messages=[{"role": "user", "content": f"What is {i} + 1?"}],
+                drop_params=True,
+            )
+            assert r.choices[0].message.content == str(i + 1), r
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    t2, c2 = time.perf_counter(), time.process_time()
+    print(json.dumps({"calls": n, "setup_s": t1 - t0, "setup_cpu": c1 - c0,
+                      "phase_s": t2 - t1, "phase_cpu": c2 - c1}))
+
+
+asyncio.run(main())
+'''
+
+
+def measure(items: int, small: int, batch: int, repeat: int) -> dict[str, dict[int, list[c.Run]]]:
+    runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}}
+    with c.tempdir("bench-bridge-") as tmp, c.model_server(0.2) as env:
+        ws_by_n = {n: c.eval_workspace(tmp / f"ws{n}", n, batch_size=batch) for n in (items, small)}
+        script = tmp / "direct.py"
+        script.write_text(DIRECT)
+        for i in range(repeat):
+            for n in (items, small):
+                out = tmp / f"out-{n}-{i}"
+                r = c.run(
+                    f"plugin via bridge, {n} calls #{i + 1}",
+                    c.osmosis_cmd(output=out),
+                    cwd=ws_by_n[n],
+                    env={**env, "BENCH_MODE": "bridge"},
+                ).check(f"{n} passed")
+                runs["plugin"].setdefault(n, []).append(r)
+                d = c.run(
+                    f"litellm.acompletion direct, {n} calls #{i + 1}",
+                    [c.PYTHON, str(script), str(n), str(batch)],
+                    cwd=tmp,
+                    env=env,
+                ).check('"calls"')
+                runs["litellm"].setdefault(n, []).append(d)
+    return runs
+
+
+def _phase(r: c.Run) -> dict[str, float]:
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> list[c.Check]:
+    per: dict[str, dict[str, float]] = {}
+    for side, by_n in runs.items():
+        big, little = by_n[items], by_n[small]
+        cpu_big, cpu_small = min(r.cpu for r in big), min(r.cpu for r in little)
+        wall_big, wall_small = min(r.wall for r in big), min(r.wall for r in little)
+        per[side] = {
+            "marginal_cpu_ms": (cpu_big - cpu_small) / (items - small) * 1000,
+            "total_cpu_ms": cpu_big / items * 1000,
+            "marginal_rate": (items - small) / max(wall_big - wall_small, 1e-9),
+            "overall_rate": items / wall_big,
+            "wall": wall_big,
+            "cpu": cpu_big,
+        }
+    phases = [_phase(r) for r in runs["litellm"][items]]
+    phase_cpu_ms = min(p["phase_cpu"] for p in phases) / items * 1000
+    phase_rate = max(items / p["phase_s"] for p in phases)
+    ours, theirs = per["plugin"], per["litellm"]
+    ideal_rate = 64 / 0.2
+    return [
+        c.Check(
+            "bridge: CPU per call",
+            f"plugin {ours['marginal_cpu_ms']:.2f} ms vs litellm.acompletion "
+            f"{theirs['marginal_cpu_ms']:.2f} ms (marginal, {items} vs {small} calls)",
+            "plugin CPU per call <= 1.3 x litellm direct",
+            ours["marginal_cpu_ms"] / theirs["marginal_cpu_ms"],
+            1.3,
+            notes=[
+                f"total CPU / calls (incl. start-up): plugin {ours['total_cpu_ms']:.2f} ms "
+                f"({ours['cpu']:.2f} s), litellm {theirs['total_cpu_ms']:.2f} ms "
+                f"({theirs['cpu']:.2f} s) -> ratio "
+                f"{ours['total_cpu_ms'] / theirs['total_cpu_ms']:.3f}",
+                f"litellm call phase measured in-process: {phase_cpu_ms:.2f} ms CPU per call",
+                f"calls/s marginal: plugin {ours['marginal_rate']:.0f}, litellm "
+                f"{theirs['marginal_rate']:.0f} (ideal 64 / 0.2 s = {ideal_rate:.0f}); "
+                f"litellm call phase in-process {phase_rate:.0f}/s",
+                f"calls/s overall (N / wall incl. start-up): plugin {ours['overall_rate']:.0f} "
+                f"(wall {ours['wall']:.2f} s), litellm {theirs['overall_rate']:.0f} "
+                f"(wall {theirs['wall']:.2f} s)",
+                "min over repeats of each (size, side) before taking differences",
+            ],
+        )
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--small", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--json", help="also write the checks to this file")
+    args = parser.parse_args()
+    print(f"through the bridge: {c.loadavg()}")
+    runs = measure(args.items, args.small, args.batch, args.repeat)
+    c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
+    print(f"after: {c.loadavg()}")
+    c.finish("benchmark 2: through the bridge", checks(args.items, args.small, runs), args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+ROLLOUT_NAME = "tool-calc"
