@@ -373,8 +373,15 @@ class EvalHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Controller or single process: journal the result before anything reports it."""
+        if self.session.is_worker:
+            return
         result = getattr(report, "osmosis", None)
-        if result is None or self.session.is_worker:
+        if result is None and report.failed and report.when == "???":
+            # xdist lost the worker running this item (os._exit, a segfault, OOM kill).
+            result = self.session.crashed_result(report.nodeid, str(report.longrepr))
+            if result is not None:
+                report.osmosis = result  # type: ignore[attr-defined]
+        if result is None:
             return
         run = self.session.runs.get(Path(result["config"]))
         if run is None or result.get("resumed"):

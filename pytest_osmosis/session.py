@@ -259,6 +259,38 @@ class EvalSession:
             self.executor.abandon(item.nodeid)
             return self._backstop_result(item, str(exc), blocker[0] if blocker else None)
 
+    def crashed_result(self, nodeid: str, why: str) -> dict[str, Any] | None:
+        """Controller: the failed result of an item whose xdist worker died under it."""
+        import re
+        import uuid
+
+        match = re.search(r"::row_(\d+)_run_(\d+)$", nodeid)
+        if match is None:
+            return None
+        prefix = nodeid[: match.start()]
+        for path, run in self.runs.items():
+            if not _nodeid_names(self.config, prefix, path):
+                continue
+            source, run_index = int(match.group(1)), int(match.group(2))
+            sources = run.plan.dataset.selected_source_rows
+            if source not in sources:
+                return None
+            return {
+                "row_index": sources.index(source),
+                "run_index": run_index,
+                "source_row_index": source,
+                "rollout_id": uuid.uuid4().hex,
+                "status": "failed",
+                "duration_ms": 0.0,
+                "error_type": "worker_crashed",
+                "message": " ".join(why.split())[:300],
+                "detail": "",
+                "pass_threshold": run.plan.settings.pass_threshold,
+                "passed": False,
+                "config": str(path),
+            }
+        return None
+
     def _backstop_result(self, item: EvalItem, why: str, blocker: str | None) -> dict[str, Any]:
         """pytest-timeout fired while this item waited: its own code blocked the event loop."""
         import uuid
@@ -337,6 +369,9 @@ class EvalSession:
         """The loopback bridge for ``model_path``, started on first use in this process."""
         from pytest_osmosis.bridge import Bridge, resolve_route
 
+        # No surprise downloads from a test run: LiteLLM's bundled cost map and tokenizers
+        # (set LITELLM_LOCAL_MODEL_COST_MAP=False to fetch the latest map).
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         if self._bridge_lock is None:
             self._bridge_lock = asyncio.Lock()
         async with self._bridge_lock:
@@ -392,6 +427,11 @@ def _explicit_limit(rollout: LoadedRollout | None) -> int | None:
     concurrency = getattr(rollout.workflow_config, "concurrency", None)
     limit = getattr(concurrency, "max_concurrent", None)
     return limit if isinstance(limit, int) and limit > 0 else None
+
+
+def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:
+    """Whether a node id's file part (relative to the rootdir) is ``path``."""
+    return (config.rootpath / prefix).resolve() == path.resolve()
 
 
 def _resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:

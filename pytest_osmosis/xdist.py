@@ -33,6 +33,32 @@ class EvalScheduling(LoadScopeScheduling):
         return f"{nodeid[: match.start()]}::shard{int(match.group(1)) // self.shard_rows}"
 
 
+    def remove_node(self, node: Any) -> str | None:
+        """As ``loadscope`` does, but the item a dead worker was running is not sent again.
+
+        The controller records that item as ``worker_crashed``; running it on another
+        worker would pay for it twice and report it twice. The dead worker's other
+        unfinished items (possibly in flight, never recorded) are rescheduled.
+        """
+        workload = self.assigned_work.pop(node)
+        if not self._pending_of(workload):
+            return None
+        crashitem = next(
+            nodeid
+            for unit in workload.values()
+            for nodeid, completed in unit.items()
+            if not completed
+        )
+        for scope, unit in workload.items():
+            if crashitem in unit:
+                unit[crashitem] = True
+            if not all(unit.values()):
+                self.workqueue[scope] = unit
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashitem
+
+
 def dist_was_chosen(config: pytest.Config) -> bool:
     """True when the user named a distribution; we only replace xdist's default."""
     return any(
