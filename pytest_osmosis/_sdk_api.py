@@ -162,7 +162,9 @@ class AgentWorkflow(ABC, Generic[TConfig]):
         self.config = config
 
     @abstractmethod
-    async def run(self, ctx: AgentWorkflowContext[TConfig]) -> AgentWorkflowOutput | Messages | None:
+    async def run(
+        self, ctx: AgentWorkflowContext[TConfig]
+    ) -> AgentWorkflowOutput | Messages | None:
         """Run one rollout; return the messages, an output, or None for the sample source."""
         raise NotImplementedError
 

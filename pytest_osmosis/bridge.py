@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.ratelimit import Backoff, is_rate_limit, retry_after
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -246,6 +247,8 @@ class Bridge:
         self._auth = f"Bearer {self._api_key}".encode()
         self._tokens: dict[str, int | None] = {}
         self._calls: dict[str, list[dict[str, int]]] = {}
+        self._rate_limited: dict[str, int] = {}
+        self.backoff = Backoff()
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self._base = ""
@@ -296,6 +299,15 @@ class Bridge:
         with self._lock:
             self._calls.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
+
+    def pop_rate_limited(self, rollout_id: str) -> int:
+        """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
+        with self._lock:
+            return self._rate_limited.pop(rollout_id, 0)
+
+    def _open(self, rollout_id: str) -> bool:
+        with self._lock:
+            return rollout_id in self._tokens
 
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]:
         """Per-call token counts served for `rollout_id` so far, in the order they completed.
@@ -394,7 +406,7 @@ class Bridge:
         if body.get("stream"):
             return await self._stream(request, rollout_id, call, echo)
         try:
-            response = await self._complete(call)
+            response = await self._complete(call, rollout_id)
         except Exception as exc:
             self.errors += 1
             detail = _one_line(exc, self._secrets)
@@ -407,21 +419,33 @@ class Bridge:
             content_type="application/json",
         )
 
-    async def _complete(self, call: dict[str, Any]) -> Any:
+    async def _complete(self, call: dict[str, Any], rollout_id: str | None = None) -> Any:
         litellm = _litellm()
         kwargs = self._route_kwargs
         if kwargs:
             call.update(kwargs)
-        response = await litellm.acompletion(
-            model=self.route.litellm_model, drop_params=True, **call
-        )
+        while True:
+            await self.backoff.wait()
+            try:
+                response = await litellm.acompletion(
+                    model=self.route.litellm_model, drop_params=True, **call
+                )
+            except Exception as exc:
+                # A 429 slows every call to this model and is retried while the rollout
+                # is open; its own budget, not the rate limit, decides when it gives up.
+                if not is_rate_limit(exc) or rollout_id is None or not self._open(rollout_id):
+                    raise
+                self.backoff.hit(retry_after(exc))
+                with self._lock:
+                    self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
+                continue
+            self.backoff.ok()
+            break
         if not response.choices:
             raise RuntimeError("the model returned no choices")
         return response
 
-    def _account(
-        self, rollout_id: str, usage: dict[str, int] | None, call: dict[str, int]
-    ) -> None:
+    def _account(self, rollout_id: str, usage: dict[str, int] | None, call: dict[str, int]) -> None:
         self.calls += 1
         with self._lock:
             calls = self._calls.get(rollout_id)
@@ -444,7 +468,7 @@ class Bridge:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         await response.write(b": ping\n\n")
-        task = asyncio.ensure_future(self._complete(call))
+        task = asyncio.ensure_future(self._complete(call, rollout_id))
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=_SSE_HEARTBEAT_S)

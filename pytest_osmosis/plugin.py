@@ -388,6 +388,7 @@ class EvalHooks:
             return
         run.rundir.append(result)
         run.executed += 1
+        run.rate_limited += int(result.get("rate_limited") or 0)
         details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
         if result.get("reward") is not None:
             details["reward"] = result["reward"]

@@ -30,6 +30,8 @@ class BridgeLike(Protocol):
 
     def close_rollout(self, rollout_id: str) -> int | None: ...
 
+    def pop_rate_limited(self, rollout_id: str) -> int: ...
+
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
 
 
@@ -121,6 +123,7 @@ async def execute(
         # nulls the wire reward of every non-success result (0.3.8 `_handle_rollout`).
         error_type, message, detail = failure.error_type, failure.message, failure.detail
     tokens = bridge.close_rollout(rollout_id)
+    rate_limited = bridge.pop_rate_limited(rollout_id)
     has_trajectory = False
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
         if _accepts_step_usage(write_trajectory):
@@ -141,6 +144,7 @@ async def execute(
         "message": message,
         "detail": detail,
         "has_trajectory": has_trajectory,
+        "rate_limited": rate_limited,
         "pass_threshold": pass_threshold,
         "passed": status == "success" and reward is not None and reward >= pass_threshold,
     }

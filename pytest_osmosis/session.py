@@ -64,6 +64,7 @@ class ControllerRun:
     log: RunLog
     started_at: Any
     executed: int = 0
+    rate_limited: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     report_path: Path | None = None
     report_error: str | None = None

@@ -62,6 +62,8 @@ def summary_lines(run: ControllerRun) -> list[str]:
         f"tokens     {summary.get('tokens_used', 0)}"
         + (f"   duration {duration / 1000:.1f} s" if isinstance(duration, (int, float)) else "")
     )
+    if run.rate_limited:
+        lines.append(f"rate limit {run.rate_limited} calls answered 429, retried after back-off")
     lines.append(f"output     {plan.run_dir}")
     if run.report_path is not None:
         lines.append(f"report     {run.report_path}")

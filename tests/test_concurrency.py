@@ -170,3 +170,16 @@ def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
             "*row_2_run_0 waits past its backstop: row 1 run 0 is blocking the event loop*",
         ]
     )
+
+
+def test_a_429_storm_slows_the_run_but_fails_no_row(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    for key, value in model_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OPENAI_MAX_RETRIES", "0")
+    write_workspace(pytester.path, rows=ROWS[:8], evaluation={"batch_size": 8})
+    # The preflight ignores a 429; after it, 40 answers in a row are rate limits.
+    model_server.fail_next(429, count=41, retry_after=0.05)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=8)
+    result.stdout.fnmatch_lines(["rate limit * calls answered 429, retried after back-off"])
+    assert model_server.requests_total >= 8 + 41

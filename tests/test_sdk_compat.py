@@ -204,16 +204,16 @@ def test_scaffold_with_openai_agents_calls_a_tool_and_is_graded_on_the_sample(
     ]
     # The second model call of row 0 carried the tool's own result back to the model.
     tool_turns = [
-        body
-        for body in model_env.bodies
-        if any(m.get("role") == "tool" for m in body["messages"])
+        body for body in model_env.bodies if any(m.get("role") == "tool" for m in body["messages"])
     ]
     assert len(tool_turns) == 1
     assert tool_turns[0]["messages"][-1]["content"] == "5"
     assert {t["function"]["name"] for t in tool_turns[0]["tools"]} == {"add"}
 
     # The trajectory is the converted conversation: the call, its observation, the answer.
-    trajectory = json.loads((run_dir / "rollout_trials" / rollout_id / "trajectory.json").read_text())
+    trajectory = json.loads(
+        (run_dir / "rollout_trials" / rollout_id / "trajectory.json").read_text()
+    )
     steps = trajectory["steps"]
     assert [s["source"] for s in steps] == ["user", "agent", "agent"]
     assert steps[1]["tool_calls"][0]["function_name"] == "add"
@@ -307,8 +307,9 @@ def test_package_beside_main_with_absolute_imports_and_dotted_strings(
     tool_turns = [b for b in model_env.bodies if b["messages"][-1].get("role") == "tool"]
     assert [t["messages"][-1]["content"] for t in tool_turns] == ["42"]
     trajectory = json.loads(
-        (run_dir / "rollout_trials" / read_index(run_dir)[0]["rollout_id"] / "trajectory.json")
-        .read_text()
+        (
+            run_dir / "rollout_trials" / read_index(run_dir)[0]["rollout_id"] / "trajectory.json"
+        ).read_text()
     )
     assert trajectory["steps"][1]["tool_calls"][0]["function_name"] == "multiply"
     assert trajectory["steps"][1]["observation"]["results"][0]["content"] == "42"
@@ -366,6 +367,8 @@ MIXED_ROWS = [
     row("What is 1 + 1?", "2", "workflow_garbage"),
     row("What is 1 + 1?", "2", "no_messages"),
     row("What is 2 + 5?", "7", "source"),  # sample from a registered SampleSource
+    # The grader registers a source of its own (an agent session built while grading).
+    row("What is 2 + 5?", "7", "grader_builds_session"),
     row("What is 2 + 3?", "5", "grader_raise"),
     row("What is 2 + 3?", "5", "grader_value_error"),
     row("What is 2 + 3?", "5", "reward_then_raise"),
@@ -387,9 +390,7 @@ def test_every_row_ends_as_the_sdks_own_local_backend_ends_it(
     tmp_path: Path,
 ) -> None:
     budgets = {"agent_workflow_timeout_s": BUDGET_S, "grader_timeout_s": BUDGET_S}
-    config = make_workspace(
-        pytester.path, "mixed", MIXED_ROWS, rollout="mixed", evaluation=budgets
-    )
+    config = make_workspace(pytester.path, "mixed", MIXED_ROWS, rollout="mixed", evaluation=budgets)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     run_dir = only_run_dir(pytester.path)
     ours = [
@@ -446,7 +447,7 @@ def test_every_row_ends_as_the_sdks_own_local_backend_ends_it(
         "validation_error",
         "rollout_failed",
     }
-    result.assert_outcomes(passed=2, failed=13, skipped=1)
+    result.assert_outcomes(passed=3, failed=13, skipped=1)
 
 
 # --------------------------------------------------------------------------- usage per call

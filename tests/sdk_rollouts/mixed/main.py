@@ -9,7 +9,6 @@ import asyncio
 import math
 
 import httpx
-
 from osmosis_ai.rollout import (
     AgentWorkflow,
     AgentWorkflowContext,
@@ -60,7 +59,7 @@ class MixedWorkflow(AgentWorkflow):
             return AgentWorkflowOutput(messages=None)
         answer = await ask(ctx.prompt)
         messages = [*ctx.prompt, {"role": "assistant", "content": answer}]
-        if do == "source":
+        if do in ("source", "grader_builds_session"):
             rollout = get_rollout_context()
             assert rollout is not None
             rollout.set_sample_source(FixedSource(messages))
@@ -71,6 +70,12 @@ class MixedWorkflow(AgentWorkflow):
 class MixedGrader(Grader):
     async def grade(self, ctx: GraderContext) -> None:
         do = (ctx.metadata or {}).get("do", "")
+        if do == "grader_builds_session":
+            # What an agent session or judge built inside a grader does: register with the
+            # active rollout context, if there is one (under the SDK there is none).
+            rollout = get_rollout_context()
+            if rollout is not None:
+                rollout.set_sample_source(FixedSource([]))
         if do == "skip":
             ctx.sample.remove_sample = True
             return

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 from openai import AsyncOpenAI
-
 from osmosis_ai.rollout import (
     AgentWorkflow,
     AgentWorkflowContext,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import uvicorn
-
 from calc_tools import ask, score
 from osmosis_ai.rollout.agent_workflow import AgentWorkflow
 from osmosis_ai.rollout.backend.local import LocalBackend

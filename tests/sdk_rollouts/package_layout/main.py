@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import uvicorn
-
 from my_rollout import ROLLOUT_NAME
 from osmosis_ai.rollout.backend.local import LocalBackend
 from osmosis_ai.rollout.server import create_rollout_server

@@ -12,7 +12,6 @@ import os
 
 import uvicorn
 from agents import Runner, function_tool
-
 from osmosis_ai.rollout.agent_workflow import AgentWorkflow
 from osmosis_ai.rollout.backend.local import LocalBackend
 from osmosis_ai.rollout.context import AgentWorkflowContext, GraderContext, get_rollout_context

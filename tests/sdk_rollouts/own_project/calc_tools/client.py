@@ -1,7 +1,6 @@
 from typing import Any
 
 import httpx
-
 from osmosis_ai.rollout.context import get_rollout_context
 
 

@@ -1,15 +1,15 @@
 """A hand-written tool loop on the OpenAI client: call the model, run its tool calls, repeat."""
 
 from openai import AsyncOpenAI
-
-from my_rollout import tools
-from my_rollout.config import ToolCalcConfig
 from osmosis_ai.rollout import (
     AgentWorkflow,
     AgentWorkflowContext,
     AgentWorkflowOutput,
     get_rollout_context,
 )
+
+from my_rollout import tools
+from my_rollout.config import ToolCalcConfig
 
 
 class ToolCalcWorkflow(AgentWorkflow[ToolCalcConfig]):
