@@ -243,7 +243,7 @@ def test_scaffold_main_never_starts_uvicorn_in_a_real_pytest_process(
         rollout="calc-tools",
     )
 
-    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=240)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=40)
 
     result.assert_outcomes(passed=2)
     assert "Uvicorn running" not in result.stdout.str() + result.stderr.str()
