@@ -376,7 +376,7 @@ class EvalHooks:
         if self.session.is_worker:
             return
         result = getattr(report, "osmosis", None)
-        if result is None and report.failed and report.when == "???":
+        if result is None and report.failed and str(report.when) == "???":
             # xdist lost the worker running this item (os._exit, a segfault, OOM kill).
             result = self.session.crashed_result(report.nodeid, str(report.longrepr))
             if result is not None:

@@ -19,7 +19,7 @@ from xdist.scheduler import LoadScopeScheduling
 _ROW = re.compile(r"::row_(\d+)_run_\d+$")
 
 
-class EvalScheduling(LoadScopeScheduling):
+class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
     """``loadscope`` whose scopes are shards of ``shard_rows`` consecutive dataset rows."""
 
     def __init__(self, config: pytest.Config, log: Any, shard_rows: int) -> None:
@@ -29,7 +29,7 @@ class EvalScheduling(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
         match = _ROW.search(nodeid)
         if match is None:
-            return super()._split_scope(nodeid)
+            return str(super()._split_scope(nodeid))
         return f"{nodeid[: match.start()]}::shard{int(match.group(1)) // self.shard_rows}"
 
 
@@ -43,7 +43,7 @@ class EvalScheduling(LoadScopeScheduling):
         workload = self.assigned_work.pop(node)
         if not self._pending_of(workload):
             return None
-        crashitem = next(
+        crashitem: str = next(
             nodeid
             for unit in workload.values()
             for nodeid, completed in unit.items()
