@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import sys
 import concurrent.futures
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any

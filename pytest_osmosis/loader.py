@@ -77,7 +77,7 @@ def _load(
     found_by = "LocalBackend built at import"
     main = getattr(module, "main", None)
     if not backends and callable(main) and _defined_in(main, module):
-        with _capture_backends(backends, stop=False), contextlib.suppress(_BackendBuilt):
+        with _capture_backends(backends, stop=True), contextlib.suppress(_BackendBuilt):
             try:
                 main()
             except SystemExit:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
+    from pytest_osmosis.progress import Progress
     from pytest_osmosis.session import EvalSession
 
 # `pytest --osmosis-rubric DATA.jsonl ...`: rubric checks as test items (its own hooks).
@@ -317,6 +318,24 @@ class EvalHooks:
 
     def __init__(self, session: EvalSession) -> None:
         self.session = session
+        self.progress: Progress | None = None
+        self._last_result: dict[str, Any] | None = None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        """Controller or single process: progress, after pytest has shown the row's letter."""
+        if self._last_result is not None:
+            result, self._last_result = self._last_result, None
+            self._progress().add(result)
+
+    def _progress(self) -> Progress:
+        if self.progress is None:
+            from pytest_osmosis.progress import Progress
+
+            reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
+            total = sum(run.pending_at_start for run in self.session.runs.values())
+            self.progress = Progress(reporter, total)
+        return self.progress
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -389,6 +408,7 @@ class EvalHooks:
         run.rundir.append(result)
         run.executed += 1
         run.rate_limited += int(result.get("rate_limited") or 0)
+        self._last_result = result
         details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
         if result.get("reward") is not None:
             details["reward"] = result["reward"]

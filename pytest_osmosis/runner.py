@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import logging
 import math
 import time
 import traceback
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_osmosis.loader import LoadedRollout
+
+logger = logging.getLogger(__name__)
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
@@ -126,10 +129,15 @@ async def execute(
     rate_limited = bridge.pop_rate_limited(rollout_id)
     has_trajectory = False
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
-        if _accepts_step_usage(write_trajectory):
-            has_trajectory = write_trajectory(rollout_id, sample, work, step_usage=step_usage)
-        else:
-            has_trajectory = write_trajectory(rollout_id, sample, work)
+        try:
+            if _accepts_step_usage(write_trajectory):
+                has_trajectory = write_trajectory(rollout_id, sample, work, step_usage=step_usage)
+            else:
+                has_trajectory = write_trajectory(rollout_id, sample, work)
+        except ValueError as exc:
+            # No valid ATIF document (e.g. an empty conversation): like the SDK's best-effort
+            # save_trajectory, the row keeps its result and simply has no trajectory.
+            logger.warning("rollout %s: no trajectory written: %s", rollout_id, _one_line(exc))
     duration_ms = (time.monotonic() - started) * 1000.0
     result: dict[str, Any] = {
         "row_index": work.row_index,

@@ -63,6 +63,7 @@ class ControllerRun:
     rundir: RunDirectory
     log: RunLog
     started_at: Any
+    pending_at_start: int = 0
     executed: int = 0
     rate_limited: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -156,14 +157,15 @@ class EvalSession:
             redactor.extend(ambient_secret_values(os.environ))
             log = RunLog(rundir.logs_path, redactor)
             keys = [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+            pending = len(rundir.pending(keys))
             log.write(
-                "info",
-                "run",
-                f"{plan.run_name}: {len(rundir.pending(keys))} of {len(keys)} work items pending",
+                "info", "run", f"{plan.run_name}: {pending} of {len(keys)} work items pending"
             )
             self._plans[path] = plan
             self._journals[path] = rundir.records
-            self.runs[path] = ControllerRun(plan=plan, rundir=rundir, log=log, started_at=now)
+            self.runs[path] = ControllerRun(
+                plan=plan, rundir=rundir, log=log, started_at=now, pending_at_start=pending
+            )
             names[str(path)] = plan.run_name
         return names
 

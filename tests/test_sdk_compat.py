@@ -243,7 +243,7 @@ def test_scaffold_main_never_starts_uvicorn_in_a_real_pytest_process(
         rollout="calc-tools",
     )
 
-    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=40)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=240)
 
     result.assert_outcomes(passed=2)
     assert "Uvicorn running" not in result.stdout.str() + result.stderr.str()
@@ -366,6 +366,7 @@ MIXED_ROWS = [
     row("What is 1 + 1?", "2", "workflow_own_timeout"),  # a TimeoutError of its own
     row("What is 1 + 1?", "2", "workflow_garbage"),
     row("What is 1 + 1?", "2", "no_messages"),
+    row("What is 1 + 1?", "2", "empty_messages"),  # graded, but no trajectory can be formed
     row("What is 2 + 5?", "7", "source"),  # sample from a registered SampleSource
     # The grader registers a source of its own (an agent session built while grading).
     row("What is 2 + 5?", "7", "grader_builds_session"),
@@ -408,6 +409,7 @@ def test_every_row_ends_as_the_sdks_own_local_backend_ends_it(
     sdk_rows = select_rows(config.parents[2] / "data" / "eval.jsonl").rows
     theirs: list[tuple[int, str, float | None, str | None]] = []
     their_trajectories: list[bool] = []
+    their_ids: list[str] = []
     with import_file(entrypoint, f"sdk_mixed_{uuid.uuid4().hex}") as module:
         assert isinstance(module.backend, sdk.LocalBackend)
 
@@ -433,11 +435,20 @@ def test_every_row_ends_as_the_sdks_own_local_backend_ends_it(
                 their_trajectories.append(
                     (artifact_root / rollout_id / "trajectory.json").is_file()
                 )
+                their_ids.append(rollout_id)
 
         asyncio.run(run_all())
 
     assert ours == theirs
     assert ours_trajectories == their_trajectories
+    # And the trajectories are the SDK's documents, up to the rollout id.
+    for record, their_id in zip(read_index(run_dir), their_ids, strict=True):
+        if record.get("trajectory_filename"):
+            mine = run_dir / "rollout_trials" / record["rollout_id"] / "trajectory.json"
+            theirs_doc = artifact_root / their_id / "trajectory.json"
+            assert comparable(mine, record["rollout_id"]) == comparable(theirs_doc, their_id), (
+                record["row_index"]
+            )
     # The workspace really covers every kind of ending.
     assert {status for _, status, _, _ in theirs} == {"success", "failed", "skipped"}
     assert {error for *_, error in theirs} == {
@@ -447,7 +458,23 @@ def test_every_row_ends_as_the_sdks_own_local_backend_ends_it(
         "validation_error",
         "rollout_failed",
     }
-    result.assert_outcomes(passed=3, failed=13, skipped=1)
+    result.assert_outcomes(passed=3, failed=14, skipped=1)
+
+
+def comparable(path: Path, rollout_id: str) -> dict[str, Any]:
+    """A trajectory without what legitimately differs between the two runs.
+
+    Per-call metrics: the SDK's local run passes no controller report, ours may add the
+    bridge's. ``extra.osmosis.label``: the SDK falls back to the row's label when the
+    sample has none (a SampleSource sample); pytest-osmosis's writer passes the sample's.
+    """
+    doc = json.loads(path.read_text().replace(rollout_id, "<rollout-id>"))
+    for step in doc["steps"]:
+        step.pop("metrics", None)
+        step.pop("llm_call_count", None)
+    doc["final_metrics"] = {"total_steps": doc["final_metrics"]["total_steps"]}
+    doc["extra"]["osmosis"].pop("label", None)
+    return dict(doc)
 
 
 # --------------------------------------------------------------------------- usage per call
@@ -527,3 +554,86 @@ def test_each_model_call_lands_on_its_agent_step(
     totals = doc["final_metrics"]
     assert totals["total_prompt_tokens"] + totals["total_completion_tokens"] == result["tokens"]
     assert "unmatched_llm_call_metrics" not in doc["extra"]["osmosis"]
+
+
+# --------------------------------------------------------------------------- bridge
+
+
+@pytest.fixture
+def bridge(model_loop: Any, model_server: ModelServer) -> Iterator[Bridge]:
+    route = ModelRoute(MODEL, MODEL, {"api_base": model_server.url, "api_key": "sk-bridge"})
+    started = Bridge(route)
+    model_loop.run(started.start())
+    yield started
+    model_loop.run(started.close())
+
+
+def test_bridge_keeps_each_calls_usage_per_rollout_in_order(
+    model_loop: Any, bridge: Bridge
+) -> None:
+    import openai
+
+    def client(rollout_id: str) -> openai.AsyncOpenAI:
+        url, key = bridge.open_rollout(rollout_id)
+        return openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+
+    first, other = client("first"), client("other")
+
+    async def calls() -> list[Any]:
+        usages = []
+        plain = await first.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "What is 2 + 2?"}]
+        )
+        usages.append(plain.usage)
+        stream = await first.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "say the words one two three"}],
+            stream=True,
+        )
+        usages.append([chunk.usage async for chunk in stream][-1])
+        await other.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "What is 1 + 1?"}]
+        )
+        return usages
+
+    usages = model_loop.run(calls())
+
+    assert bridge.call_usage("first") == [
+        {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+        for u in usages
+    ]
+    assert len(bridge.call_usage("other")) == 1
+    total = sum(u.total_tokens for u in usages)
+    assert bridge.close_rollout("first") == total
+    assert bridge.call_usage("first") == []  # closed rollouts keep nothing
+    assert bridge.call_usage("never-opened") == []
+
+
+def test_bridge_forwards_the_inference_fields_agent_integrations_send(
+    model_loop: Any, bridge: Bridge, model_server: ModelServer
+) -> None:
+    """Structured output (an Agent's ``output_type``), stop words and newer token limits
+    reach the provider, as osmosis-ai 0.3.8's bridge forwards them."""
+    import openai
+
+    url, key = bridge.open_rollout("fields")
+    client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    fields = {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "Answer", "schema": schema},
+        },
+        "stop": ["STOP"],
+        "max_completion_tokens": 64,
+    }
+
+    model_loop.run(
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], **fields
+        )
+    )
+
+    sent = model_server.bodies[-1]
+    for name, value in fields.items():
+        assert sent[name] == value

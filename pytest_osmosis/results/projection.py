@@ -1,12 +1,16 @@
 """The user-facing copies ``trajectories/row_<r>_run_<n>.json`` and ``artifacts/row_<r>_run_<n>/``.
 
 ``rollout_trials/<id>/artifacts/`` is written by user code, so nothing in it is
-trusted: symlinks (files or directories, and a symlinked root), unsafe path
-parts, non-regular files and the reserved top-level ``manifest.json`` are
-skipped with a warning, never copied (a symlink would otherwise exfiltrate host
-files into the projection). Directories are walked without following links, so
-every copied file lies inside the artifact root. Copies are independent bytes:
-editing a projection never changes what ``osmosis eval upload`` sends.
+trusted. Before a work item is projected, everything there that ``osmosis eval
+upload`` would refuse (a symlink anywhere, a symlinked or non-directory artifact
+root, a name with a backslash or control character or that is not UTF-8, an upload
+path longer than 1024 characters) is moved to ``rollout_trials/<id>/refused_artifacts/``
+(never uploaded, nothing deleted) with a warning naming it, so one bad file cannot make
+the whole run impossible to upload. What remains is copied: directories are walked
+without following links, files opened with ``O_NOFOLLOW``, so every copied byte comes
+from inside the artifact root and every copy lands inside the projection (whose parent
+directories are checked to be real directories, not links a rollout planted). Copies
+are independent bytes: editing a projection never changes what is uploaded.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from pytest_osmosis.results.index import TRIALS_DIRNAME
 
 TRAJECTORIES_DIRNAME = "trajectories"
 ARTIFACTS_DIRNAME = "artifacts"
+#: Where refused artifacts go, inside the trial directory; the upload planner never
+#: looks there.
+REFUSED_ARTIFACTS_DIRNAME = "refused_artifacts"
+#: ``osmosis eval upload`` refuses an artifact whose upload path is longer.
+MAX_UPLOAD_PATH_LENGTH = 1024
 #: Reserved by the platform's download layout; excluded on both sides.
 _RESERVED_ARTIFACT_NAME = "manifest.json"
 _UPLOAD_REFUSES = "(osmosis eval upload refuses a run that contains one)"
@@ -38,8 +47,33 @@ def projection_stem(row_index: int, run_index: int) -> str:
     return f"row_{row_index}_run_{run_index}"
 
 
-def safe_artifact_paths(artifacts_dir: Path, *, warn: Warn = _ignore) -> list[PurePosixPath]:
-    """Relative paths of the regular files under *artifacts_dir* that are safe to copy."""
+def upload_path_problem(path: str) -> str | None:
+    """Why the upload planner would refuse the artifact upload path *path*, else None."""
+    if len(path) > MAX_UPLOAD_PATH_LENGTH:
+        return f"its upload path is longer than {MAX_UPLOAD_PATH_LENGTH} characters"
+    if "\\" in path or any(ord(char) < 32 or ord(char) == 127 for char in path):
+        return "its name contains a backslash or a control character"
+    if path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/")):
+        return "it has an empty, '.' or '..' path segment"
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not valid UTF-8"
+    return None
+
+
+def _upload_prefix(rollout_id: str) -> str:
+    return f"{TRIALS_DIRNAME}/{rollout_id}/{ARTIFACTS_DIRNAME}/"
+
+
+def safe_artifact_paths(
+    artifacts_dir: Path, *, warn: Warn = _ignore, upload_prefix: str = ""
+) -> list[PurePosixPath]:
+    """Relative paths of the regular files under *artifacts_dir* that are safe to copy.
+
+    *upload_prefix* (``rollout_trials/<id>/artifacts/``) lets names be checked as the
+    upload planner checks them.
+    """
     try:
         root_mode = os.lstat(artifacts_dir).st_mode
     except OSError:
@@ -68,10 +102,102 @@ def safe_artifact_paths(artifacts_dir: Path, *, warn: Warn = _ignore) -> list[Pu
                 continue  # sockets, fifos, devices: not artifacts
             elif any(part in ("", ".", "..") or "/" in part for part in parts):
                 warn(f"skipping unsafe artifact path {'/'.join(parts)!r}")
+            elif (problem := upload_path_problem(upload_prefix + "/".join(parts))) is not None:
+                warn(f"skipping artifact {'/'.join(parts)!r}: {problem} {_UPLOAD_REFUSES}")
             elif parts != (_RESERVED_ARTIFACT_NAME,):
                 selected.append(PurePosixPath(*parts))
     selected.sort(key=lambda path: path.parts)
     return selected
+
+
+def refuse_unsafe_artifacts(trial_dir: Path, rollout_id: str, *, warn: Warn = _ignore) -> int:
+    """Move what the upload planner would refuse out of ``trial_dir/artifacts``.
+
+    Refused entries (a symlink is moved as the link, never followed) go to
+    ``trial_dir/refused_artifacts/`` under the same relative path; an entry that
+    cannot be moved is deleted. Each one is named in a warning. Returns how many.
+    """
+    root = trial_dir / ARTIFACTS_DIRNAME
+    try:
+        root_mode = os.lstat(root).st_mode
+    except OSError:
+        return 0
+    refused = 0
+    if stat.S_ISLNK(root_mode) or not stat.S_ISDIR(root_mode):
+        kind = "symlinked artifact root" if stat.S_ISLNK(root_mode) else "artifact root"
+        reason = "is a symbolic link" if stat.S_ISLNK(root_mode) else "is not a directory"
+        _refuse(trial_dir, (ARTIFACTS_DIRNAME,), f"{kind} of rollout {rollout_id}", reason, warn)
+        return 1
+    prefix = _upload_prefix(rollout_id)
+    pending: list[tuple[str, tuple[str, ...]]] = [(os.fspath(root), ())]
+    while pending:
+        directory, parents = pending.pop()
+        try:
+            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+        except OSError as exc:
+            warn(f"cannot list artifacts in {directory}: {exc}")
+            continue
+        for entry in entries:
+            parts = (*parents, entry.name)
+            upload = prefix + "/".join(parts)
+            problem: str | None
+            if entry.is_symlink():
+                try:
+                    target = os.readlink(entry.path)
+                except OSError:
+                    target = "?"
+                problem = f"is a symbolic link (to {target!r})"
+            elif entry.is_dir(follow_symlinks=False):
+                problem = upload_path_problem(upload)
+                if problem is None:
+                    pending.append((entry.path, parts))
+                    continue
+            elif entry.is_file(follow_symlinks=False):
+                problem = upload_path_problem(upload)
+            else:
+                continue  # sockets, fifos, devices: the planner skips them too
+            if problem is not None:
+                what = f"artifact {'/'.join(parts)!r} of rollout {rollout_id}"
+                _refuse(trial_dir, (ARTIFACTS_DIRNAME, *parts), what, problem, warn)
+                refused += 1
+    return refused
+
+
+def _refuse(trial_dir: Path, parts: tuple[str, ...], what: str, why: str, warn: Warn) -> None:
+    """Move ``trial_dir/<parts>`` under ``refused_artifacts/``; delete it if it cannot move."""
+    source = trial_dir.joinpath(*parts)
+    destination = trial_dir.joinpath(REFUSED_ARTIFACTS_DIRNAME, *parts)
+    suffix = 1
+    while os.path.lexists(destination):
+        destination = destination.with_name(f"{parts[-1]}.{suffix}")
+        suffix += 1
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, destination)
+    except OSError:
+        try:
+            _clear(source)
+        except OSError as exc:
+            warn(f"refused {what}: it {why}, and it could not be moved or removed: {exc}")
+            return
+        warn(f"refused {what}: it {why}; removed it {_UPLOAD_REFUSES}")
+        return
+    where = destination.relative_to(trial_dir).as_posix()
+    warn(f"refused {what}: it {why}; moved it to {where} {_UPLOAD_REFUSES}")
+
+
+def _real_directory(path: Path, warn: Warn) -> None:
+    """*path* (ours: trajectories/, artifacts/) as a real directory, never a planted link."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        path.mkdir(parents=True, exist_ok=True)
+        return
+    if stat.S_ISDIR(mode):
+        return
+    warn(f"replacing {path}: it was a {'symbolic link' if stat.S_ISLNK(mode) else 'file'}")
+    os.unlink(path)
+    path.mkdir(parents=True, exist_ok=True)
 
 
 def _read_regular_file(path: str) -> bytes:
@@ -113,8 +239,12 @@ def project_work_item(
     trial_dir = run_dir / TRIALS_DIRNAME / rollout_id
     trajectory_dest = run_dir / TRAJECTORIES_DIRNAME / f"{stem}.json"
     artifacts_dest = run_dir / ARTIFACTS_DIRNAME / stem
+    _real_directory(run_dir / TRAJECTORIES_DIRNAME, warn)
+    _real_directory(run_dir / ARTIFACTS_DIRNAME, warn)
     _clear(trajectory_dest)
     _clear(artifacts_dest)
+    if not os.path.islink(trial_dir):
+        refuse_unsafe_artifacts(trial_dir, rollout_id, warn=warn)
     if trajectory_filename is not None:
         try:
             data = _read_regular_file(os.path.join(trial_dir, trajectory_filename))
@@ -123,7 +253,8 @@ def project_work_item(
         else:
             atomic_write_bytes(trajectory_dest, data, durable=False)
     artifacts_dir = trial_dir / ARTIFACTS_DIRNAME
-    for relative in safe_artifact_paths(artifacts_dir, warn=warn):
+    prefix = _upload_prefix(rollout_id)
+    for relative in safe_artifact_paths(artifacts_dir, warn=warn, upload_prefix=prefix):
         source = os.path.join(artifacts_dir, *relative.parts)
         try:
             data = _read_regular_file(source)

@@ -75,21 +75,167 @@ class Redactor:
         self.extend(secrets)
 
     def extend(self, secrets: Iterable[str]) -> None:
-        """Add more values (e.g. secrets resolved after the log was opened)."""
+        """Add more values (e.g. secrets resolved after the log was opened).
+
+        The list is replaced, never sorted in place: another thread redacting at the
+        same moment must see the old or the new values, not an empty list mid-sort.
+        """
+        values = list(self._values)
         for value in secrets:
-            if value and len(value) >= self.min_length and value not in self._values:
-                self._values.append(value)
+            if value and len(value) >= self.min_length and value not in values:
+                values.append(value)
         # Longest first, so a value that contains another is redacted whole.
-        self._values.sort(key=len, reverse=True)
+        values.sort(key=len, reverse=True)
+        self._values = values
 
     def redact(self, text: str) -> str:
-        """*text* with every known value replaced."""
+        """*text* with every known value replaced.
+
+        Markers already in *text* are left alone, so redacting twice changes nothing and
+        a one-character value cannot shred the ``[REDACTED]`` that replaced a longer one.
+        """
+        values = self._values
+        if not any(value in text for value in values):
+            return text
+        parts: list[str | None] = []  # None: a marker
+        for index, piece in enumerate(text.split(REDACTED)):
+            if index:
+                parts.append(None)
+            parts.append(piece)
+        for value in values:
+            replaced: list[str | None] = []
+            for part in parts:
+                if part is None or value not in part:
+                    replaced.append(part)
+                    continue
+                for index, chunk in enumerate(part.split(value)):
+                    if index:
+                        replaced.append(None)
+                    replaced.append(chunk)
+            parts = replaced
+        return "".join(REDACTED if part is None else part for part in parts)
+
+    def contains(self, text: str) -> bool:
+        """Whether *text* holds any known value (a check after redacting in place)."""
+        return any(value in text for value in self._values)
+
+    def holdback(self, text: str) -> int:
+        """Length of the longest tail of *text* that could be the start of a value.
+
+        A stream that is written piecewise keeps that tail until the next write, so a
+        value split across two writes is still seen whole.
+        """
+        keep = 0
+        size = len(text)
         for value in self._values:
-            text = text.replace(value, REDACTED)
-        return text
+            for start in range(max(0, size - len(value) + 1), size - keep):
+                if value.startswith(text[start:]):
+                    keep = size - start
+                    break
+        return keep
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+def redact_json(value: Any, redactor: Redactor) -> Any:
+    """A copy of a JSON-like *value* with every string (and mapping key) redacted.
+
+    Numbers, booleans and ``None`` are kept as they are; tuples become lists.
+    """
+    if not len(redactor):
+        return value
+    if isinstance(value, str):
+        return redactor.redact(value)
+    if isinstance(value, Mapping):
+        return {
+            (redactor.redact(key) if isinstance(key, str) else key): redact_json(item, redactor)
+            for key, item in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [redact_json(item, redactor) for item in value]
+    return value
+
+
+#: ATIF fields that identify the document or hold an enumeration: the upload planner
+#: checks them, and a short secret (values of any length are redacted) must not turn
+#: ``"source": "agent"`` into something it refuses.
+_ATIF_KEEP = frozenset(
+    {
+        "schema_version",
+        "session_id",
+        "trajectory_id",
+        "name",
+        "version",
+        "step_id",
+        "source",
+        "timestamp",
+        "type",
+        "media_type",
+        "tool_call_id",
+        "source_call_id",
+        "rollout_id",
+        "request_extra_fields",
+    }
+)
+#: ATIF fields whose content is free-form JSON: keys are data there, so they are
+#: redacted too.
+_ATIF_FREE = frozenset(
+    {
+        "extra",
+        "arguments",
+        "tool_definitions",
+        "label",
+        "request_metadata",
+        "sample_metrics",
+        "sample_extra_fields",
+        "unmatched_llm_call_metrics",
+    }
+)
+
+
+def redact_trajectory(document: Mapping[str, Any], redactor: Redactor) -> dict[str, Any]:
+    """*document* (an ATIF trajectory) with secret values replaced in its free text.
+
+    Messages, reasoning, tool arguments and observations, labels, metadata and metrics
+    are redacted (keys of free-form objects too); the schema's own keys and the
+    identity and enumeration fields the upload planner checks are kept.
+    """
+    if not len(redactor):
+        return dict(document)
+    return _redact_schema(document, redactor, top=True)
+
+
+def _redact_schema(node: Mapping[str, Any], redactor: Redactor, *, top: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _ATIF_KEEP:
+            out[key] = value
+        elif top and key == "extra" and isinstance(value, Mapping):
+            # extra.osmosis is ours (identity the planner checks); the rest is the user's.
+            out[key] = {
+                (k if k == "osmosis" else redactor.redact(str(k))): (
+                    _redact_schema(v, redactor, top=False)
+                    if k == "osmosis" and isinstance(v, Mapping)
+                    else redact_json(v, redactor)
+                )
+                for k, v in value.items()
+            }
+        elif key in _ATIF_FREE:
+            out[key] = redact_json(value, redactor)
+        else:
+            out[key] = _redact_schema_value(value, redactor)
+    return out
+
+
+def _redact_schema_value(value: Any, redactor: Redactor) -> Any:
+    if isinstance(value, Mapping):
+        return _redact_schema(value, redactor, top=False)
+    if isinstance(value, (list, tuple)):
+        return [_redact_schema_value(item, redactor) for item in value]
+    if isinstance(value, str):
+        return redactor.redact(value)
+    return value
 
 
 class RunLog:

@@ -55,6 +55,8 @@ class MixedWorkflow(AgentWorkflow):
             await asyncio.sleep(float(do.split(":")[1]))
         if do == "workflow_garbage":
             return 42
+        if do == "empty_messages":
+            return []
         if do == "no_messages":
             return AgentWorkflowOutput(messages=None)
         answer = await ask(ctx.prompt)
@@ -92,6 +94,9 @@ class MixedGrader(Grader):
             ctx.set_reward(math.nan)
             return
         if do == "no_reward":
+            return
+        if not ctx.sample.messages:
+            ctx.set_reward(0.0)
             return
         final = str(list(ctx.sample.messages)[-1]["content"]).strip()
         ctx.set_reward(1.0 if final == ctx.label else 0.25)

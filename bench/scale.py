@@ -1,0 +1,118 @@
+"""Benchmark 7 — flat in N, and resuming a finished run (design.md §3).
+
+1. Per-item cost at 10,000 instant items vs at 1,000 (instant workflow and grader):
+   ``per item = (wall(N) - wall(1)) / (N - 1)``. Target: ratio <= 1.1 (flat in N).
+2. Resume: the 10,000-item run is named (``--osmosis-name``); running it again must
+   re-execute no workflow (each execution appends a byte to ``BENCH_COUNT``; the file
+   must stay absent) and take <= 2 x the collection time of the same workspace
+   (``--collect-only -q``, outer wall).
+
+    python bench/scale.py [--small 1000] [--large 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import _common as c
+
+
+def measure(small: int, large: int) -> dict[str, c.Run | int | None]:
+    out: dict[str, c.Run | int | None] = {}
+    with c.tempdir("bench-scale-") as tmp, c.model_server(0.0) as env:
+        env = {**env, "BENCH_SLEEP": "0"}
+        spaces = {n: c.eval_workspace(tmp / f"ws{n}", n) for n in (1, small, large)}
+        for n in (1, small):
+            out[f"run{n}"] = c.run(
+                f"plugin {n} instant items",
+                c.osmosis_cmd(output=tmp / f"out{n}"),
+                cwd=spaces[n],
+                env=env,
+            ).check(f"{n} passed")
+        output = tmp / f"out{large}"
+        first_count = tmp / "count-first"
+        out[f"run{large}"] = c.run(
+            f"plugin {large} instant items (named run)",
+            c.osmosis_cmd("--osmosis-name", "bench-resume", output=output),
+            cwd=spaces[large],
+            env={**env, "BENCH_COUNT": str(first_count)},
+        ).check(f"{large} passed")
+        out["executed_first"] = _count(first_count)
+        out["collect"] = c.run(
+            f"plugin --collect-only {large}",
+            c.osmosis_cmd("--collect-only", output=output),
+            cwd=spaces[large],
+        ).check(f"{large} tests collected")
+        resume_count = tmp / "count-resume"
+        out["resume"] = c.run(
+            f"plugin resume finished {large} (named run)",
+            c.osmosis_cmd("--osmosis-name", "bench-resume", output=output),
+            cwd=spaces[large],
+            env={**env, "BENCH_COUNT": str(resume_count)},
+        ).check(f"{large} passed")
+        out["executed_resume"] = _count(resume_count)
+        out["journal_lines"] = sum(
+            1 for _ in open(output / "bench-resume" / "events.jsonl", encoding="utf-8")
+        ) if (output / "bench-resume" / "events.jsonl").exists() else None
+    return out
+
+
+def _count(path: Path) -> int:
+    return len(path.read_text()) if path.exists() else 0
+
+
+def checks(small: int, large: int, out: dict[str, c.Run | int | None]) -> list[c.Check]:
+    one, r_small, r_large = out["run1"], out[f"run{small}"], out[f"run{large}"]
+    collect, resume = out["collect"], out["resume"]
+    assert isinstance(one, c.Run) and isinstance(r_small, c.Run) and isinstance(r_large, c.Run)
+    assert isinstance(collect, c.Run) and isinstance(resume, c.Run)
+    per_small = (r_small.wall - one.wall) / (small - 1) * 1000
+    per_large = (r_large.wall - one.wall) / (large - 1) * 1000
+    cpu_small = (r_small.cpu - one.cpu) / (small - 1) * 1000
+    cpu_large = (r_large.cpu - one.cpu) / (large - 1) * 1000
+    executed = out["executed_resume"]
+    return [
+        c.Check(
+            f"per-item cost, {large} vs {small} instant items",
+            f"{per_large:.3f} ms/item at {large} vs {per_small:.3f} ms/item at {small} (wall)",
+            "<= 1.1 (flat in N)",
+            per_large / per_small,
+            1.1,
+            notes=[
+                f"CPU per item: {cpu_large:.3f} ms vs {cpu_small:.3f} ms -> ratio "
+                f"{cpu_large / cpu_small:.3f}",
+                f"walls: 1 item {one.wall:.2f} s, {small} {r_small.wall:.2f} s, "
+                f"{large} {r_large.wall:.2f} s",
+            ],
+        ),
+        c.Check(
+            f"resume of a finished {large}-item run",
+            f"{resume.wall:.2f} s vs --collect-only {collect.wall:.2f} s; workflows re-executed: "
+            f"{executed} (first run executed {out['executed_first']})",
+            "no workflow re-executed and <= 2 x collection time",
+            resume.wall / collect.wall if executed == 0 else float("inf"),
+            2.0,
+            notes=[
+                f"CPU: resume {resume.cpu:.2f} s, collect-only {collect.cpu:.2f} s; "
+                f"journal lines after resume: {out['journal_lines']}",
+            ],
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--small", type=int, default=1000)
+    parser.add_argument("--large", type=int, default=10000)
+    parser.add_argument("--json", help="also write the checks to this file")
+    args = parser.parse_args()
+    print(f"scale and resume: {c.loadavg()}")
+    out = measure(args.small, args.large)
+    c.print_runs([r for r in out.values() if isinstance(r, c.Run)])
+    print(f"after: {c.loadavg()}")
+    c.finish("benchmark 7: scale and resume", checks(args.small, args.large, out), args.json)
+
+
+if __name__ == "__main__":
+    main()

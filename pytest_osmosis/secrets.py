@@ -1,0 +1,572 @@
+"""``[secrets]``: resolve the values, and keep them out of everything pytest writes.
+
+Resolution follows the SDK (contract §9.4): ``--osmosis-secrets-file`` (dotenv, ``-``
+reads stdin) first, then the environment (non-empty values only); the names nobody
+supplied stop the session together, in one line. Values found only in the file are
+exported into ``os.environ`` so LiteLLM and in-process rollouts can read them.
+
+Redaction (:class:`RedactionHooks`) is a pytest plugin registered in every process
+(controller and xdist workers). It replaces the values of ``[secrets]`` (any length)
+and the ambient provider keys the SDK scrubs (Appendix A, 8 characters or more) in
+every report before anything sees it (failure tracebacks, captured stdout/stderr/log
+sections, user properties, the eval result on the report), so the terminal, ``-rA``,
+JUnit XML and the xdist controller only ever receive redacted text; in log records when
+they are made (``--log-file``, ``log_cli``, captured logs); in warnings; and in what
+reaches the real stdout/stderr (``-s``, ``tee-sys``, output between items).
+
+Not covered: bytes a rollout writes itself (its artifacts, its own files, raw
+``os.write`` to file descriptors 1/2, child processes' output under ``-s``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable, Generator, Iterable, Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import pytest
+
+from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.results.redact import Redactor, ambient_secret_values
+
+PLUGIN_NAME = "osmosis-redaction"
+STDIN = "-"
+_OPTION = "--osmosis-secrets-file"
+
+
+class MissingSecretsError(OsmosisError):
+    """A ``[secrets]`` name has no value in the secrets file or the environment."""
+
+
+class SecretsFileError(OsmosisError):
+    """The secrets file cannot be read or has a line that is not ``NAME=value``."""
+
+
+# --------------------------------------------------------------------------- #
+# Resolution
+# --------------------------------------------------------------------------- #
+
+
+def parse_dotenv(text: str, *, label: str) -> dict[str, str]:
+    """``NAME=value`` pairs: ``#`` comments, optional ``export``, one pair of quotes stripped.
+
+    Errors name the line, never its content: every line of this file is a secret.
+    """
+    values: dict[str, str] = {}
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        name, separator, value = stripped.partition("=")
+        name = name.strip()
+        if name.startswith("export") and name[6:7].isspace():
+            name = name[6:].strip()
+        if not separator or not name.isidentifier():
+            raise SecretsFileError(
+                f"{_OPTION} {label}: line {lineno} is not NAME=value with NAME an identifier "
+                "(values spanning several lines are not supported)"
+            )
+        values[name] = _unquote(value.strip())
+    return values
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        return value[1:-1]
+    return value
+
+
+def read_dotenv(
+    source: str,
+    *,
+    base_dir: Path | None = None,
+    read_stdin: Callable[[], str] | None = None,
+) -> dict[str, str]:
+    """Parse the secrets file *source* (``-``: stdin, read with *read_stdin*)."""
+    if source == STDIN:
+        try:
+            text = (read_stdin or sys.stdin.read)()
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise SecretsFileError(f"{_OPTION} -: cannot read stdin: {exc}") from None
+        return parse_dotenv(text, label="(stdin)")
+    path = Path(source)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SecretsFileError(
+            f"{_OPTION} {path}: cannot read it ({exc.strerror or exc})"
+        ) from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise SecretsFileError(f"{_OPTION} {path}: is not UTF-8 text") from None
+    return parse_dotenv(text, label=str(path))
+
+
+_DOTENV_KEY = pytest.StashKey[dict[str, dict[str, str]]]()
+
+
+def resolve_secrets(
+    names: Sequence[str],
+    secrets_file: str | None,
+    *,
+    config: pytest.Config | None = None,
+    config_path: Path | str | None = None,
+    environ: MutableMapping[str, str] | None = None,
+    read_stdin: Callable[[], str] | None = None,
+    export: bool = True,
+) -> dict[str, str]:
+    """The value of every name, by first hit: *secrets_file*, then the environment.
+
+    With *config*, a relative file is taken from the invocation directory, stdin is read
+    past pytest's capture, and each file is read once per session (stdin can be read only
+    once, and several eval configs may name secrets). Values that came from the file are
+    exported into *environ* (``os.environ``) unless it already holds a non-empty value.
+    Raises :class:`MissingSecretsError` naming every missing name and where it looked.
+    """
+    env = os.environ if environ is None else environ
+    from_file: dict[str, str] = {}
+    if secrets_file:
+        from_file = _file_values(secrets_file, config, read_stdin)
+    resolved: dict[str, str] = {}
+    missing: list[str] = []
+    for name in names:
+        if name in from_file:
+            resolved[name] = from_file[name]
+        elif env.get(name):
+            resolved[name] = env[name]
+        else:
+            missing.append(name)
+    if missing:
+        raise MissingSecretsError(_missing_message(missing, secrets_file, config, config_path))
+    if export:
+        for name, value in resolved.items():
+            if name in from_file and value and not env.get(name):
+                env[name] = value
+    return resolved
+
+
+def _file_values(
+    source: str, config: pytest.Config | None, read_stdin: Callable[[], str] | None
+) -> dict[str, str]:
+    if config is None:
+        return read_dotenv(source, read_stdin=read_stdin)
+    cache = config.stash.setdefault(_DOTENV_KEY, {})
+    if source not in cache:
+        base = config.invocation_params.dir
+        reader = read_stdin or (lambda: _read_stdin_uncaptured(config))
+        cache[source] = read_dotenv(source, base_dir=base, read_stdin=reader)
+    return cache[source]
+
+
+def _missing_message(
+    missing: list[str],
+    secrets_file: str | None,
+    config: pytest.Config | None,
+    config_path: Path | str | None,
+) -> str:
+    place = f"{config_path}: " if config_path else ""
+    if secrets_file == STDIN:
+        looked = f"{_OPTION} - (stdin) or the environment"
+    elif secrets_file:
+        shown = Path(secrets_file)
+        if config is not None and not shown.is_absolute():
+            shown = config.invocation_params.dir / shown
+        looked = f"{_OPTION} {shown} or the environment"
+    else:
+        looked = f"the environment (no {_OPTION} given)"
+    return (
+        f"{place}[secrets] required {', '.join(missing)} but no value was found in {looked}; "
+        f"export {'it' if len(missing) == 1 else 'them'} (non-empty) or pass "
+        f"{_OPTION} FILE with NAME=value lines"
+    )
+
+
+def _read_stdin_uncaptured(config: pytest.Config) -> str:
+    """Read the real stdin: pytest's capture swaps it for an unreadable stream."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    multi = getattr(capman, "_global_capturing", None)
+    if capman is None or multi is None or getattr(multi, "in_", None) is None:
+        return sys.stdin.read()
+    started = bool(multi.is_started())
+    capman.suspend_global_capture(in_=True)
+    try:
+        return sys.stdin.read()
+    finally:
+        capman.resume_global_capture()  # resumes stdin capture too
+        if not started:
+            capman.suspend_global_capture()
+
+
+def redaction_values(
+    names: Iterable[str],
+    resolved: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[str]:
+    """What to redact for *names*: the resolved values and any environment values.
+
+    A name set both in the secrets file and in the environment resolves to the file's
+    value, while an in-process rollout reads the environment's; both are secrets.
+    """
+    env = os.environ if environ is None else environ
+    values = list((resolved or {}).values())
+    values += [env[name] for name in names if env.get(name)]
+    return values
+
+
+# --------------------------------------------------------------------------- #
+# A redacting text stream
+# --------------------------------------------------------------------------- #
+
+
+class RedactingStream:
+    """Wraps a text stream; values are replaced before they reach it.
+
+    A tail that could be the start of a value is held back until the next write
+    (or :meth:`drain`), so a value written in pieces is still caught whole.
+    """
+
+    def __init__(self, target: TextIO, redactor: Redactor) -> None:
+        self.target = target
+        self.redactor = redactor
+        self._pending = ""
+        self._lock = threading.RLock()
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        with self._lock:
+            buffered = self.redactor.redact(self._pending + text)
+            keep = self.redactor.holdback(buffered)
+            self._pending = buffered[len(buffered) - keep :] if keep else ""
+            out = buffered[: len(buffered) - keep]
+            if out:
+                self.target.write(out)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def drain(self) -> None:
+        """Write what is held back (the stream is ending) and flush."""
+        with self._lock:
+            pending, self._pending = self._pending, ""
+            if pending:
+                self.target.write(pending)
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return bool(self.target.isatty())
+
+    def fileno(self) -> int:
+        return self.target.fileno()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+# --------------------------------------------------------------------------- #
+# Reports
+# --------------------------------------------------------------------------- #
+
+
+def redact_longrepr(longrepr: Any, redactor: Redactor) -> Any:
+    """A report's ``longrepr`` without secret values.
+
+    Strings and skip tuples are redacted directly. A rendered repr (traceback) is first
+    redacted in place, keeping its structure and colours; if its text still holds a
+    value, it is replaced by its redacted text.
+    """
+    if longrepr is None or not len(redactor):
+        return longrepr
+    if isinstance(longrepr, str):
+        return redactor.redact(longrepr)
+    if isinstance(longrepr, tuple):
+        return tuple(redactor.redact(p) if isinstance(p, str) else p for p in longrepr)
+    try:
+        text = str(longrepr)
+    except Exception:  # noqa: BLE001 - an unrenderable repr is replaced below
+        return "[longrepr withheld: it could not be rendered to check it for secrets]"
+    if not redactor.contains(text):
+        return longrepr
+    _redact_fields(longrepr, redactor, depth=0)
+    try:
+        again = str(longrepr)
+    except Exception:  # noqa: BLE001
+        return redactor.redact(text)
+    return longrepr if not redactor.contains(again) else redactor.redact(text)
+
+
+def _redact_fields(node: Any, redactor: Redactor, *, depth: int) -> None:
+    if depth > 16:
+        return
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        names = [f.name for f in dataclasses.fields(node)]
+    elif isinstance(getattr(node, "longrepr", None), str):  # CollectErrorRepr
+        names = ["longrepr"]
+    else:
+        return
+    for name in names:
+        value = getattr(node, name, None)
+        new = _redacted_value(value, redactor, depth=depth + 1)
+        if new is not value:
+            try:
+                setattr(node, name, new)
+            except (AttributeError, TypeError, dataclasses.FrozenInstanceError):
+                pass  # the rendered text is checked afterwards
+
+
+def _redacted_value(value: Any, redactor: Redactor, *, depth: int) -> Any:
+    if isinstance(value, str):
+        redacted = redactor.redact(value)
+        return value if redacted == value else redacted
+    if isinstance(value, (list, tuple)):
+        items = [_redacted_value(item, redactor, depth=depth) for item in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return tuple(items) if isinstance(value, tuple) else items
+    if value is None or isinstance(value, (int, float, bool)):
+        return value
+    if dataclasses.is_dataclass(value) or hasattr(value, "longrepr"):
+        _redact_fields(value, redactor, depth=depth)
+        return value
+    text = str(value)
+    redacted = redactor.redact(text)
+    return value if redacted == text else redacted
+
+
+def redact_report(report: pytest.TestReport | pytest.CollectReport, redactor: Redactor) -> None:
+    """Redact, in place, every field of *report* that pytest or a plugin writes out."""
+    if not len(redactor):
+        return
+    report.longrepr = redact_longrepr(report.longrepr, redactor)
+    report.sections = [
+        (redactor.redact(title), redactor.redact(content)) for title, content in report.sections
+    ]
+    properties = getattr(report, "user_properties", None)
+    if properties:
+        report.user_properties = [  # type: ignore[union-attr]
+            (
+                redactor.redact(str(name)),
+                _redacted_value(value, redactor, depth=0),
+            )
+            for name, value in properties
+        ]
+    result = getattr(report, "osmosis", None)
+    if isinstance(result, dict):
+        # Free text only: identity fields and the error vocabulary are journalled as is.
+        for key in ("message", "detail"):
+            value = result.get(key)
+            if isinstance(value, str):
+                result[key] = redactor.redact(value)
+
+
+# --------------------------------------------------------------------------- #
+# The plugin
+# --------------------------------------------------------------------------- #
+
+
+class RedactionHooks:
+    """Keeps secret values out of reports, logs, warnings and the terminal (every process).
+
+    Register it with :func:`install_redaction`; add values with :meth:`add` as soon as they
+    are known (before the rollout is imported: its module code may print them).
+    """
+
+    def __init__(self, redactor: Redactor | None = None) -> None:
+        if redactor is None:
+            redactor = Redactor(min_length=1)
+            redactor.extend(ambient_secret_values(os.environ))
+        self.redactor = redactor
+        self._streams: list[tuple[str, TextIO, RedactingStream]] = []
+        self._patched: list[tuple[object, str, object]] = []
+        self._factory: Callable[..., logging.LogRecord] | None = None
+        self._previous_factory: Callable[..., logging.LogRecord] | None = None
+
+    def add(self, values: Iterable[str]) -> None:
+        """More values to redact (resolved ``[secrets]``, a bridge token, ...)."""
+        self.redactor.extend(values)
+
+    # -- reports ------------------------------------------------------------ #
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """Runner process: outermost wrapper, so it sees the report after every plugin."""
+        report = yield
+        redact_report(report, self.redactor)
+        return report
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_make_collect_report(
+        self, collector: pytest.Collector
+    ) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+        report = yield
+        redact_report(report, self.redactor)
+        return report
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
+        """Every process: again before anyone logs it (xdist reports, worker crashes)."""
+        redact_report(report, self.redactor)
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_collectreport(self, report: pytest.CollectReport) -> Generator[None, None, None]:
+        redact_report(report, self.redactor)
+        return (yield)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_warning_recorded(
+        self, warning_message: Any, when: str, nodeid: str, location: Any
+    ) -> None:
+        """Before the terminal keeps it for the summary or xdist sends it as text.
+
+        (A historic hook: it cannot be a wrapper, so ``tryfirst`` it is.)
+        """
+        if len(self.redactor):
+            message = warning_message.message
+            text = str(message)
+            redacted = self.redactor.redact(text)
+            if redacted != text:
+                try:
+                    warning_message.message = type(message)(redacted)
+                except Exception:  # noqa: BLE001 - a warning class with another signature
+                    warning_message.message = UserWarning(redacted)
+            line = getattr(warning_message, "line", None)
+            if isinstance(line, str):
+                warning_message.line = self.redactor.redact(line)
+
+    # -- streams and logging ------------------------------------------------ #
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        """Called on registration (pytest_configure is historic)."""
+        self._install_streams(config)
+        self._install_record_factory()
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.uninstall()
+
+    def _install_streams(self, config: pytest.Config) -> None:
+        """Wrap sys.stdout/sys.stderr, and make pytest restore the wrappers, not the originals.
+
+        pytest's capture swaps the streams around every item and restores the ones it
+        saved at start-up, and its terminal writer holds the original stdout; both are
+        pointed at the wrappers so output between items, ``-s`` and ``tee-sys`` output
+        and the terminal report pass through redaction.
+        """
+        if self._streams:
+            return
+        for name in ("stdout", "stderr"):
+            current = getattr(sys, name)
+            if current is None or isinstance(current, RedactingStream):
+                continue
+            wrapper = RedactingStream(current, self.redactor)
+            setattr(sys, name, wrapper)
+            self._streams.append((name, current, wrapper))
+        replacements: dict[int, RedactingStream] = {
+            id(original): wrapper for _, original, wrapper in self._streams
+        }
+        capman = config.pluginmanager.getplugin("capturemanager")
+        multi = getattr(capman, "_global_capturing", None)
+        for attr in ("out", "err"):
+            capture = getattr(multi, attr, None)
+            syscapture = getattr(capture, "syscapture", capture)
+            self._patch(syscapture, "_old", replacements)
+            self._patch(getattr(syscapture, "tmpfile", None), "_other", replacements)
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        self._patch(getattr(reporter, "_tw", None), "_file", replacements)
+
+    def _patch(self, owner: object, attr: str, replacements: Mapping[int, object]) -> None:
+        if owner is None:
+            return
+        current = getattr(owner, attr, None)
+        if current is not None and id(current) in replacements:
+            setattr(owner, attr, replacements[id(current)])
+            self._patched.append((owner, attr, current))
+
+    def _install_record_factory(self) -> None:
+        if self._factory is not None:
+            return
+        previous = logging.getLogRecordFactory()
+        redactor = self.redactor
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            if len(redactor):
+                _redact_record(record, redactor)
+            return record
+
+        self._previous_factory = previous
+        self._factory = factory
+        logging.setLogRecordFactory(factory)
+
+    def uninstall(self) -> None:
+        """Put back the streams and the log record factory (end of session)."""
+        for owner, attr, original in reversed(self._patched):
+            if getattr(owner, attr, None) is not None:
+                setattr(owner, attr, original)
+        self._patched.clear()
+        for name, original, wrapper in reversed(self._streams):
+            wrapper.drain()
+            if getattr(sys, name) is wrapper:
+                setattr(sys, name, original)
+        self._streams.clear()
+        if self._factory is not None and logging.getLogRecordFactory() is self._factory:
+            assert self._previous_factory is not None
+            logging.setLogRecordFactory(self._previous_factory)
+        self._factory = None
+
+
+def _redact_record(record: logging.LogRecord, redactor: Redactor) -> None:
+    """Redact a log record as it is made, so every handler sees the same safe text."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string is the handler's to report
+        message = str(record.msg)
+    redacted = redactor.redact(message)
+    if redacted != message:
+        record.msg, record.args = redacted, None
+    if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+        text = logging.Formatter().formatException(record.exc_info)
+        if redactor.contains(text):
+            record.exc_text = redactor.redact(text)
+    if record.stack_info:
+        record.stack_info = redactor.redact(record.stack_info)
+
+
+# --------------------------------------------------------------------------- #
+# Wiring helpers
+# --------------------------------------------------------------------------- #
+
+
+def install_redaction(config: pytest.Config) -> RedactionHooks:
+    """The process's :class:`RedactionHooks`, registered on first call (idempotent)."""
+    existing = config.pluginmanager.get_plugin(PLUGIN_NAME)
+    if isinstance(existing, RedactionHooks):
+        return existing
+    hooks = RedactionHooks()
+    config.pluginmanager.register(hooks, PLUGIN_NAME)
+    return hooks
+
+
+def add_secret_values(config: pytest.Config, values: Iterable[str]) -> None:
+    """Redact *values* from now on in this process (registers the hooks if needed)."""
+    install_redaction(config).add(values)
+
+
+def redactor_for(config: pytest.Config) -> Redactor:
+    """The redactor this process uses (for trajectories and logs.txt)."""
+    return install_redaction(config).redactor
