@@ -51,8 +51,8 @@ class Progress:
 
     def _write(self, text: str, **markup: bool) -> None:
         """Our own line, never glued to the letters pytest prints for each item."""
-        writer = getattr(self.reporter, "_tw", None)
-        pending_letters = writer is not None and getattr(writer, "width_of_current_line", 0)
+        writer: Any = getattr(self.reporter, "_tw", None)
+        pending_letters = bool(getattr(writer, "width_of_current_line", 0))
         if pending_letters and not getattr(self.reporter, "currentfspath", None):
             writer.line()  # write_line only ends the line itself after a file name
         self.reporter.write_line(text, **markup)
