@@ -99,6 +99,8 @@ class EvalItem(pytest.Item):
             reason = f"{result.get('message') or 'sample removed'} {where}{resumed}"
             raise pytest.skip.Exception(reason, _use_item_location=True)
         threshold = result["pass_threshold"]
+        if status == "failed" and self.config.option.usepdb and result.get("exception"):
+            raise result["exception"]  # --pdb: post-mortem in the rollout's own frames
         if status == "failed":
             headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
             raise EvalFailure(f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", ""))

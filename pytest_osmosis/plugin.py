@@ -381,7 +381,7 @@ class EvalHooks:
         if isinstance(item, EvalItem) and call.when == "call" and RESULT_KEY in item.stash:
             result = item.stash[RESULT_KEY]
             report.osmosis = {  # type: ignore[attr-defined]
-                **result,
+                **{k: v for k, v in result.items() if k != "exception"},
                 "config": str(item.parent.plan.config_path),
             }
             for key in ("reward", "pass_threshold", "error_type", "tokens"):

