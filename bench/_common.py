@@ -38,8 +38,9 @@ OFFLINE_ENV = {
 # The rollout every eval workspace uses. Its behaviour comes from the environment so one
 # workspace serves the 200 ms run and the 0 ms run alike:
 #   BENCH_MODE   sleep (default): await asyncio.sleep(BENCH_SLEEP); no model call
-#                bridge: one POST through the bridge (shared httpx client, the way a
-#                rollout that cares about cost would write it)
+#                bridge: one POST through the bridge (one shared httpx client with
+#                keep-alive for every in-flight call, the way a rollout that cares
+#                about cost would write it)
 #   BENCH_SLEEP  seconds to await in sleep mode (0: an instant workflow)
 #   BENCH_COUNT  if set, every workflow execution appends one byte to this file
 ROLLOUT = '''
@@ -62,7 +63,12 @@ async def _ask(prompt):
 
     if _client is None:
         # The plugin runs every workflow on one long-lived loop, so one client is safe.
-        _client = httpx.AsyncClient(timeout=60)
+        # Keep-alive for every in-flight call: httpx's default (20) would reconnect most
+        # of the 64 concurrent calls, a cost of the client, not of the plugin. Bounded:
+        # httpcore scans its whole pool for every request.
+        size = int(os.environ.get("BENCH_POOL", "64"))
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        _client = httpx.AsyncClient(timeout=60, limits=limits)
     rollout = get_rollout_context()
     response = await _client.post(
         rollout.chat_completions_url + "/chat/completions",

@@ -13,7 +13,9 @@ import, pytest start-up, preflight) are removed by running each side at two size
     CPU per call = (CPU(N) - CPU(N_small)) / (N - N_small)   (same for wall -> calls/s)
 
 The total CPU divided by N is printed too. The direct script also times its call phase
-in-process (``time.process_time``), a third view of LiteLLM's own cost.
+in-process (``time.process_time``), a third view of LiteLLM's own cost. A third side
+runs the benchmark rollout's httpx client alone against the model server, so the
+plugin's number can be split into LiteLLM + the workflow's client + bridge and harness.
 
     python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
 """
@@ -60,13 +62,49 @@ async def main():
 asyncio.run(main())
 '''
 
+# The rollout's own HTTP client alone: the same httpx client settings as the benchmark
+# rollout, straight to the model server. Its CPU is the part of the plugin's number that
+# belongs to the workflow's client, not to the bridge or the harness.
+HTTPX = '''
+import asyncio, json, os, sys, time
+
+import httpx
+
+n, concurrency = int(sys.argv[1]), int(sys.argv[2])
+url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+
+
+async def main():
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(i):
+            async with gate:
+                r = await client.post(url, headers={"Authorization": "Bearer x"},
+                                      json={"model": "bench",
+                                            "messages": [{"role": "user", "content": f"What is {i} + 1?"}]})
+                r.raise_for_status()
+                assert r.json()["choices"][0]["message"]["content"] == str(i + 1)
+
+        t1, c1 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        t2, c2 = time.perf_counter(), time.process_time()
+    print(json.dumps({"calls": n, "phase_s": t2 - t1, "phase_cpu": c2 - c1}))
+
+
+asyncio.run(main())
+'''
+
 
 def measure(items: int, small: int, batch: int, repeat: int) -> dict[str, dict[int, list[c.Run]]]:
-    runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}}
+    runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}, "httpx": {}}
     with c.tempdir("bench-bridge-") as tmp, c.model_server(0.2) as env:
         ws_by_n = {n: c.eval_workspace(tmp / f"ws{n}", n, batch_size=batch) for n in (items, small)}
         script = tmp / "direct.py"
         script.write_text(DIRECT)
+        client = tmp / "client.py"
+        client.write_text(HTTPX)
         for i in range(repeat):
             for n in (items, small):
                 out = tmp / f"out-{n}-{i}"
@@ -74,7 +112,7 @@ def measure(items: int, small: int, batch: int, repeat: int) -> dict[str, dict[i
                     f"plugin via bridge, {n} calls #{i + 1}",
                     c.osmosis_cmd(output=out),
                     cwd=ws_by_n[n],
-                    env={**env, "BENCH_MODE": "bridge"},
+                    env={**env, "BENCH_MODE": "bridge", "BENCH_POOL": str(batch)},
                 ).check(f"{n} passed")
                 runs["plugin"].setdefault(n, []).append(r)
                 d = c.run(
@@ -84,6 +122,13 @@ def measure(items: int, small: int, batch: int, repeat: int) -> dict[str, dict[i
                     env=env,
                 ).check('"calls"')
                 runs["litellm"].setdefault(n, []).append(d)
+                h = c.run(
+                    f"httpx client alone, {n} calls #{i + 1}",
+                    [c.PYTHON, str(client), str(n), str(batch)],
+                    cwd=tmp,
+                    env=env,
+                ).check('"calls"')
+                runs["httpx"].setdefault(n, []).append(h)
     return runs
 
 
@@ -108,7 +153,9 @@ def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> l
     phases = [_phase(r) for r in runs["litellm"][items]]
     phase_cpu_ms = min(p["phase_cpu"] for p in phases) / items * 1000
     phase_rate = max(items / p["phase_s"] for p in phases)
-    ours, theirs = per["plugin"], per["litellm"]
+    ours, theirs, client = per["plugin"], per["litellm"], per["httpx"]
+    client_phase = min(_phase(r)["phase_cpu"] for r in runs["httpx"][items]) / items * 1000
+    rest = ours["marginal_cpu_ms"] - theirs["marginal_cpu_ms"] - client["marginal_cpu_ms"]
     ideal_rate = 64 / 0.2
     return [
         c.Check(
@@ -124,6 +171,10 @@ def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> l
                 f"({theirs['cpu']:.2f} s) -> ratio "
                 f"{ours['total_cpu_ms'] / theirs['total_cpu_ms']:.3f}",
                 f"litellm call phase measured in-process: {phase_cpu_ms:.2f} ms CPU per call",
+                f"the rollout's httpx client alone (to the model server): "
+                f"{client['marginal_cpu_ms']:.2f} ms marginal, {client_phase:.2f} ms in-process",
+                f"so plugin = litellm {theirs['marginal_cpu_ms']:.2f} + httpx client "
+                f"{client['marginal_cpu_ms']:.2f} + bridge server and harness {rest:.2f} ms",
                 f"calls/s marginal: plugin {ours['marginal_rate']:.0f}, litellm "
                 f"{theirs['marginal_rate']:.0f} (ideal 64 / 0.2 s = {ideal_rate:.0f}); "
                 f"litellm call phase in-process {phase_rate:.0f}/s",

@@ -386,7 +386,8 @@ class EvalHooks:
             }
             for key in ("reward", "pass_threshold", "error_type", "tokens"):
                 if result.get(key) is not None:
-                    report.user_properties.append((f"osmosis_{key}", result[key]))
+                    # The item's list: junitxml reads it from the teardown report.
+                    item.user_properties.append((f"osmosis_{key}", result[key]))
         return report
 
     @pytest.hookimpl(tryfirst=True)
