@@ -38,12 +38,12 @@ OFFLINE_ENV = {
 # The rollout every eval workspace uses. Its behaviour comes from the environment so one
 # workspace serves the 200 ms run and the 0 ms run alike:
 #   BENCH_MODE   sleep (default): await asyncio.sleep(BENCH_SLEEP); no model call
-#                bridge: one POST through the bridge (one shared httpx client with
-#                keep-alive for every in-flight call, the way a rollout that cares
-#                about cost would write it)
+#                bridge: one POST through the bridge with one client shared by every
+#                row (the way a rollout that cares about cost would write it)
+#   BENCH_CLIENT httpx (default, httpx's default limits) or aiohttp
 #   BENCH_SLEEP  seconds to await in sleep mode (0: an instant workflow)
 #   BENCH_COUNT  if set, every workflow execution appends one byte to this file
-ROLLOUT = '''
+ROLLOUT = """
 import asyncio
 import os
 
@@ -54,29 +54,36 @@ from pytest_osmosis.rollout import (
 MODE = os.environ.get("BENCH_MODE", "sleep")
 SLEEP = float(os.environ.get("BENCH_SLEEP", "0"))
 COUNT = os.environ.get("BENCH_COUNT")
+CLIENT = os.environ.get("BENCH_CLIENT", "httpx")
 _client = None
 
 
 async def _ask(prompt):
     global _client
-    import httpx
-
-    if _client is None:
-        # The plugin runs every workflow on one long-lived loop, so one client is safe.
-        # Keep-alive for every in-flight call: httpx's default (20) would reconnect most
-        # of the 64 concurrent calls, a cost of the client, not of the plugin. Bounded:
-        # httpcore scans its whole pool for every request.
-        size = int(os.environ.get("BENCH_POOL", "64"))
-        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
-        _client = httpx.AsyncClient(timeout=60, limits=limits)
     rollout = get_rollout_context()
-    response = await _client.post(
-        rollout.chat_completions_url + "/chat/completions",
-        headers={"Authorization": f"Bearer {rollout.api_key}"},
-        json={"model": "bench", "messages": prompt},
-    )
-    response.raise_for_status()
-    return response.json()["choices"][0]["message"]["content"]
+    url = rollout.chat_completions_url + "/chat/completions"
+    headers = {"Authorization": f"Bearer {rollout.api_key}"}
+    body = {"model": "bench", "messages": prompt}
+    if CLIENT == "aiohttp":
+        import aiohttp
+
+        if _client is None:
+            _client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        async with _client.post(url, headers=headers, json=body) as response:
+            response.raise_for_status()
+            answer = await response.json()
+    else:
+        import httpx
+
+        if _client is None:
+            # One client for the session: the plugin runs every workflow on one long-lived
+            # loop. httpx's default limits on purpose: raising keep-alive to the concurrency
+            # makes httpcore's pool scan cost ~13 ms CPU a call at 64 in flight (measured).
+            _client = httpx.AsyncClient(timeout=60)
+        response = await _client.post(url, headers=headers, json=body)
+        response.raise_for_status()
+        answer = response.json()
+    return answer["choices"][0]["message"]["content"]
 
 
 class BenchWorkflow(AgentWorkflow):
@@ -99,7 +106,7 @@ class BenchGrader(Grader):
 
 
 backend = LocalBackend(workflow=BenchWorkflow, grader=BenchGrader)
-'''
+"""
 
 
 def eval_workspace(

@@ -51,7 +51,9 @@ def checks(rows: int, ours: list[c.Run], plain: list[c.Run]) -> list[c.Check]:
         f"plain pytest parametrize x {rows}: {p_wall:.2f} s, {p_rss:.0f} MB "
         f"(plugin / plain: wall {wall / p_wall:.2f}x, RSS {rss / p_rss:.2f}x)"
     )
-    spread = f"walls {', '.join(f'{r.wall:.2f}' for r in ours)} s; CPU {min(r.cpu for r in ours):.2f} s"
+    spread = (
+        f"walls {', '.join(f'{r.wall:.2f}' for r in ours)} s; CPU {min(r.cpu for r in ours):.2f} s"
+    )
     return [
         c.Check(
             f"collect {rows} rows: wall",

@@ -27,7 +27,10 @@ def measure(items: int, sleep: float, batch: int, repeat: int) -> tuple[list[c.R
     with c.tempdir("bench-harness-") as tmp, c.model_server(0.0) as env:
         ws = c.eval_workspace(tmp / "ws", items, batch_size=batch)
         for i in range(repeat):
-            for label, seconds, bucket in (("0 ms", 0.0, zero), (f"{sleep * 1000:g} ms", sleep, slow)):
+            for label, seconds, bucket in (
+                ("0 ms", 0.0, zero),
+                (f"{sleep * 1000:g} ms", sleep, slow),
+            ):
                 out = tmp / f"out-{label.replace(' ', '')}-{i}"
                 r = c.run(
                     f"plugin {items} items x {label} #{i + 1}",
@@ -40,7 +43,9 @@ def measure(items: int, sleep: float, batch: int, repeat: int) -> tuple[list[c.R
     return zero, slow
 
 
-def checks(items: int, sleep: float, batch: int, zero: list[c.Run], slow: list[c.Run]) -> list[c.Check]:
+def checks(
+    items: int, sleep: float, batch: int, zero: list[c.Run], slow: list[c.Run]
+) -> list[c.Check]:
     sleep_floor = items * sleep / batch
     best_zero = min(r.wall for r in zero)
     best_slow = min(r.wall for r in slow)
@@ -55,8 +60,9 @@ def checks(items: int, sleep: float, batch: int, zero: list[c.Run], slow: list[c
         c.Check(
             "harness efficiency (1 process)",
             f"wall {best_slow:.2f} s vs ideal {ideal:.2f} s "
-            f"(= {items} x {sleep:g} s / {batch} = {sleep_floor:.2f} s + 0 ms session {best_zero:.2f} s)",
-            f"wall <= 1.15 x ideal",
+            f"(= {items} x {sleep:g} s / {batch} = {sleep_floor:.2f} s"
+            f" + 0 ms session {best_zero:.2f} s)",
+            "wall <= 1.15 x ideal",
             ratio,
             1.15,
             notes=[
@@ -84,7 +90,11 @@ def main() -> None:
     zero, slow = measure(args.items, args.sleep, args.batch, args.repeat)
     c.print_runs([*zero, *slow])
     print(f"after: {c.loadavg()}")
-    c.finish("benchmark 1: harness efficiency", checks(args.items, args.sleep, args.batch, zero, slow), args.json)
+    c.finish(
+        "benchmark 1: harness efficiency",
+        checks(args.items, args.sleep, args.batch, zero, slow),
+        args.json,
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ def measure(items: int, repeat: int) -> dict[str, dict[int, list[c.Run]]]:
 
 
 def per_item(runs: dict[int, list[c.Run]], items: int, what: str) -> float:
-    big = min(getattr(r, what) for r in runs[items])
-    one = min(getattr(r, what) for r in runs[1])
+    big = float(min(getattr(r, what) for r in runs[items]))
+    one = float(min(getattr(r, what) for r in runs[1]))
     return (big - one) / (items - 1) * 1000
 
 

@@ -1,13 +1,14 @@
 """Benchmark 7 — flat in N, and resuming a finished run (design.md §3).
 
 1. Per-item cost at 10,000 instant items vs at 1,000 (instant workflow and grader):
-   ``per item = (wall(N) - wall(1)) / (N - 1)``. Target: ratio <= 1.1 (flat in N).
+   ``per item = (wall(N) - wall(1)) / (N - 1)``, the 1-item and 1,000-item runs best of
+   ``--repeat``. Target: ratio <= 1.1 (flat in N).
 2. Resume: the 10,000-item run is named (``--osmosis-name``); running it again must
    re-execute no workflow (each execution appends a byte to ``BENCH_COUNT``; the file
    must stay absent) and take <= 2 x the collection time of the same workspace
    (``--collect-only -q``, outer wall).
 
-    python bench/scale.py [--small 1000] [--large 10000]
+    python bench/scale.py [--small 1000] [--large 10000] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -18,18 +19,24 @@ from pathlib import Path
 import _common as c
 
 
-def measure(small: int, large: int) -> dict[str, c.Run | int | None]:
-    out: dict[str, c.Run | int | None] = {}
+def measure(small: int, large: int, repeat: int) -> dict[str, c.Run | float | None]:
+    out: dict[str, c.Run | float | None] = {}
     with c.tempdir("bench-scale-") as tmp, c.model_server(0.0) as env:
         env = {**env, "BENCH_SLEEP": "0"}
         spaces = {n: c.eval_workspace(tmp / f"ws{n}", n) for n in (1, small, large)}
         for n in (1, small):
-            out[f"run{n}"] = c.run(
-                f"plugin {n} instant items",
-                c.osmosis_cmd(output=tmp / f"out{n}"),
-                cwd=spaces[n],
-                env=env,
-            ).check(f"{n} passed")
+            # Best of `repeat`: these are the short runs that start-up noise distorts most.
+            tries = [
+                c.run(
+                    f"plugin {n} instant items #{i + 1}",
+                    c.osmosis_cmd(output=tmp / f"out{n}-{i}"),
+                    cwd=spaces[n],
+                    env=env,
+                ).check(f"{n} passed")
+                for i in range(repeat)
+            ]
+            out[f"run{n}"] = min(tries, key=lambda r: r.wall)
+            out[f"cpu{n}"] = min(r.cpu for r in tries)
         output = tmp / f"out{large}"
         first_count = tmp / "count-first"
         out[f"run{large}"] = c.run(
@@ -52,9 +59,11 @@ def measure(small: int, large: int) -> dict[str, c.Run | int | None]:
             env={**env, "BENCH_COUNT": str(resume_count)},
         ).check(f"{large} passed")
         out["executed_resume"] = _count(resume_count)
-        out["journal_lines"] = sum(
-            1 for _ in open(output / "bench-resume" / "events.jsonl", encoding="utf-8")
-        ) if (output / "bench-resume" / "events.jsonl").exists() else None
+        out["journal_lines"] = (
+            sum(1 for _ in open(output / "bench-resume" / "events.jsonl", encoding="utf-8"))
+            if (output / "bench-resume" / "events.jsonl").exists()
+            else None
+        )
     return out
 
 
@@ -62,15 +71,17 @@ def _count(path: Path) -> int:
     return len(path.read_text()) if path.exists() else 0
 
 
-def checks(small: int, large: int, out: dict[str, c.Run | int | None]) -> list[c.Check]:
+def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list[c.Check]:
     one, r_small, r_large = out["run1"], out[f"run{small}"], out[f"run{large}"]
     collect, resume = out["collect"], out["resume"]
     assert isinstance(one, c.Run) and isinstance(r_small, c.Run) and isinstance(r_large, c.Run)
     assert isinstance(collect, c.Run) and isinstance(resume, c.Run)
     per_small = (r_small.wall - one.wall) / (small - 1) * 1000
     per_large = (r_large.wall - one.wall) / (large - 1) * 1000
-    cpu_small = (r_small.cpu - one.cpu) / (small - 1) * 1000
-    cpu_large = (r_large.cpu - one.cpu) / (large - 1) * 1000
+    cpu_one, cpu_small_run = out["cpu1"], out[f"cpu{small}"]
+    assert isinstance(cpu_one, float) and isinstance(cpu_small_run, float)
+    cpu_small = (cpu_small_run - cpu_one) / (small - 1) * 1000
+    cpu_large = (r_large.cpu - cpu_one) / (large - 1) * 1000
     executed = out["executed_resume"]
     return [
         c.Check(
@@ -105,11 +116,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--large", type=int, default=10000)
+    parser.add_argument("--repeat", type=int, default=2, help="tries of the 1-item and small runs")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     print(f"scale and resume: {c.loadavg()}")
-    out = measure(args.small, args.large)
+    out = measure(args.small, args.large, args.repeat)
     c.print_runs([r for r in out.values() if isinstance(r, c.Run)])
+    print("(the 1-item and small rows are the best of --repeat tries)")
     print(f"after: {c.loadavg()}")
     c.finish("benchmark 7: scale and resume", checks(args.small, args.large, out), args.json)
 

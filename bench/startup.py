@@ -16,14 +16,14 @@ import argparse
 import _common as c
 
 # Reports, at the end of the session, whether the plugin and LiteLLM were imported.
-PROBE = '''
+PROBE = """
 import sys
 
 
 def pytest_unconfigure(config):
     with open("probe.txt", "w") as fh:
         fh.write(f"{'pytest_osmosis.plugin' in sys.modules} {'litellm' in sys.modules}")
-'''
+"""
 
 
 def measure(runs: int) -> tuple[list[c.Run], list[c.Run], dict[str, str]]:
@@ -38,12 +38,14 @@ def measure(runs: int) -> tuple[list[c.Run], list[c.Run], dict[str, str]]:
             probes[label] = (suite / "probe.txt").read_text()
         for i in range(runs):
             enabled.append(
-                c.run(f"plugin installed, not enabled #{i + 1}", c.pytest_cmd("-q"), cwd=suite)
-                .check("1 passed")
+                c.run(
+                    f"plugin installed, not enabled #{i + 1}", c.pytest_cmd("-q"), cwd=suite
+                ).check("1 passed")
             )
             disabled.append(
-                c.run(f"-p no:osmosis #{i + 1}", c.pytest_cmd("-q", "-p", "no:osmosis"), cwd=suite)
-                .check("1 passed")
+                c.run(
+                    f"-p no:osmosis #{i + 1}", c.pytest_cmd("-q", "-p", "no:osmosis"), cwd=suite
+                ).check("1 passed")
             )
     return enabled, disabled, probes
 

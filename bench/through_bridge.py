@@ -18,6 +18,7 @@ runs the benchmark rollout's httpx client alone against the model server, so the
 plugin's number can be split into LiteLLM + the workflow's client + bridge and harness.
 
     python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
+                                   [--client httpx|aiohttp]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 
 import _common as c
 
-DIRECT = '''
+DIRECT = """
 import asyncio, json, sys, time
 
 n, concurrency = int(sys.argv[1]), int(sys.argv[2])
@@ -60,44 +61,56 @@ async def main():
 
 
 asyncio.run(main())
-'''
+"""
 
 # The rollout's own HTTP client alone: the same httpx client settings as the benchmark
 # rollout, straight to the model server. Its CPU is the part of the plugin's number that
 # belongs to the workflow's client, not to the bridge or the harness.
-HTTPX = '''
+HTTPX = """
 import asyncio, json, os, sys, time
 
-import httpx
-
-n, concurrency = int(sys.argv[1]), int(sys.argv[2])
+n, concurrency, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
 
 
 async def main():
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        gate = asyncio.Semaphore(concurrency)
+    if kind == "aiohttp":
+        import aiohttp
 
-        async def one(i):
-            async with gate:
-                r = await client.post(url, headers={"Authorization": "Bearer x"},
-                                      json={"model": "bench",
-                                            "messages": [{"role": "user", "content": f"What is {i} + 1?"}]})
+        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    else:
+        import httpx
+
+        client = httpx.AsyncClient(timeout=60)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i):
+        body = {"model": "bench", "messages": [{"role": "user", "content": f"What is {i} + 1?"}]}
+        async with gate:
+            if kind == "aiohttp":
+                async with client.post(url, headers={"Authorization": "Bearer x"}, json=body) as r:
+                    r.raise_for_status()
+                    answer = await r.json()
+            else:
+                r = await client.post(url, headers={"Authorization": "Bearer x"}, json=body)
                 r.raise_for_status()
-                assert r.json()["choices"][0]["message"]["content"] == str(i + 1)
+                answer = r.json()
+            assert answer["choices"][0]["message"]["content"] == str(i + 1)
 
-        t1, c1 = time.perf_counter(), time.process_time()
-        await asyncio.gather(*(one(i) for i in range(n)))
-        t2, c2 = time.perf_counter(), time.process_time()
+    t1, c1 = time.perf_counter(), time.process_time()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    t2, c2 = time.perf_counter(), time.process_time()
+    await client.aclose() if kind != "aiohttp" else await client.close()
     print(json.dumps({"calls": n, "phase_s": t2 - t1, "phase_cpu": c2 - c1}))
 
 
 asyncio.run(main())
-'''
+"""
 
 
-def measure(items: int, small: int, batch: int, repeat: int) -> dict[str, dict[int, list[c.Run]]]:
+def measure(
+    items: int, small: int, batch: int, repeat: int, client_kind: str
+) -> dict[str, dict[int, list[c.Run]]]:
     runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}, "httpx": {}}
     with c.tempdir("bench-bridge-") as tmp, c.model_server(0.2) as env:
         ws_by_n = {n: c.eval_workspace(tmp / f"ws{n}", n, batch_size=batch) for n in (items, small)}
@@ -112,7 +125,7 @@ def measure(items: int, small: int, batch: int, repeat: int) -> dict[str, dict[i
                     f"plugin via bridge, {n} calls #{i + 1}",
                     c.osmosis_cmd(output=out),
                     cwd=ws_by_n[n],
-                    env={**env, "BENCH_MODE": "bridge", "BENCH_POOL": str(batch)},
+                    env={**env, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
                 ).check(f"{n} passed")
                 runs["plugin"].setdefault(n, []).append(r)
                 d = c.run(
@@ -123,8 +136,8 @@ def measure(items: int, small: int, batch: int, repeat: int) -> dict[str, dict[i
                 ).check('"calls"')
                 runs["litellm"].setdefault(n, []).append(d)
                 h = c.run(
-                    f"httpx client alone, {n} calls #{i + 1}",
-                    [c.PYTHON, str(client), str(n), str(batch)],
+                    f"{client_kind} client alone, {n} calls #{i + 1}",
+                    [c.PYTHON, str(client), str(n), str(batch), client_kind],
                     cwd=tmp,
                     env=env,
                 ).check('"calls"')
@@ -136,7 +149,9 @@ def _phase(r: c.Run) -> dict[str, float]:
     return dict(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
-def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> list[c.Check]:
+def checks(
+    items: int, small: int, runs: dict[str, dict[int, list[c.Run]]], client_kind: str
+) -> list[c.Check]:
     per: dict[str, dict[str, float]] = {}
     for side, by_n in runs.items():
         big, little = by_n[items], by_n[small]
@@ -159,7 +174,7 @@ def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> l
     ideal_rate = 64 / 0.2
     return [
         c.Check(
-            "bridge: CPU per call",
+            f"bridge: CPU per call ({client_kind} client in the rollout)",
             f"plugin {ours['marginal_cpu_ms']:.2f} ms vs litellm.acompletion "
             f"{theirs['marginal_cpu_ms']:.2f} ms (marginal, {items} vs {small} calls)",
             "plugin CPU per call <= 1.3 x litellm direct",
@@ -171,9 +186,9 @@ def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> l
                 f"({theirs['cpu']:.2f} s) -> ratio "
                 f"{ours['total_cpu_ms'] / theirs['total_cpu_ms']:.3f}",
                 f"litellm call phase measured in-process: {phase_cpu_ms:.2f} ms CPU per call",
-                f"the rollout's httpx client alone (to the model server): "
+                f"the rollout's {client_kind} client alone (to the model server): "
                 f"{client['marginal_cpu_ms']:.2f} ms marginal, {client_phase:.2f} ms in-process",
-                f"so plugin = litellm {theirs['marginal_cpu_ms']:.2f} + httpx client "
+                f"so plugin = litellm {theirs['marginal_cpu_ms']:.2f} + {client_kind} client "
                 f"{client['marginal_cpu_ms']:.2f} + bridge server and harness {rest:.2f} ms",
                 f"calls/s marginal: plugin {ours['marginal_rate']:.0f}, litellm "
                 f"{theirs['marginal_rate']:.0f} (ideal 64 / 0.2 s = {ideal_rate:.0f}); "
@@ -193,13 +208,23 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=100)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--client",
+        choices=("httpx", "aiohttp"),
+        default="httpx",
+        help="the rollout's HTTP client (httpx with its default limits, or aiohttp)",
+    )
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     print(f"through the bridge: {c.loadavg()}")
-    runs = measure(args.items, args.small, args.batch, args.repeat)
+    runs = measure(args.items, args.small, args.batch, args.repeat, args.client)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")
-    c.finish("benchmark 2: through the bridge", checks(args.items, args.small, runs), args.json)
+    c.finish(
+        "benchmark 2: through the bridge",
+        checks(args.items, args.small, runs, args.client),
+        args.json,
+    )
 
 
 if __name__ == "__main__":

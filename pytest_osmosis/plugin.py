@@ -7,6 +7,7 @@ eval TOML named, pytest behaves exactly as before and LiteLLM is never imported.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,6 +224,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if not _enabled(config):
         return
+    # Third-party noise an eval run should not make: LiteLLM's pydantic warnings, and
+    # openai-agents exporting traces of every rollout to OpenAI when a key is present.
+    config.addinivalue_line("filterwarnings", "ignore:.*ReadOnly. qualifier:UserWarning")
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
     from pytest_osmosis.session import EvalSession, SessionOptions
 
     values = {opt.dest: _value(config, opt) for opt in OPTIONS}

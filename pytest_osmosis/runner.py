@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import inspect
 import logging
 import math
 import time
@@ -135,10 +134,7 @@ async def execute(
     has_trajectory = False
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
         try:
-            if _accepts_step_usage(write_trajectory):
-                has_trajectory = write_trajectory(rollout_id, sample, work, step_usage=step_usage)
-            else:
-                has_trajectory = write_trajectory(rollout_id, sample, work)
+            has_trajectory = write_trajectory(rollout_id, sample, work, step_usage)
         except ValueError as exc:
             # No valid ATIF document (e.g. an empty conversation): like the SDK's best-effort
             # save_trajectory, the row keeps its result and simply has no trajectory.
@@ -164,14 +160,6 @@ async def execute(
         "passed": status == "success" and reward is not None and reward >= pass_threshold,
     }
     return result
-
-
-def _accepts_step_usage(writer: Callable[..., Any]) -> bool:
-    try:
-        parameters = inspect.signature(writer).parameters
-    except (TypeError, ValueError):
-        return False
-    return "step_usage" in parameters
 
 
 async def _workflow_phase(

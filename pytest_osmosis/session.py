@@ -342,17 +342,24 @@ class EvalSession:
         bridge = await self.bridge(plan.settings.model_path)
         run_dir = plan.run_dir
 
-        def save_trajectory(rollout_id: str, sample: Any, work: WorkItem) -> bool:
+        def save_trajectory(
+            rollout_id: str,
+            sample: Any,
+            work: WorkItem,
+            step_usage: list[dict[str, int]] | None = None,
+        ) -> bool:
             doc = build_trajectory(
                 rollout_id=rollout_id,
                 messages=list(sample.trajectory_messages),
-                label=sample.label,
+                # A sample from a SampleSource carries no label; the SDK falls back to the row's.
+                label=sample.label if sample.label is not None else work.label,
                 reward=sample.reward,
                 sample_metrics=dict(sample.metrics),
                 sample_extra_fields=dict(sample.extra_fields),
                 request_metadata=work.metadata,
                 request_extra_fields={"row_index": work.row_index, "run_index": work.run_index},
                 sdk_version=_sdk_version(),
+                step_usage=step_usage,
             )
             write_trajectory(run_dir / "rollout_trials" / rollout_id, doc)
             return True

@@ -45,6 +45,20 @@ def _armed(meta):
     return Path(meta["marker"]).exists()
 
 
+async def _after_replacement(meta):
+    """Crash only once a worker replacing a crashed one has imported this rollout.
+
+    (Controller + two workers + one replacement.) Two crashes close together hit a race
+    in xdist's loadscope scheduler; that race has its own tests.
+    """
+    path = Path(os.environ["FAULT_IMPORTS"])
+    for _ in range(600):
+        if path.exists() and len(set(path.read_text().split())) >= 4:
+            await asyncio.sleep(1.0)
+            return
+        await asyncio.sleep(0.1)
+
+
 def _note(meta, what):
     # One O_APPEND write per line: several processes append without interleaving.
     fd = os.open(meta["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -52,6 +66,10 @@ def _note(meta, what):
         os.write(fd, (what + "\n").encode())
     finally:
         os.close(fd)
+
+
+if os.environ.get("FAULT_IMPORTS"):
+    _note({"log": os.environ["FAULT_IMPORTS"]}, str(os.getpid()))
 
 
 class FaultWorkflow(AgentWorkflow):
@@ -103,6 +121,7 @@ class FaultGrader(Grader):
         if do == "no_reward":
             return
         if do == "segv" and _armed(meta):
+            await _after_replacement(meta)
             ctypes.string_at(0)  # SIGSEGV in the interpreter
         final = list(ctx.sample.messages)[-1]["content"].strip()
         ctx.set_reward(1.0 if final == ctx.label else 0.0)
@@ -268,18 +287,20 @@ CRASH_TYPES = {2: "worker_crashed", 4: "agent_error", 6: "worker_crashed", 8: "v
 
 
 def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
-    pytester: pytest.Pytester, model_env
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
     root = pytester.path
     (root / "armed").touch()
+    monkeypatch.setenv("FAULT_IMPORTS", str(root / "imports.log"))
     write_workspace(
         root,
         rows=fault_rows(CRASH_BEHAVIOURS, root),
         rollout_source=FAULT_ROLLOUT,
         evaluation={"batch_size": 2},  # one row in flight per worker
     )
-    # The crash rows wait on the model first, so each dies while its own item runs.
-    model_env.delays = {"What is 2 + 100?": 0.5, "What is 6 + 100?": 0.5}
+    # The exit row waits on the model first, so it dies while its own item runs; the
+    # segfault waits for the replacement worker.
+    model_env.delays = {"What is 2 + 100?": 0.5}
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "crash", "-n", "2")
     result = pytester.runpytest_subprocess(*args)
     out = result.stdout.str()
@@ -314,32 +335,108 @@ def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug: under xdist a crash is pinned on the item the worker's main thread runs, "
-    "not on the prefetched row that crashed; the innocent row is recorded worker_crashed "
-    "and the culprit is re-sent to another worker (see the report to the lead)",
+    reason="bug: under xdist a crash is pinned on the item the worker's main thread waits "
+    "for, not on the prefetched row that crashed: the innocent row is recorded "
+    "worker_crashed and the culprit is sent to another worker and crashes it too",
 )
 def test_a_prefetched_row_that_crashes_is_the_one_recorded(
     pytester: pytest.Pytester, model_env
 ) -> None:  # type: ignore[no-untyped-def]
     root = pytester.path
     (root / "armed").touch()
-    behaviours = ["ok", "exit", "ok", "ok"]
+    behaviours = ["ok", "ok", "exit", "ok", "ok", "ok"]
     write_workspace(
         root,
         rows=fault_rows(behaviours, root),
         rollout_source=FAULT_ROLLOUT,
-        evaluation={"batch_size": 8},  # rows 0 and 1 in flight together on one worker
+        evaluation={"batch_size": 8},  # a worker runs its queued rows ahead
     )
-    model_env.delays = {"What is 0 + 100?": 3.0}  # row 0 is still waiting when row 1 dies
+    model_env.delays = {"What is 0 + 100?": 3.0}  # row 0 still waits when row 2 dies
     result = pytester.runpytest_subprocess(
-        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "pin", "-n", "2",
-        "--max-worker-restart", "1",
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "pin", "-n", "2"
     )
     run_dir = root / ".osmosis" / "evals" / "pin"
-    assert outcomes(run_dir) == {
-        0: ("success", None),
-        1: ("failed", "worker_crashed"),
-        2: ("success", None),
-        3: ("success", None),
-    }, result.stdout.str()
-    assert executions(root)[1] == 1
+    expected = {index: ("success", None) for index in range(len(behaviours))}
+    expected[2] = ("failed", "worker_crashed")
+    assert outcomes(run_dir) == expected, result.stdout.str()
+    assert executions(root)[2] == 1
+
+
+class _Node:
+    """Stands in for xdist's WorkerController in scheduler tests."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.shutting_down = False
+        self.closed = False
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        if self.closed:
+            raise OSError("cannot send (already closed?)")
+        self.sent.append(list(indices))
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+    def __repr__(self) -> str:
+        return f"<_Node {self.gateway.id}>"
+
+
+def _scheduler(pytester: pytest.Pytester) -> tuple[Any, list[str], _Node, _Node]:
+    from pytest_osmosis.xdist import EvalScheduling
+
+    config = pytester.parseconfig("--tx", "2*popen", "-p", "xdist")
+    sched = EvalScheduling(config, None, shard_rows=1)
+    nodeids = [f"configs/eval/calc.toml::row_{i}_run_0" for i in range(12)]
+    gw0, gw1 = _Node("gw0"), _Node("gw1")
+    for node in (gw0, gw1):
+        sched.add_node(node)
+        sched.add_node_collection(node, nodeids)
+    sched.schedule()
+    return sched, nodeids, gw0, gw1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=KeyError,
+    reason="bug (inherited from xdist's loadscope): a second crash while the first one's "
+    "replacement is still collecting reschedules onto the replacement -> KeyError, "
+    "INTERNALERROR; fix: EvalScheduling._reschedule skips nodes not in "
+    "registered_collections",
+)
+def test_a_second_crash_while_the_replacement_collects_is_survived(
+    pytester: pytest.Pytester,
+) -> None:
+    sched, nodeids, gw0, gw1 = _scheduler(pytester)
+    assert sched.remove_node(gw0) is not None  # gw0 died running its first row
+    gw2 = _Node("gw2")
+    sched.add_node(gw2)  # its replacement is up but has not collected yet
+    assert sched.remove_node(gw1) is not None  # gw1 dies too
+    sched.add_node_collection(gw2, nodeids)
+    sched.schedule()
+    sent = {nodeids[i] for batch in gw2.sent for i in batch}
+    assert sent and sched.has_pending
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=OSError,
+    reason="bug (inherited from xdist's loadscope): rescheduling onto a worker whose "
+    "channel already closed (it died a moment later) raises OSError -> INTERNALERROR; "
+    "fix: EvalScheduling._reschedule catches OSError (the unit stays assigned to the "
+    "dead node and remove_node puts it back in the queue)",
+)
+def test_rescheduling_onto_a_worker_that_just_died_is_survived(
+    pytester: pytest.Pytester,
+) -> None:
+    sched, nodeids, gw0, gw1 = _scheduler(pytester)
+    gw1.closed = True  # gw1 died too; xdist has not told the scheduler yet
+    sched.remove_node(gw0)
+    sched.remove_node(gw1)
+    gw2 = _Node("gw2")
+    sched.add_node(gw2)
+    sched.add_node_collection(gw2, nodeids)
+    sched.schedule()
+    rerun = {nodeids[i] for batch in gw2.sent for i in batch}
+    assert rerun, "the dead workers' unfinished rows go to the replacement"

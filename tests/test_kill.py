@@ -1,0 +1,326 @@
+"""Kill -9 at random moments (issue 6, point 3): a named run survives SIGKILL and resumes.
+
+A seeded random schedule kills the whole session (its process group, xdist workers
+included) 20 times: after a random delay (which lands anywhere: start-up, preflight,
+mid-row, between journal appends) or as soon as the journal reached a random count.
+Each time the same command resumes the run. At the end every (row, attempt) is in
+``index.jsonl`` exactly once, the journal holds exactly one complete record per work
+item, no row was sent to the model again after its results were journalled (rows are
+told apart by unique questions; a row killed in flight may legitimately run twice, since
+nothing of it was recorded), the run is ``finished``, and the SDK's own upload planner
+accepts it.
+
+Sessions are forked from a warm "zygote" process that has already imported pytest,
+the plugin and LiteLLM (3-9 s per fresh interpreter), so 20 kills fit in well under a
+minute; each session is still its own process running ``pytest.main``, killed without
+any chance to clean up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from model_server import ModelServer
+from workspaces import calc_rows, read_index, write_workspace
+
+SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
+SEED = 20260611
+KILLS = 20
+
+ZYGOTE = r"""
+import json, os, sys, threading
+import litellm, pytest, xdist, httpx, aiohttp  # the expensive imports, done once
+import pytest_osmosis.plugin, pytest_osmosis.session, pytest_osmosis.bridge
+import pytest_osmosis.collect, pytest_osmosis.results, pytest_osmosis.xdist
+assert threading.active_count() == 1, threading.enumerate()  # fork-safe: one thread
+
+def reply(payload):
+    sys.stdout.write(json.dumps(payload) + "\n")
+    sys.stdout.flush()
+
+reply({"ready": True})
+for line in sys.stdin:
+    command = json.loads(line)
+    if command["op"] == "run":
+        pid = os.fork()
+        if pid == 0:
+            os.setpgrp()  # the test kills the whole group: this session and its workers
+            out = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.chdir(command["cwd"])
+            os.environ.update(command["env"])
+            code = 3
+            try:
+                code = int(pytest.main(command["args"]))
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        reply({"pid": pid})
+    elif command["op"] == "poll":
+        try:
+            pid, status = os.waitpid(command["pid"], 0 if command.get("block") else os.WNOHANG)
+        except ChildProcessError:
+            reply({"done": True, "code": None, "signal": None})
+            continue
+        if pid == 0:
+            reply({"done": False})
+        else:
+            reply({
+                "done": True,
+                "code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            })
+"""
+
+
+class Zygote:
+    """A warm process that forks pytest sessions on request and reaps them."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ZYGOTE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        assert self._read() == {"ready": True}
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, "the zygote died"
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def _ask(self, **command: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def run(self, cwd: Path, args: list[str], log: Path, env: dict[str, str]) -> int:
+        """Fork a session running ``pytest.main(args)`` in *cwd*; returns its pid."""
+        reply = self._ask(op="run", cwd=str(cwd), args=args, log=str(log), env=env)
+        pid: int = reply["pid"]
+        return pid
+
+    def poll(self, pid: int, *, block: bool = False) -> dict[str, Any]:
+        return self._ask(op="poll", pid=pid, block=block)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    warm = Zygote()
+    yield warm
+    warm.close()
+
+
+@pytest.fixture
+def server(model_loop) -> Iterator[ModelServer]:  # type: ignore[no-untyped-def]
+    model = ModelServer(delay=0.25).start(loop=model_loop.loop)
+    yield model
+    model.stop()
+
+
+def journal_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Complete journal lines (a torn last line, left by a kill, is not a record)."""
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_bytes().split(b"\n"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def questions(server: ModelServer) -> Counter[str]:
+    return Counter(
+        body["messages"][-1]["content"]
+        for body in list(server.bodies)
+        if body["messages"][-1]["content"] != "hi"  # the preflight
+    )
+
+
+JUDGE = r"""
+import json, sys
+from pathlib import Path
+from osmosis_ai.eval.local.upload import LocalEvalUploadError, build_eval_upload_plan
+try:
+    plan = build_eval_upload_plan(Path(sys.argv[1]))
+except LocalEvalUploadError as exc:
+    print(json.dumps({"accepted": False, "refusal": str(exc)}))
+else:
+    print(json.dumps({"accepted": True, "files": len(plan.files)}))
+"""
+
+
+def sdk_judge(run_dir: Path) -> dict[str, Any]:
+    if not SDK_PYTHON.exists():
+        pytest.skip(f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)")
+    done = subprocess.run(
+        [str(SDK_PYTHON), "-I", "-c", JUDGE, str(run_dir)],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=120,
+        check=False,
+    )
+    if "No module named 'osmosis_ai'" in done.stderr:
+        pytest.skip(f"osmosis-ai is not installed for {SDK_PYTHON}")
+    assert done.returncode == 0, done.stderr
+    verdict: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return verdict
+
+
+def kill_and_resume(
+    zygote: Zygote,
+    server: ModelServer,
+    root: Path,
+    *,
+    rows: int,
+    n: int,
+    kills: int,
+    extra: tuple[str, ...] = (),
+    max_delay: float,
+) -> tuple[Path, list[str]]:
+    """Run the named run under ``kills`` random SIGKILLs, then to completion; check it."""
+    rng = random.Random(SEED + len(extra))
+    args = ["--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "k", "-q", *extra]
+    run_dir = root / ".osmosis" / "evals" / "k"
+    # Per row, the model requests seen when each work item of that row was first journalled.
+    seen_when_done: dict[int, int] = {}
+    moments: list[str] = []
+    landed = 0
+    attempt = 0
+    while landed < kills:
+        attempt += 1
+        assert attempt <= kills * 3, f"the run finished before {kills} kills landed: {moments}"
+        before = len(journal_records(run_dir))
+        log = root / f"session-{attempt}.log"
+        pid = zygote.run(root, args, log, server.env())
+        if rng.random() < 0.5:
+            delay = rng.uniform(0.0, max_delay)
+            what = f"after {delay:.2f} s"
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline and not zygote.poll(pid)["done"]:
+                time.sleep(0.01)
+        else:
+            target = before + rng.randint(1, 3)
+            what = f"at journal record {target}"
+            deadline = time.monotonic() + 60
+            while len(journal_records(run_dir)) < target and not zygote.poll(pid)["done"]:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.005)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        status = zygote.poll(pid, block=True)
+        if status["signal"] == signal.SIGKILL:
+            landed += 1
+            moments.append(what)
+        else:
+            assert status["code"] in (0, 1), log.read_text()
+            moments.append(f"{what}: exited {status['code']} before the kill")
+        time.sleep(0.3)  # requests already on the wire still reach the server
+        asked = questions(server)
+        for record in journal_records(run_dir):
+            row = record["row_index"]
+            done = sum(1 for r in journal_records(run_dir) if r["row_index"] == row)
+            if done >= n and row not in seen_when_done:
+                seen_when_done[row] = asked[f"What is {row} + 7?"]
+    final = root / "final.log"
+    pid = zygote.run(root, args, final, server.env())
+    status = zygote.poll(pid, block=True)
+    assert status["code"] in (0, 1), final.read_text()
+
+    index = read_index(run_dir)
+    keys = [(r["row_index"], r["run_index"]) for r in index]
+    assert keys == [(r, i) for r in range(rows) for i in range(n)], final.read_text()
+    records = journal_records(run_dir)
+    assert Counter((r["row_index"], r["run_index"]) for r in records) == Counter(keys)
+    assert {r["rollout_id"] for r in records} == {r["rollout_id"] for r in index}
+    assert all(r["status"] == "success" for r in index), index
+    asked = questions(server)
+    repeated = {
+        row: (count, asked[f"What is {row} + 7?"])
+        for row, count in seen_when_done.items()
+        if asked[f"What is {row} + 7?"] != count
+    }
+    assert not repeated, f"rows run again after they were journalled: {repeated}"
+    assert all(asked[f"What is {row} + 7?"] >= n for row in range(rows))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "finished"
+    assert metrics["summary"]["total_samples"] == rows * n
+    verdict = sdk_judge(run_dir)
+    assert verdict["accepted"], verdict
+    return run_dir, moments
+
+
+def _workspace(root: Path, rows: int, n: int) -> None:
+    write_workspace(
+        root,
+        rows=calc_rows([(f"What is {i} + 7?", str(i + 7)) for i in range(rows)]),
+        evaluation={"n": n, "batch_size": 2},
+    )
+
+
+@pytest.fixture
+def model_env(server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> ModelServer:
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    return server
+
+
+def test_twenty_random_kills_lose_nothing_and_run_nothing_twice(
+    zygote: Zygote, model_env: ModelServer, tmp_path: Path
+) -> None:
+    rows, n = 36, 2
+    _workspace(tmp_path, rows, n)
+    run_dir, moments = kill_and_resume(
+        zygote, model_env, tmp_path, rows=rows, n=n, kills=KILLS, max_delay=2.5
+    )
+    print("kill moments:", moments)
+    assert sum(1 for m in moments if "before the kill" not in m) == KILLS
+    assert (run_dir / "logs.txt").exists()
+
+
+def test_random_kills_under_xdist(
+    zygote: Zygote, model_env: ModelServer, tmp_path: Path
+) -> None:
+    rows, n = 16, 2
+    _workspace(tmp_path, rows, n)
+    kill_and_resume(
+        zygote, model_env, tmp_path, rows=rows, n=n, kills=5, extra=("-n", "2"), max_delay=12.0
+    )
+
