@@ -296,6 +296,27 @@ def tempdir(prefix: str) -> Iterator[Path]:
         yield Path(name)
 
 
+def plugin_version() -> str:
+    """The commit the plugin source is at (``+dirty`` when pytest_osmosis/ has changes)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "pytest_osmosis"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{head or 'unknown'}{'+dirty' if dirty else ''}"
+
+
+def header(title: str) -> None:
+    print(f"{title}: plugin {plugin_version()}, Python {sys.version.split()[0]}, {loadavg()}")
+
+
 def loadavg() -> str:
     one, five, _ = os.getloadavg()
     return f"load {one:.2f}/{five:.2f} (1/5 min), {os.cpu_count()} cpus"

@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    print(f"collection: {c.loadavg()}")
+    c.header("collection")
     ours, plain = measure(args.rows, args.row_bytes, args.repeat)
     c.print_runs([*ours, *plain])
     for r in [*ours, *plain]:

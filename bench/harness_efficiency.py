@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    print(f"harness efficiency: {c.loadavg()}")
+    c.header("harness efficiency")
     zero, slow = measure(args.items, args.sleep, args.batch, args.repeat)
     c.print_runs([*zero, *slow])
     print(f"after: {c.loadavg()}")

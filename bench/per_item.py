@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    print(f"per-item overhead: {c.loadavg()}")
+    c.header("per-item overhead")
     runs = measure(args.items, args.repeat)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")

@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="tries of the 1-item and small runs")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    print(f"scale and resume: {c.loadavg()}")
+    c.header("scale and resume")
     out = measure(args.small, args.large, args.repeat)
     c.print_runs([r for r in out.values() if isinstance(r, c.Run)])
     print("(the 1-item and small rows are the best of --repeat tries)")

@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    print(f"start-up: {c.loadavg()}")
+    c.header("start-up")
     enabled, disabled, probes = measure(args.runs)
     c.print_runs([*enabled, *disabled])
     print(f"after: {c.loadavg()}")

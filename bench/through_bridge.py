@@ -216,7 +216,7 @@ def main() -> None:
     )
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    print(f"through the bridge: {c.loadavg()}")
+    c.header("through the bridge")
     runs = measure(args.items, args.small, args.batch, args.repeat, args.client)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")

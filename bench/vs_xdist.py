@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
-    print(f"vs pytest -n 2: {c.loadavg()}")
+    c.header("vs pytest -n 2")
     plain, ours = measure(args.items, args.sleep, args.batch)
     c.print_runs([plain, ours])
     print(f"after: {c.loadavg()}")

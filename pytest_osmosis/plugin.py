@@ -113,6 +113,13 @@ OPTIONS = (
         override=False,
     ),
     _Option(
+        "secrets_file",
+        "--osmosis-secrets-file",
+        "dotenv file of [secrets] values (NAME=value; - reads stdin), read before the environment",
+        "FILE",
+        override=False,
+    ),
+    _Option(
         "report",
         "--osmosis-report",
         "write report.html (plots, every attempt's "
@@ -259,6 +266,7 @@ def pytest_configure(config: pytest.Config) -> None:
         grader_override=config.getini("osmosis_grader") or None,
         gate=gate,
         report=bool(plain("report")),
+        secrets_file=plain("secrets_file"),
     )
     session = EvalSession(
         config,
@@ -269,6 +277,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_osmosis.collect import SESSION_KEY
 
     config.stash[SESSION_KEY] = session
+    from pytest_osmosis.secrets import install_redaction
+
+    install_redaction(config)
     config.pluginmanager.register(EvalHooks(session), "osmosis-eval-hooks")
     if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
         config.pluginmanager.register(XdistControllerHooks(session), "osmosis-xdist")

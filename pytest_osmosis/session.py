@@ -27,7 +27,6 @@ from pytest_osmosis.plan import (
     choose_run_name,
     run_inputs,
     run_provenance,
-    secret_values,
     utc_now,
 )
 from pytest_osmosis.runner import Budgets, WorkItem, execute
@@ -53,6 +52,7 @@ class SessionOptions:
     grader_override: str | None
     gate: GateOptions
     report: bool = False
+    secrets_file: str | None = None
 
 
 @dataclass
@@ -107,6 +107,9 @@ class EvalSession:
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
+            from pytest_osmosis.secrets import add_secret_values, redaction_values
+
+            add_secret_values(self.config, redaction_values(plan.config.secrets.required))
             plan.run_name = self._run_names.get(str(path), "")
             if not plan.run_name:
                 inputs = run_inputs(plan)
@@ -121,7 +124,15 @@ class EvalSession:
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
-        from pytest_osmosis.results import Redactor, RunDirectory, RunLog, ambient_secret_values
+        from pytest_osmosis.results import RunDirectory, RunLog
+        from pytest_osmosis.secrets import (
+            MissingSecretsError,
+            SecretsFileError,
+            add_secret_values,
+            redaction_values,
+            redactor_for,
+            resolve_secrets,
+        )
 
         now = utc_now()
         several = len(config_paths) > 1
@@ -132,19 +143,28 @@ class EvalSession:
                 plan = build_plan(path, self.options.overrides, self.options.output)
                 inputs = run_inputs(plan)
                 plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
+                # Secrets first: the rollout's import code may read (or print) them.
+                required = plan.config.secrets.required
+                resolved = resolve_secrets(
+                    required, self.options.secrets_file, config=self.config, config_path=path
+                )
+                add_secret_values(self.config, redaction_values(required, resolved))
                 # A rollout that cannot be imported must fail before its run directory exists.
                 self.load_rollout(plan)
-            except RunDirectoryError:
+            except (RunDirectoryError, MissingSecretsError, SecretsFileError):
                 raise
             except OsmosisError as exc:
                 self._errors[path] = exc  # collection reports it, naming the file
                 continue
-            missing = [n for n in plan.config.secrets.required if not os.environ.get(n)]
-            if missing:
-                raise pytest.UsageError(
-                    f"{path}: [secrets] required {', '.join(missing)} but "
-                    f"{'it is' if len(missing) == 1 else 'they are'} not set in the environment"
-                )
+            box: list[RunLog] = []
+            early: list[str] = []
+
+            def warn(message: str, box: list[RunLog] = box, early: list[str] = early) -> None:
+                if box:
+                    box[0].warning("results", message)
+                else:
+                    early.append(message)
+
             rundir = RunDirectory.open(
                 plan.output_root,
                 plan.run_name,
@@ -152,10 +172,12 @@ class EvalSession:
                 run_provenance(plan),
                 fresh=self.options.fresh,
                 retry_failed=self.options.retry_failed,
+                warn=warn,
             )
-            redactor = Redactor(secret_values(plan).values(), min_length=1)
-            redactor.extend(ambient_secret_values(os.environ))
-            log = RunLog(rundir.logs_path, redactor)
+            log = RunLog(rundir.logs_path, redactor_for(self.config))
+            box.append(log)
+            for message in early:
+                log.warning("results", message)
             keys = [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
             pending = len(rundir.pending(keys))
             log.write(
@@ -327,6 +349,10 @@ class EvalSession:
 
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
+        from pytest_osmosis.results.redact import redact_trajectory
+        from pytest_osmosis.secrets import redactor_for
+
+        redactor = redactor_for(self.config)
 
         plan = item.parent.plan
         rollout = self._rollouts[plan.config_path]
@@ -361,7 +387,9 @@ class EvalSession:
                 sdk_version=_sdk_version(),
                 step_usage=step_usage,
             )
-            write_trajectory(run_dir / "rollout_trials" / rollout_id, doc)
+            write_trajectory(
+                run_dir / "rollout_trials" / rollout_id, redact_trajectory(doc, redactor)
+            )
             return True
 
         result = await execute(

@@ -33,6 +33,14 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
         return f"{nodeid[: match.start()]}::shard{int(match.group(1)) // self.shard_rows}"
 
 
+    def _reschedule(self, node: Any) -> None:
+        if node not in self.registered_collections:
+            return  # a replacement still collecting: schedule() gives it work later
+        try:
+            super()._reschedule(node)
+        except OSError:
+            pass  # it died too; its remove_node() puts the unit back in the queue
+
     def remove_node(self, node: Any) -> str | None:
         """As ``loadscope`` does, but the item a dead worker was running is not sent again.
 

@@ -295,32 +295,23 @@ def _workspace(root: Path, rows: int, n: int) -> None:
     )
 
 
-@pytest.fixture
-def model_env(server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> ModelServer:
-    for key, value in server.env().items():
-        monkeypatch.setenv(key, value)
-    return server
-
-
 def test_twenty_random_kills_lose_nothing_and_run_nothing_twice(
-    zygote: Zygote, model_env: ModelServer, tmp_path: Path
+    zygote: Zygote, server: ModelServer, tmp_path: Path
 ) -> None:
     rows, n = 36, 2
     _workspace(tmp_path, rows, n)
     run_dir, moments = kill_and_resume(
-        zygote, model_env, tmp_path, rows=rows, n=n, kills=KILLS, max_delay=2.5
+        zygote, server, tmp_path, rows=rows, n=n, kills=KILLS, max_delay=2.5
     )
     print("kill moments:", moments)
     assert sum(1 for m in moments if "before the kill" not in m) == KILLS
     assert (run_dir / "logs.txt").exists()
 
 
-def test_random_kills_under_xdist(
-    zygote: Zygote, model_env: ModelServer, tmp_path: Path
-) -> None:
+def test_random_kills_under_xdist(zygote: Zygote, server: ModelServer, tmp_path: Path) -> None:
     rows, n = 16, 2
     _workspace(tmp_path, rows, n)
-    kill_and_resume(
-        zygote, model_env, tmp_path, rows=rows, n=n, kills=5, extra=("-n", "2"), max_delay=12.0
+    _, moments = kill_and_resume(
+        zygote, server, tmp_path, rows=rows, n=n, kills=5, extra=("-n", "2"), max_delay=12.0
     )
-
+    print("kill moments:", moments)
