@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_osmosis.plan import is_eval_config
+from pytest_osmosis.plugin import is_eval_config
 
 _SKIP_DIRS = {".git", ".osmosis", ".venv", "venv", "node_modules", "__pycache__", ".tox"}
 

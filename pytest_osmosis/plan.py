@@ -28,6 +28,7 @@ from pytest_osmosis.config import (
 )
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
 from pytest_osmosis.errors import DatasetError
+from pytest_osmosis.plugin import is_eval_config  # noqa: F401  (re-exported)
 
 Overrides = Mapping[str, tuple[object, str]]
 
@@ -53,15 +54,6 @@ class EvalPlan:
     @property
     def total_items(self) -> int:
         return len(self.dataset) * self.settings.n
-
-
-def is_eval_config(path: Path) -> bool:
-    """``<workspace>/configs/eval/<name>.toml``: the layout every Osmosis workspace has."""
-    return (
-        path.suffix == ".toml"
-        and path.parent.name == "eval"
-        and path.parent.parent.name == "configs"
-    )
 
 
 def build_plan(config_path: Path, overrides: Overrides, output: Path | None) -> EvalPlan:

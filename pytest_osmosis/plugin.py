@@ -211,11 +211,21 @@ def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
     return None
 
 
+def is_eval_config(path: Path) -> bool:
+    """``<workspace>/configs/eval/<name>.toml``: the layout every Osmosis workspace has.
+
+    Lives here, not in plan.py, so that deciding whether to enable imports nothing heavy.
+    """
+    return (
+        path.suffix == ".toml"
+        and path.parent.name == "eval"
+        and path.parent.parent.name == "configs"
+    )
+
+
 def _enabled(config: pytest.Config) -> bool:
     if _value(config, OPTIONS[0]):
         return True
-    from pytest_osmosis.plan import is_eval_config
-
     return any(is_eval_config(p) for p in _named_paths(config))
 
 
@@ -315,8 +325,6 @@ def _is_override(dest: str) -> bool:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    from pytest_osmosis.plan import is_eval_config
-
     if not is_eval_config(file_path):
         return None
     from pytest_osmosis.collect import SESSION_KEY, EvalConfigFile
@@ -363,7 +371,6 @@ class EvalHooks:
         if session.config.option.collectonly:
             return
         from pytest_osmosis.discover import find_eval_configs
-        from pytest_osmosis.plan import is_eval_config
 
         named = _named_paths(session.config)
         if self.session.collect_all:
