@@ -296,7 +296,7 @@ TOML_CASES = [
     Case(
         "secret-not-set",
         valid(secrets=["CATALOGUE_UNSET_TOKEN"]),
-        ("calc.toml", "[secrets] required CATALOGUE_UNSET_TOKEN", "not set"),
+        ("calc.toml", "[secrets] required CATALOGUE_UNSET_TOKEN", "no value was found"),
     ),
 ]
 
