@@ -27,6 +27,7 @@ from pytest_osmosis import __version__
 from pytest_osmosis.errors import ConfigError, OsmosisError, RunDirectoryError
 from pytest_osmosis.runs import (
     find_output_root,
+    format_duration,
     list_runs,
     load_run,
     parse_time,
@@ -53,19 +54,6 @@ class UsageError(ConfigError):
 
 def _dump_json(payload: Mapping[str, Any], stream: TextIO) -> None:
     stream.write(json.dumps(payload, ensure_ascii=False, allow_nan=False, indent=2) + "\n")
-
-
-def _duration(ms: Any) -> str:
-    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
-        return "–"
-    seconds = float(ms) / 1000
-    if seconds < 1:
-        return f"{ms:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    minutes, sec = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {sec:02d}s"
 
 
 def _when(value: Any) -> str:
@@ -146,7 +134,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"{item['rows_done']}/{item['rows_total'] if item['rows_total'] is not None else '?'}",
             _pct(item["pass_rate"]) if item["completed_samples"] else "–",
             _when(item["started_at"]),
-            _duration(item["duration_ms"]),
+            format_duration(item["duration_ms"]),
         ]
         for item in shown
     ]
@@ -224,7 +212,7 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             ),
             (
                 "Duration",
-                _duration(timing.get("duration_ms"))
+                format_duration(timing.get("duration_ms"))
                 if timing.get("duration_ms") is not None
                 else None,
             ),

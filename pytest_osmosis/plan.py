@@ -9,7 +9,6 @@ plan during collection and receive the run directory from the controller.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -28,7 +27,6 @@ from pytest_osmosis.config import (
 )
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
 from pytest_osmosis.errors import DatasetError
-from pytest_osmosis.plugin import is_eval_config  # noqa: F401  (re-exported)
 
 Overrides = Mapping[str, tuple[object, str]]
 
@@ -142,8 +140,3 @@ def choose_run_name(
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def secret_values(plan: EvalPlan) -> dict[str, str]:
-    """Values of ``[secrets].required`` found in the environment (names only ever leave here)."""
-    return {name: os.environ[name] for name in plan.config.secrets.required if os.environ.get(name)}

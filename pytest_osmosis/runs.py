@@ -717,3 +717,17 @@ def list_artifacts(
             )
         return found
     return []
+
+
+def format_duration(ms: Any) -> str:
+    """``830 ms``, ``12.5 s``, ``3m 07s``, ``1h 02m``; a dash when unknown."""
+    if not isinstance(ms, (int, float)) or isinstance(ms, bool):
+        return "–"
+    seconds = float(ms) / 1000
+    if seconds < 1:
+        return f"{ms:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {sec:02d}s"

@@ -19,7 +19,7 @@ from pytest_osmosis.report.assets import CSS, JS
 from pytest_osmosis.report.data import build_rows
 from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
-from pytest_osmosis.runs import OUTCOMES, parse_time, run_info
+from pytest_osmosis.runs import OUTCOMES, format_duration, parse_time, run_info
 
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
@@ -40,19 +40,6 @@ def _e(value: Any) -> str:
 
 def _pct(value: Any) -> str:
     return f"{float(value) * 100:.1f}%" if isinstance(value, (int, float)) else "–"
-
-
-def _duration(ms: Any) -> str:
-    if not isinstance(ms, (int, float)):
-        return "–"
-    seconds = float(ms) / 1000
-    if seconds < 1:
-        return f"{ms:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    minutes, sec = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {sec:02d}s"
 
 
 def _when(value: Any) -> str:
@@ -83,7 +70,7 @@ def _header(info: Mapping[str, Any]) -> str:
         ("dataset", ctx.get("dataset")),
         ("rollout", f"{ctx.get('rollout') or '–'} / {ctx.get('entrypoint') or '–'}"),
         ("started", _when(timing.get("started_at") or timing.get("created_at"))),
-        ("duration", _duration(timing.get("duration_ms"))),
+        ("duration", format_duration(timing.get("duration_ms"))),
     ]
     if git.get("commit"):
         commit = str(git["commit"])[:10]
@@ -158,12 +145,12 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     )
     durations = [float(row["duration_ms"]) for row in rows if "duration_ms" in row]
     sub = (
-        f"per attempt: median {_duration(quantile(durations, 0.5))}, "
-        f"p95 {_duration(quantile(durations, 0.95))}"
+        f"per attempt: median {format_duration(quantile(durations, 0.5))}, "
+        f"p95 {format_duration(quantile(durations, 0.95))}"
         if durations
         else ""
     )
-    cards.append(_card("Duration", _duration(info["timing"].get("duration_ms")), sub))
+    cards.append(_card("Duration", format_duration(info["timing"].get("duration_ms")), sub))
     points = results.get("pass_at_k") or []
     if points:
         best = points[-1]
@@ -326,7 +313,7 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
             f'<td><span class="pill o-{_e(r["outcome"])}">'
             f"{_e(OUTCOME_LABELS.get(r['outcome'], r['outcome']))}</span></td>"
             f'<td class="num">{reward}</td><td class="num">{_e(r.get("tokens", "–"))}</td>'
-            f'<td class="num">{_duration(r.get("dur"))}</td><td>{_e(r.get("err", ""))}</td>'
+            f'<td class="num">{format_duration(r.get("dur"))}</td><td>{_e(r.get("err", ""))}</td>'
             f'<td class="mono">{_e(str(r.get("rid", ""))[:12])}</td></tr>'
         )
     return (
@@ -359,7 +346,7 @@ def _comparison(comparison: Mapping[str, Any]) -> str:
         ("failed (errors)", b["failed"], a["failed"]),
         ("mean reward", _fmt3(b["reward_mean"]), _fmt3(a["reward_mean"])),
         ("tokens", b["tokens_used"], a["tokens_used"]),
-        ("duration", _duration(b["duration_ms"]), _duration(a["duration_ms"])),
+        ("duration", format_duration(b["duration_ms"]), format_duration(a["duration_ms"])),
     ]
     side = "".join(f"<tr><th>{_e(k)}</th><td>{_e(x)}</td><td>{_e(y)}</td></tr>" for k, x, y in rows)
     verdict = "significant at 95%" if change["significant"] else "within noise at 95%"
