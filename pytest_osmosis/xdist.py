@@ -79,11 +79,24 @@ def per_worker(total: int, workers: int) -> int:
     return max(1, math.ceil(total / max(1, workers)))
 
 
+_TORUN = pytest.StashKey[Any]()
+
+
 def queued_indices(config: pytest.Config) -> list[int]:
     """Indices of the items xdist has already sent to this worker and not yet run."""
-    for plugin in config.pluginmanager.get_plugins():
-        torun = getattr(plugin, "torun", None)
-        if type(plugin).__name__ == "WorkerInteractor" and torun is not None:
-            with torun.lock() as queue:
-                return [i for i in queue if isinstance(i, int)]
-    return []
+    torun = config.stash.get(_TORUN, None)
+    if torun is None:  # found once per worker, not per item
+        torun = next(
+            (
+                plugin.torun
+                for plugin in config.pluginmanager.get_plugins()
+                if type(plugin).__name__ == "WorkerInteractor"
+                and getattr(plugin, "torun", None) is not None
+            ),
+            None,
+        )
+        if torun is None:
+            return []
+        config.stash[_TORUN] = torun
+    with torun.lock() as queue:
+        return [i for i in queue if isinstance(i, int)]
