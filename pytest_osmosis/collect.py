@@ -8,7 +8,6 @@ or the concurrency, and ``--lf``, ``--deselect`` and ``-k row_7_`` keep working.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -61,23 +60,15 @@ class EvalConfigFile(pytest.File):
             self.add_marker(pytest.mark.timeout(backstop, method="signal", func_only=True))
         sources = plan.dataset.selected_source_rows
         n = plan.settings.n
-        # Creating 100k items allocates millions of objects that are never garbage; the
-        # cyclic collector would walk them again and again (it halves collection time).
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            for row_index, source in enumerate(sources):
-                for run_index in range(n):
-                    yield EvalItem.from_parent(
-                        self,
-                        name=f"row_{source}_run_{run_index}",
-                        row_index=row_index,
-                        run_index=run_index,
-                        source_row_index=source,
-                    )
-        finally:
-            if paused:
-                gc.enable()
+        for row_index, source in enumerate(sources):
+            for run_index in range(n):
+                yield EvalItem.from_parent(
+                    self,
+                    name=f"row_{source}_run_{run_index}",
+                    row_index=row_index,
+                    run_index=run_index,
+                    source_row_index=source,
+                )
 
 
 class EvalItem(pytest.Item):

@@ -6,6 +6,7 @@ eval TOML named, pytest behaves exactly as before and LiteLLM is never imported.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Generator
@@ -360,6 +361,24 @@ class EvalHooks:
             total = sum(run.pending_at_start for run in self.session.runs.values())
             self.progress = Progress(reporter, total)
         return self.progress
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
+        """Collect with the cyclic GC paused, then freeze what was collected.
+
+        100k items are millions of long-lived objects that are never garbage; the cyclic
+        collector would walk them again and again while they are made, after every
+        allocation burst while they run, and in pytest's final collections (it halves
+        collection time and takes seconds off a long session).
+        """
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return (yield)
+        finally:
+            if was_enabled:
+                gc.enable()
+            gc.freeze()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
