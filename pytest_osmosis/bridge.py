@@ -3,8 +3,9 @@
 Rollouts only ever see ``http://127.0.0.1:<port>/v1/rollouts/<rollout_id>`` and a
 per-session bearer; provider keys stay in this process (contract §4.7). Routing by
 rollout id in the URL lets the bridge sum tokens per work item without trusting the
-client. LiteLLM is imported inside the functions that call it: importing it costs
-~3 s and plain pytest runs must not pay that.
+client. A call carrying ``X-Osmosis-Judge-Model`` (a `RubricGrader`'s judge) goes to that
+model instead of the run's, still counted in the row. LiteLLM is imported inside the
+functions that call it: importing it costs ~3 s and plain pytest runs must not pay that.
 """
 
 from __future__ import annotations
@@ -26,11 +27,26 @@ from pytest_osmosis.ratelimit import Backoff, is_rate_limit, retry_after
 if TYPE_CHECKING:
     from aiohttp import web
 
-__all__ = ["EMBEDDED_MODEL_PATH", "Bridge", "ModelRoute", "resolve_route"]
+__all__ = [
+    "EMBEDDED_MODEL_PATH",
+    "JUDGE_MISSING_API_KEY",
+    "JUDGE_MODEL_HEADER",
+    "JUDGE_MODEL_NOT_FOUND",
+    "JUDGE_PROVIDER_ERROR",
+    "Bridge",
+    "ModelRoute",
+    "resolve_route",
+]
 
 logger = logging.getLogger(__name__)
 
 EMBEDDED_MODEL_PATH = "osmosis/embedded"
+JUDGE_MODEL_HEADER = "X-Osmosis-Judge-Model"
+"""A request header naming the model (LiteLLM id or ``osmosis/embedded``) to answer it."""
+# ``error.type`` of a failed judge call, so the grader can raise the matching JudgeError.
+JUDGE_MISSING_API_KEY = "judge_missing_api_key"
+JUDGE_MODEL_NOT_FOUND = "judge_model_not_found"
+JUDGE_PROVIDER_ERROR = "judge_provider_error"
 
 # Only these request fields reach the provider: the rollout must not be able to
 # change the model, the credentials or the endpoint the user configured. Beyond the
@@ -70,6 +86,7 @@ _CONNECT_ERRORS = frozenset(
 )
 _CREDENTIAL_HINT = re.compile(r"api[ _-]?key|credential", re.IGNORECASE)
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+_KEY_NAME = re.compile(r"KEY|TOKEN|CREDENTIAL", re.IGNORECASE)
 _SSE_HEARTBEAT_S = 15.0
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -86,6 +103,24 @@ class ModelRoute:
     """Extra LiteLLM kwargs; they win over what a rollout sends (e.g. temperature 0)."""
 
 
+@dataclass
+class _Target:
+    """A model the bridge forwards to, with its own shared 429 back-off."""
+
+    route: ModelRoute
+    backoff: Backoff
+    judge: bool = False
+    """Named by a request's judge header: its errors name the judge model."""
+
+
+class _JudgeUnavailable(Exception):
+    """The judge model named in a request cannot be called; one line, and a kind for clients."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def resolve_route(model_path: str) -> ModelRoute:
     """Map the configured model to a LiteLLM call; ``osmosis/embedded`` starts the local model."""
     if model_path == EMBEDDED_MODEL_PATH:
@@ -93,6 +128,10 @@ def resolve_route(model_path: str) -> ModelRoute:
 
         return embedded_route()
     return ModelRoute(model_path=model_path, litellm_model=model_path, kwargs={})
+
+
+def _route_secrets(route: ModelRoute) -> tuple[str, ...]:
+    return tuple(v for k, v in route.kwargs.items() if isinstance(v, str) and "key" in k.lower())
 
 
 def _litellm() -> Any:
@@ -249,13 +288,21 @@ class Bridge:
         self._calls: dict[str, list[dict[str, int]]] = {}
         self._rate_limited: dict[str, int] = {}
         self.backoff = Backoff()
+        """Back-off of the run's model; each judge model has its own."""
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self._base = ""
         self._route_kwargs = dict(route.kwargs)
-        self._secrets = tuple(
-            v for k, v in route.kwargs.items() if isinstance(v, str) and "key" in k.lower()
-        ) + (self._api_key,)
+        self._secrets = _route_secrets(route) + (self._api_key,)
+        self._main = _Target(route, self.backoff)
+        # Judge models by the id a request named: resolved once, failures cached too, so a
+        # missing key or an unknown id costs one lookup, not one per row.
+        self._judges: dict[str, _Target | _JudgeUnavailable] = {}
+        self._judge_lock: asyncio.Lock | None = None
+        self._held: asyncio.Event | None = None
+        self._hold_failure: str | None = None
+        self._held_since: dict[str, float] = {}
+        self._released_at: float | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -298,12 +345,36 @@ class Bridge:
         """Stop serving `rollout_id` and return its token total (None: no usage seen)."""
         with self._lock:
             self._calls.pop(rollout_id, None)
+            self._held_since.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
 
     def pop_rate_limited(self, rollout_id: str) -> int:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
         with self._lock:
             return self._rate_limited.pop(rollout_id, 0)
+
+    def hold_calls(self) -> None:
+        """Make model calls wait until :meth:`release_calls` (the session's preflight).
+
+        Rows start while LiteLLM imports and the model is checked; none of their calls is
+        sent (or paid for) before the check has passed.
+        """
+        self._held = asyncio.Event()
+
+    def release_calls(self, failure: str | None = None) -> None:
+        """Let held calls go on; with *failure*, answer them 503 with it instead."""
+        self._hold_failure = failure
+        self._released_at = time.monotonic()
+        if self._held is not None:
+            self._held.set()
+
+    def held_seconds(self, rollout_id: str) -> float:
+        """How long `rollout_id`'s calls have waited for the preflight (not its own time)."""
+        with self._lock:
+            since = self._held_since.get(rollout_id)
+        if since is None:
+            return 0.0
+        return (self._released_at or time.monotonic()) - since
 
     def _open(self, rollout_id: str) -> bool:
         with self._lock:
@@ -383,6 +454,54 @@ class Bridge:
         missing = report.get("missing_keys") if isinstance(report, dict) else None
         return [str(k) for k in missing or []]
 
+    # ----------------------------------------------------------------- judge models
+
+    async def _target(self, header: str) -> _Target:
+        """The model a request goes to: the judge its header names, else the run's model."""
+        model = header.strip()
+        if not model or model == self.route.model_path:
+            return self._main
+        known = self._judges.get(model)
+        if known is None:
+            if self._judge_lock is None:
+                self._judge_lock = asyncio.Lock()
+            async with self._judge_lock:
+                known = self._judges.get(model)
+                if known is None:
+                    try:
+                        # Off the loop: osmosis/embedded starts a local server here.
+                        known = await asyncio.get_running_loop().run_in_executor(
+                            None, _resolve_judge, model
+                        )
+                    except _JudgeUnavailable as exc:
+                        logger.warning("osmosis bridge: %s", exc)  # once, not once per row
+                        known = exc
+                    else:
+                        self._secrets = _route_secrets(known.route) + self._secrets
+                    self._judges[model] = known
+        if isinstance(known, _JudgeUnavailable):
+            # A fresh exception each time: re-raising one instance would grow its traceback.
+            raise _JudgeUnavailable(known.kind, str(known))
+        return known
+
+    def _failure(self, exc: BaseException, target: _Target) -> tuple[str, str]:
+        """``(error.type, one-line detail)`` of a failed call; a judge's names the judge."""
+        detail = _one_line(exc, self._secrets)
+        if not target.judge:
+            return "bridge_error", detail
+        model = target.route.model_path
+        if type(exc).__name__ == "NotFoundError":
+            return (
+                JUDGE_MODEL_NOT_FOUND,
+                f"judge model {model!r} not found by its provider: {detail}",
+            )
+        chain = _chain(exc)
+        if any(type(link).__name__ in _CONNECT_ERRORS for link in chain):
+            where = target.route.kwargs.get("api_base") or _endpoint_of(chain)
+            root = _one_line(chain[-1], self._secrets)
+            return JUDGE_PROVIDER_ERROR, f"judge model {model!r}: cannot reach {where}: {root}"
+        return JUDGE_PROVIDER_ERROR, f"provider error from judge model {model!r}: {detail}"
+
     # ----------------------------------------------------------------- serving
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -403,15 +522,25 @@ class Bridge:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
         echo = model if isinstance(model, str) and model else self.route.model_path
-        if body.get("stream"):
-            return await self._stream(request, rollout_id, call, echo)
+        if self._held is not None and not self._held.is_set():
+            with self._lock:
+                self._held_since.setdefault(rollout_id, time.monotonic())
+            await self._held.wait()
+        if self._hold_failure is not None:
+            return _json_error(503, self._hold_failure)
         try:
-            response = await self._complete(call, rollout_id)
+            target = await self._target(request.headers.get(JUDGE_MODEL_HEADER, ""))
+        except _JudgeUnavailable as exc:
+            return _json_error(400, str(exc), kind=exc.kind)
+        if body.get("stream"):
+            return await self._stream(request, rollout_id, call, echo, target)
+        try:
+            response = await self._complete(call, rollout_id, target)
         except Exception as exc:
             self.errors += 1
-            detail = _one_line(exc, self._secrets)
+            kind, detail = self._failure(exc, target)
             logger.warning("osmosis bridge: model call failed: %s", detail)
-            return _json_error(502, detail)
+            return _json_error(502, detail, kind=kind)
         usage = _usage(response)
         self._account(rollout_id, usage, _call_metrics(response, usage))
         return web.Response(
@@ -419,27 +548,30 @@ class Bridge:
             content_type="application/json",
         )
 
-    async def _complete(self, call: dict[str, Any], rollout_id: str | None = None) -> Any:
+    async def _complete(
+        self, call: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
+    ) -> Any:
         litellm = _litellm()
-        kwargs = self._route_kwargs
+        target = target or self._main
+        kwargs = target.route.kwargs
         if kwargs:
             call.update(kwargs)
         while True:
-            await self.backoff.wait()
+            await target.backoff.wait()
             try:
                 response = await litellm.acompletion(
-                    model=self.route.litellm_model, drop_params=True, **call
+                    model=target.route.litellm_model, drop_params=True, **call
                 )
             except Exception as exc:
                 # A 429 slows every call to this model and is retried while the rollout
                 # is open; its own budget, not the rate limit, decides when it gives up.
                 if not is_rate_limit(exc) or rollout_id is None or not self._open(rollout_id):
                     raise
-                self.backoff.hit(retry_after(exc))
+                target.backoff.hit(retry_after(exc))
                 with self._lock:
                     self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
                 continue
-            self.backoff.ok()
+            target.backoff.ok()
             break
         if not response.choices:
             raise RuntimeError("the model returned no choices")
@@ -460,7 +592,12 @@ class Bridge:
                 self._tokens[rollout_id] = (self._tokens[rollout_id] or 0) + total
 
     async def _stream(
-        self, request: web.Request, rollout_id: str, call: dict[str, Any], echo: str
+        self,
+        request: web.Request,
+        rollout_id: str,
+        call: dict[str, Any],
+        echo: str,
+        target: _Target,
     ) -> web.StreamResponse:
         """SSE the way the official bridge does it: pings, one full chunk, [DONE]."""
         from aiohttp import web
@@ -468,7 +605,7 @@ class Bridge:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         await response.write(b": ping\n\n")
-        task = asyncio.ensure_future(self._complete(call, rollout_id))
+        task = asyncio.ensure_future(self._complete(call, rollout_id, target))
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=_SSE_HEARTBEAT_S)
@@ -482,11 +619,11 @@ class Bridge:
             result = task.result()
         except Exception as exc:
             self.errors += 1
-            detail = _one_line(exc, self._secrets)
+            kind, detail = self._failure(exc, target)
             logger.warning("osmosis bridge: model call failed: %s", detail)
             error = {
                 "detail": detail,
-                "error": {"message": detail, "type": "bridge_error", "code": 502},
+                "error": {"message": detail, "type": kind, "code": 502},
             }
             await response.write(f"event: error\ndata: {json.dumps(error)}\n\n".encode())
         else:
@@ -497,6 +634,61 @@ class Bridge:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _resolve_judge(model: str) -> _Target:
+    """Route a judge model as the run's model is routed, and check it can be called."""
+    from pytest_osmosis.errors import OsmosisError
+
+    try:
+        route = resolve_route(model)
+    except OsmosisError as exc:
+        raise _JudgeUnavailable(
+            JUDGE_MODEL_NOT_FOUND, f"judge model {model!r} is unavailable: {_one_line(exc)}"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - e.g. the embedded engine crashed while starting
+        raise _JudgeUnavailable(
+            JUDGE_MODEL_NOT_FOUND,
+            f"judge model {model!r} is unavailable: {type(exc).__name__}: {_one_line(exc)}",
+        ) from None
+    litellm = _litellm()
+    api_base = route.kwargs.get("api_base")
+    try:
+        litellm.get_llm_provider(
+            model=route.litellm_model, api_base=api_base if isinstance(api_base, str) else None
+        )
+    except Exception:  # noqa: BLE001 - LiteLLM says "provider not provided" in many ways
+        raise _JudgeUnavailable(
+            JUDGE_MODEL_NOT_FOUND,
+            f"unknown judge model {model!r}: not a LiteLLM model id; use provider/model "
+            "(e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "
+            f"or {EMBEDDED_MODEL_PATH!r}",
+        ) from None
+    missing = _missing_judge_keys(litellm, route)
+    if missing:
+        raise _JudgeUnavailable(
+            JUDGE_MISSING_API_KEY,
+            f"missing API key: set {' and '.join(missing)} for judge model {model!r} "
+            f"(or use the offline judge {EMBEDDED_MODEL_PATH})",
+        )
+    return _Target(route, Backoff(), judge=True)
+
+
+def _missing_judge_keys(litellm: Any, route: ModelRoute) -> list[str]:
+    """The variables a judge's provider needs and lacks, as the rubric command reports them."""
+    from pytest_osmosis.judge import DEFAULT_API_KEY_ENV, provider_of
+
+    if route.kwargs.get("api_key"):
+        return []
+    env = DEFAULT_API_KEY_ENV.get(provider_of(route.litellm_model) or "")
+    if env is not None:
+        return [] if os.environ.get(env, "").strip() else [env]
+    try:
+        report = litellm.validate_environment(model=route.litellm_model)
+    except Exception:  # noqa: BLE001 - no verdict: let the call itself tell
+        return []
+    names = report.get("missing_keys") if isinstance(report, dict) else None
+    return [str(name) for name in names or [] if _KEY_NAME.search(str(name))]
 
 
 def _forwarded(body: dict[str, Any]) -> dict[str, Any]:
@@ -510,10 +702,11 @@ def _forwarded(body: dict[str, Any]) -> dict[str, Any]:
     return call
 
 
-def _json_error(status: int, detail: str) -> web.Response:
+def _json_error(status: int, detail: str, *, kind: str | None = None) -> web.Response:
     from aiohttp import web
 
-    kind = "bridge_error" if status >= 500 else "invalid_request_error"
+    if kind is None:
+        kind = "bridge_error" if status >= 500 else "invalid_request_error"
     body = {"detail": detail, "error": {"message": detail, "type": kind, "code": status}}
     return web.Response(
         status=status, body=json.dumps(body).encode(), content_type="application/json"

@@ -3,8 +3,9 @@
 It asks the judge exactly what ``pytest-osmosis rubric`` asks (same prompt, answer
 format and score rules, `pytest_osmosis.judge`). Inside a run the call goes through the
 plugin's loopback bridge, as any model call of a rollout does, so the judge's tokens are
-counted in the row and no provider key reaches the rollout. Outside a run (no rollout
-context) it calls LiteLLM directly.
+counted in the row and no provider key reaches the rollout; the bridge sends it to
+``judge_model`` (named in the ``X-Osmosis-Judge-Model`` header) instead of the run's model.
+Outside a run (no rollout context) it calls LiteLLM directly.
 
 Configure it with class attributes, with fields of its ``GraderConfig`` (``extra`` fields
 are allowed), or with keyword arguments; `RubricGrader.configured(...)` makes a subclass,
@@ -24,9 +25,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
+from pytest_osmosis.bridge import (
+    EMBEDDED_MODEL_PATH,
+    JUDGE_MISSING_API_KEY,
+    JUDGE_MODEL_HEADER,
+    JUDGE_MODEL_NOT_FOUND,
+    JUDGE_PROVIDER_ERROR,
+)
 from pytest_osmosis.errors import ConfigError
 from pytest_osmosis.judge import (
+    _EMBEDDED_EXPLANATION_CHARS,
+    _EMBEDDED_MAX_TOKENS,
     JudgeError,
+    MissingAPIKeyError,
+    ModelNotFoundError,
     ProviderRequestError,
     RubricJudge,
     Verdict,
@@ -38,8 +50,13 @@ from pytest_osmosis.rollout import Grader, GraderContext, get_rollout_context
 __all__ = ["ARTIFACT_NAME", "JUDGE_MODEL_HEADER", "RubricGrader"]
 
 ARTIFACT_NAME = "rubric_judgement.json"
-JUDGE_MODEL_HEADER = "X-Osmosis-Judge-Model"
-"""Asks the bridge to route this call to the judge model instead of the run's model."""
+
+# The bridge's own one-line message for a judge it cannot call, as the rubric command's types.
+_BRIDGE_ERRORS: Mapping[str, type[JudgeError]] = {
+    JUDGE_MISSING_API_KEY: MissingAPIKeyError,
+    JUDGE_MODEL_NOT_FOUND: ModelNotFoundError,
+    JUDGE_PROVIDER_ERROR: ProviderRequestError,
+}
 
 _BRIDGE_PLACEHOLDER_MODEL = "openai/osmosis-rollout"
 _SETTINGS = (
@@ -76,10 +93,11 @@ class RubricGrader(Grader):
     The reward is the judge's score (clamped to ``[score_min, score_max]``); with a
     ``pass_threshold`` it is 1.0 when the score reaches the threshold and 0.0 otherwise.
     ``judge_model`` names the judge (any LiteLLM id, or ``osmosis/embedded``); left unset,
-    the run's own model judges. Inside a run it is asked for with the
-    ``X-Osmosis-Judge-Model`` header; a bridge that routes every call to the run's model
-    (the SDK's does) answers with that model instead. The judge's explanation is written
-    to ``rubric_judgement.json`` in the rollout's artifacts.
+    the run's own model judges. Inside a run the plugin's bridge routes the call to it
+    (``X-Osmosis-Judge-Model`` header) and counts its tokens in the row; a missing key or
+    an unknown model fails the row as a one-line grader error. The SDK's bridge ignores
+    the header, so there the run's model judges. The judge's explanation is written to
+    ``rubric_judgement.json`` in the rollout's artifacts.
     """
 
     rubric: ClassVar[str | None] = None
@@ -206,12 +224,17 @@ class RubricGrader(Grader):
         """One chat completion through the bridge; returns the answer's content."""
         import aiohttp
 
-        body = {
+        embedded = self.judge_model_id == EMBEDDED_MODEL_PATH
+        body: dict[str, Any] = {
             "model": self.judge_model_id or _BRIDGE_PLACEHOLDER_MODEL,
             "messages": messages,
             "temperature": 0,
-            "response_format": self.judge.response_format(True),
+            "response_format": self.judge.response_format(
+                True, max_explanation=_EMBEDDED_EXPLANATION_CHARS if embedded else None
+            ),
         }
+        if embedded:  # bounded as the rubric command bounds it: a 135M model rambles
+            body["max_tokens"] = _EMBEDDED_MAX_TOKENS
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -241,6 +264,10 @@ class RubricGrader(Grader):
             payload = None
         if status != 200:
             detail = payload.get("detail") if isinstance(payload, dict) else None
+            error = payload.get("error") if isinstance(payload, dict) else None
+            kind = error.get("type") if isinstance(error, dict) else None
+            if isinstance(kind, str) and kind in _BRIDGE_ERRORS and detail:
+                raise _BRIDGE_ERRORS[kind](one_line(str(detail)))
             raise ProviderRequestError(
                 f"judge call through the osmosis bridge failed (HTTP {status}): "
                 f"{one_line(str(detail or text))}"

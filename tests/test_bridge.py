@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from model_server import ModelServer, ToolRule, count_tokens
 
-from pytest_osmosis.bridge import Bridge, ModelRoute, resolve_route
+import pytest_osmosis.bridge as bridge_module
+from pytest_osmosis.bridge import JUDGE_MODEL_HEADER, Bridge, ModelRoute, resolve_route
 from pytest_osmosis.errors import ModelPreflightError
 
 MODEL = "openai/osmosis-test"  # unknown to LiteLLM's catalog: every param passes through
@@ -342,6 +343,136 @@ def test_streaming_error_is_an_error_event(harness: Harness, model_server: Model
     error = next(e for e in events if e.startswith("event: error"))
     payload = json.loads(error.split("data: ", 1)[1])
     assert "no such model" in payload["detail"]
+
+
+# ------------------------------------------------------------------ judge model header
+
+JUDGE = "openai/judge-model"
+
+
+@pytest.fixture
+def judged(harness: Harness, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The harness plus a judge route: LiteLLM's `openai/` provider reaches the server via env."""
+    for name, value in model_server.env().items():
+        monkeypatch.setenv(name, value)
+    resolved: list[str] = []
+
+    def counting(model_path: str) -> ModelRoute:
+        resolved.append(model_path)
+        return resolve_route(model_path)
+
+    monkeypatch.setattr(bridge_module, "resolve_route", counting)
+    _, key = harness.bridge.open_rollout("j")
+
+    def post(body: dict[str, Any], judge: str | None = JUDGE) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {key}"}
+        if judge is not None:
+            headers[JUDGE_MODEL_HEADER] = judge
+        status, text = harness.post("/v1/rollouts/j/chat/completions", body, headers)
+        return status, text if body.get("stream") else json.loads(text)
+
+    return post, resolved
+
+
+def test_judge_header_routes_to_the_judge_model_and_counts_in_the_rollout(
+    harness: Harness, model_server: ModelServer, judged: Any
+) -> None:
+    post, resolved = judged
+    totals = []
+    for judge in (JUDGE, None, JUDGE, MODEL, "  "):
+        # The body's model never routes: only the header does.
+        status, payload = post({"model": JUDGE, "messages": _user("What is 2 + 3?")}, judge)
+        assert status == 200, payload
+        assert payload["model"] == JUDGE and payload["choices"][0]["message"]["content"] == "5"
+        totals.append(payload["usage"]["total_tokens"])
+    status, text = post({"model": "x", "messages": _user("What is 1 + 1?"), "stream": True})
+    assert status == 200 and '"content": "2"' in text
+    assert [b["model"] for b in model_server.bodies] == [
+        "judge-model", "osmosis-test", "judge-model", "osmosis-test", "osmosis-test",
+        "judge-model",
+    ]
+    # The judge's route is its own (env endpoint and key), not the run's route kwargs.
+    assert resolved == [JUDGE]
+    usage = json.loads(text.split("data: ", 1)[1].split("\n", 1)[0])["usage"]["total_tokens"]
+    assert harness.bridge.close_rollout("j") == sum(totals) + usage
+    assert harness.bridge.calls == 6
+
+
+def test_judge_rate_limits_back_off_only_the_judge_model(
+    harness: Harness, model_server: ModelServer, judged: Any
+) -> None:
+    post, _ = judged
+    # More 429s than the OpenAI client retries by itself (2), so the bridge sees one.
+    model_server.fail_next(429, count=3, retry_after=0)
+    assert post({"messages": _user("What is 2 + 2?")})[0] == 200
+    assert harness.bridge.pop_rate_limited("j") >= 1  # still the row's rate limits
+    assert harness.bridge.backoff.hits == 0  # the run's model was not slowed down
+    model_server.fail_next(429, count=3, retry_after=0)
+    assert post({"messages": _user("What is 2 + 2?")}, None)[0] == 200
+    assert harness.bridge.backoff.hits >= 1
+    assert model_server.requests_total == 8
+
+
+@pytest.mark.parametrize(
+    ("judge", "unset", "kind", "message"),
+    [
+        ("anthropic/claude-sonnet-4-5", "ANTHROPIC_API_KEY", "judge_missing_api_key",
+         "missing API key: set ANTHROPIC_API_KEY for judge model 'anthropic/claude-sonnet-4-5'"),
+        ("groq/llama-3.1-8b", "GROQ_API_KEY", "judge_missing_api_key",
+         "missing API key: set GROQ_API_KEY for judge model 'groq/llama-3.1-8b'"),
+        ("no-such-model-family", None, "judge_model_not_found",
+         "unknown judge model 'no-such-model-family': not a LiteLLM model id"),
+    ],
+)
+def test_a_judge_that_cannot_be_called_is_a_one_line_400_resolved_once(
+    harness: Harness,
+    model_server: ModelServer,
+    judged: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    judge: str,
+    unset: str | None,
+    kind: str,
+    message: str,
+) -> None:
+    post, resolved = judged
+    if unset:
+        monkeypatch.delenv(unset, raising=False)
+    for _ in range(3):
+        status, payload = post({"model": judge, "messages": _user("hi")}, judge)
+        assert status == 400
+        assert payload["error"]["type"] == kind
+        assert payload["detail"].startswith(message) and "\n" not in payload["detail"]
+    assert resolved == [judge]
+    assert model_server.requests_total == 0
+    # The run's model still answers the same rollout.
+    assert post({"model": judge, "messages": _user("hi")}, None)[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "message"),
+    [
+        (404, "judge_model_not_found", "judge model 'openai/judge-model' not found by its provider"),
+        (400, "judge_provider_error", "provider error from judge model 'openai/judge-model': "),
+    ],
+)
+def test_a_judge_provider_error_names_the_judge(
+    harness: Harness, model_server: ModelServer, judged: Any, status: int, kind: str, message: str
+) -> None:
+    post, _ = judged
+    model_server.fail_next(status, message="upstream says no\nsk-test-model-server")
+    answered, payload = post({"messages": _user("hi")})
+    assert answered == 502 and payload["error"]["type"] == kind
+    detail = payload["detail"]
+    assert detail.startswith(message) and "upstream says no" in detail and "\n" not in detail
+    assert "sk-test-model-server" not in detail
+    model_server.fail_next(status, message="upstream says no")
+    answered, text = post({"messages": _user("hi"), "stream": True})
+    error = next(e for e in _sse_events(text) if e.startswith("event: error"))
+    assert json.loads(error.split("data: ", 1)[1])["error"]["type"] == kind
+    model_server.fail_next(status, message="upstream says no")
+    answered, payload = post({"messages": _user("hi")}, None)  # the run's model: as before
+    assert answered == 502 and payload["error"]["type"] == "bridge_error"
+    assert "judge" not in payload["detail"]
 
 
 # ------------------------------------------------------------------ preflight

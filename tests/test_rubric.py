@@ -733,7 +733,7 @@ backend = LocalBackend(
 '''
 
 
-def test_rubric_grader_judges_through_the_bridge_in_an_eval_run(
+def test_rubric_grader_judges_with_its_own_model_through_the_bridge(
     pytester: pytest.Pytester, judge_server: ModelServer
 ) -> None:
     judge_server.replies = {
@@ -759,6 +759,10 @@ def test_rubric_grader_judges_through_the_bridge_in_an_eval_run(
     # Tokens of the row = the workflow's call + the judge's call, both through the bridge.
     judged = judge_requests(judge_server)
     assert len(judged) == 3
+    # The judge's calls went to the judge model, everything else to the run's model.
+    assert [b["model"] for b in judged] == ["judge"] * 3
+    others = [b for b in judge_server.bodies if b not in judged]
+    assert len(others) == 4 and {b["model"] for b in others} == {"test-model"}  # + preflight
     for row, body in zip(rows_out[:2], judged[:2], strict=True):
         prompt = body["messages"][1]["content"]
         question = next(r["user_prompt"] for r in rows if r["user_prompt"] in prompt)
@@ -780,6 +784,76 @@ def test_rubric_grader_judges_through_the_bridge_in_an_eval_run(
         )
         assert judgement["judge_model"] == "openai/judge" and judgement["pass_threshold"] == 0.5
     assert "unparseable judge answer" in judgement["error"]
+
+
+def grader_rollout(judge_model: str) -> str:
+    source = GRADER_ROLLOUT.replace('judge_model="openai/judge"', f"judge_model={judge_model!r}")
+    assert source != GRADER_ROLLOUT
+    return source
+
+
+@pytest.mark.parametrize(
+    ("judge_model", "unset", "error", "message"),
+    [
+        ("anthropic/claude-sonnet-4-5", "ANTHROPIC_API_KEY", "MissingAPIKeyError",
+         "missing API key: set ANTHROPIC_API_KEY for judge model 'anthropic/claude-sonnet-4-5' "
+         "(or use the offline judge osmosis/embedded)"),
+        ("no-such-model-family", None, "ModelNotFoundError",
+         "unknown judge model 'no-such-model-family': not a LiteLLM model id; use provider/model "
+         "(e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) or 'osmosis/embedded'"),
+    ],
+)
+def test_a_judge_model_that_cannot_be_called_fails_each_row_in_one_line(
+    pytester: pytest.Pytester,
+    judge_server: ModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    judge_model: str,
+    unset: str | None,
+    error: str,
+    message: str,
+) -> None:
+    if unset:
+        monkeypatch.delenv(unset, raising=False)
+    rows = calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")])
+    write_workspace(pytester.path, rows=rows, rollout_source=grader_rollout(judge_model))
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    for index in (0, 1):
+        result.stdout.fnmatch_lines([f"*grader raised {error}: {message} (row {index}, run 0)*"])
+    assert "Traceback" not in out and 'File "' not in out
+    # Nothing reached a judge; only the run's model answered (preflight + one call per row).
+    assert judge_requests(judge_server) == []
+    assert [b["model"] for b in judge_server.bodies] == ["test-model"] * 3
+    run_dir = only_run_dir(pytester.path)
+    for row in read_index(run_dir):
+        assert row["status"] == "failed" and row.get("reward") is None
+        artifact = run_dir / "rollout_trials" / row["rollout_id"] / "artifacts" / ARTIFACT_NAME
+        assert json.loads(artifact.read_text(encoding="utf-8"))["error"] == message
+
+
+def test_a_judge_provider_error_fails_the_row_as_a_grader_error(
+    pytester: pytest.Pytester, judge_server: ModelServer
+) -> None:
+    # The workflow makes no call; the preflight only warns on a 500, then the judge's call
+    # meets the rest (LiteLLM's OpenAI client retries a 500 twice on its own).
+    rollout = grader_rollout("openai/judge").replace(
+        "        rollout = get_rollout_context()\n",
+        "        return [*ctx.prompt, {'role': 'assistant', 'content': '4'}]\n"
+        "        rollout = get_rollout_context()\n",
+    )
+    judge_server.fail_next(500, count=6, message="judge refused\nthis request")
+    write_workspace(pytester.path, rows=calc_rows([("What is 2 + 2?", "4")]),
+                    rollout_source=rollout)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*grader raised ProviderRequestError: provider error from judge model 'openai/judge': "
+        "InternalServerError: *judge refused this request* (row 0, run 0)*",
+    ])
+    assert "Traceback" not in result.stdout.str()
+    models = [b["model"] for b in judge_server.bodies]
+    assert models == ["test-model"] * 3 + ["judge"] * 3
 
 
 def test_rubric_grader_outside_a_run_calls_the_judge_itself(
@@ -868,6 +942,32 @@ def test_the_embedded_smollm2_is_a_real_offline_judge(tmp_path: Path) -> None:
     assert 0.0 <= score <= 1.0
     assert record["explanations"][0].strip()
     assert report["model"] == "osmosis/embedded"
+
+
+@pytest.mark.skipif(_embedded_available() is not None, reason=str(_embedded_available()))
+def test_the_embedded_smollm2_judges_a_rollout_of_another_model(
+    pytester: pytest.Pytester, judge_server: ModelServer
+) -> None:
+    rows = calc_rows([("What is 2 + 2?", "4")])
+    write_workspace(pytester.path, rows=rows, rollout_source=grader_rollout("osmosis/embedded"))
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    out = result.stdout.str()
+    assert "Traceback" not in out
+    # The loopback server answered only the run's model: the judge ran in-process.
+    assert judge_requests(judge_server) == []
+    assert [b["model"] for b in judge_server.bodies] == ["test-model"] * 2
+    run_dir = only_run_dir(pytester.path)
+    (row,) = read_index(run_dir)
+    workflow_tokens = count_tokens("What is 2 + 2?") + count_tokens("4")
+    assert row["tokens"] > workflow_tokens  # the embedded judge's tokens count in the row
+    artifact = run_dir / "rollout_trials" / row["rollout_id"] / "artifacts" / ARTIFACT_NAME
+    judgement = json.loads(artifact.read_text(encoding="utf-8"))
+    assert judgement["judge_model"] == "osmosis/embedded"
+    if judgement["error"] is None:  # a 135M judge may still say something unparseable
+        assert 0.0 <= judgement["score"] <= 1.0 and judgement["explanation"]
+        assert row["status"] == "success" and row["reward"] == judgement["reward"]
+    else:
+        assert judgement["error"].startswith("unparseable judge answer"), judgement["error"]
 
 
 def test_the_example_files_load() -> None:
