@@ -88,6 +88,10 @@ class EvalItem(pytest.Item):
     def key(self) -> tuple[int, int]:
         return (self.row_index, self.run_index)
 
+    def setup(self) -> None:
+        session: EvalSession = self.config.stash[SESSION_KEY]
+        session.start_ahead(self)
+
     def runtest(self) -> None:
         session: EvalSession = self.config.stash[SESSION_KEY]
         result = session.run_item(self)

@@ -101,6 +101,14 @@ class Executor:
             frame = frame.f_back
         return None
 
+    def responsive(self, within: float = 1.0) -> bool:
+        """Whether the loop runs a callback within ``within`` seconds (nothing blocks it)."""
+        try:
+            self.call(asyncio.sleep(0), timeout=within)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            return False
+        return True
+
     def in_flight(self) -> int:
         with self._lock:
             return self._running

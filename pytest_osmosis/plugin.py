@@ -409,8 +409,13 @@ class EvalHooks:
             for run in self.session.runs.values()
             if run.rundir.pending(run_keys(run.plan))
         ]
-        if models:
+        if not models:
+            return
+        if session.config.pluginmanager.has_plugin("dsession"):
+            # xdist's controller runs no rows: its workers start once the model is known good.
             self.session.preflight(models)
+        else:
+            self.session.start_preflight(models)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -552,6 +557,7 @@ class XdistControllerHooks:
 
     def __init__(self, session: EvalSession) -> None:
         self.session = session
+        self.blame_dir: str | None = None  # where workers say which row runs (blame.py)
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
@@ -562,7 +568,9 @@ class XdistControllerHooks:
         workers = int(getattr(config.option, "numprocesses", 1) or 1)
         share = per_worker(self.session.total_concurrency(), workers)
         attempts = max(run.plan.settings.n for run in self.session.runs.values())
-        return EvalScheduling(config, log, shard_rows=max(1, share // attempts))
+        return EvalScheduling(
+            config, log, shard_rows=max(1, share // attempts), culprit=self.culprit
+        )
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -571,6 +579,26 @@ class XdistControllerHooks:
         node.workerinput["osmosis_runs"] = {
             str(path): run.plan.run_name for path, run in self.session.runs.items()
         }
-        node.workerinput["osmosis_prefetch"] = bool(self.session.runs) and not dist_was_chosen(
-            self.session.config
-        )
+        prefetch = bool(self.session.runs) and not dist_was_chosen(self.session.config)
+        node.workerinput["osmosis_prefetch"] = prefetch
+        if prefetch:  # rows run ahead, so a worker's death needs the exact culprit
+            if self.blame_dir is None:
+                from pytest_osmosis.blame import make_directory
+
+                self.blame_dir = make_directory()
+            node.workerinput["osmosis_blame_dir"] = self.blame_dir
+
+    def culprit(self, node: Any) -> str | None:
+        """The node id whose code the dead worker ``node`` was running, if it said."""
+        if self.blame_dir is None:
+            return None
+        from pytest_osmosis.blame import culprit
+
+        return culprit(self.blame_dir, str(node.gateway.id))
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.blame_dir is not None:
+            import shutil
+
+            shutil.rmtree(self.blame_dir, ignore_errors=True)
+            self.blame_dir = None

@@ -92,6 +92,12 @@ async def execute(
     rollout_id = uuid.uuid4().hex
     started = time.monotonic()
     url, api_key = bridge.open_rollout(rollout_id)
+    held_seconds = getattr(bridge, "held_seconds", None)
+
+    def held() -> float:
+        """Time this row's model calls waited for the preflight: not charged to its budgets."""
+        return float(held_seconds(rollout_id)) if held_seconds is not None else 0.0
+
     artifacts_dir = prepare_artifacts(rollout_id)
     sample: Any = None
     step_usage: list[dict[str, int]] = []
@@ -102,7 +108,9 @@ async def execute(
             chat_completions_url=url, api_key=api_key, rollout_id=rollout_id
         )
         with rollout_ctx:
-            sample = await _workflow_phase(work, rollout, rollout_ctx, artifacts_dir, budgets, api)
+            sample = await _workflow_phase(
+                work, rollout, rollout_ctx, artifacts_dir, budgets, api, held
+            )
         # Taken before grading: a judge's calls are not steps of the sample's conversation.
         step_usage = bridge.call_usage(rollout_id)
         if rollout.grader_cls is None:
@@ -118,7 +126,7 @@ async def execute(
         # LocalBackend leaves none active while grading, so a grader that builds its own
         # agent session must not collide with the workflow's registered sample source.
         with api.RolloutContext(chat_completions_url=url, api_key=api_key, rollout_id=rollout_id):
-            sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api)
+            sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api, held)
         if sample.remove_sample:
             status = "skipped"
             message = "the rollout removed this sample (remove_sample)"
@@ -169,6 +177,7 @@ async def _workflow_phase(
     artifacts_dir: Path | None,
     budgets: Budgets,
     api: Any,
+    held: Callable[[], float],
 ) -> Any:
     config = copy.deepcopy(rollout.workflow_config)
     ctx = api.AgentWorkflowContext(
@@ -198,7 +207,7 @@ async def _workflow_phase(
             messages=output.messages, label=work.label, metrics=dict(output.metrics)
         )
 
-    return await _phase("workflow", run, budgets.workflow_s)
+    return await _phase("workflow", run, budgets.workflow_s, held)
 
 
 async def _grader_phase(
@@ -208,6 +217,7 @@ async def _grader_phase(
     artifacts_dir: Path | None,
     budgets: Budgets,
     api: Any,
+    held: Callable[[], float],
 ) -> Any:
     assert rollout.grader_cls is not None
     ctx = api.GraderContext(
@@ -232,15 +242,33 @@ async def _grader_phase(
                 raise ValueError(f"reward must be finite, got {ctx.sample.reward!r}")
         return ctx.sample
 
-    return await _phase("grader", grade, budgets.grader_s)
+    return await _phase("grader", grade, budgets.grader_s, held)
 
 
-async def _phase(name: str, body: Callable[[], Awaitable[Any]], budget: float | None) -> Any:
-    """Run one phase in its own task so its budget can cancel it without touching ours."""
+async def _phase(
+    name: str,
+    body: Callable[[], Awaitable[Any]],
+    budget: float | None,
+    held: Callable[[], float],
+) -> Any:
+    """Run one phase in its own task so its budget can cancel it without touching ours.
+
+    Time the phase's model calls spent held until the preflight passed extends the budget.
+    """
     started = time.monotonic()
+    held_before = held()
+
+    def used() -> float:
+        return time.monotonic() - started - (held() - held_before)
+
     task = asyncio.ensure_future(body())
+    done: set[asyncio.Future[Any]] = set()
     try:
-        done, _ = await asyncio.wait({task}, timeout=budget)
+        while task not in done:
+            left = None if budget is None else budget - used()
+            if left is not None and left <= 0:
+                break
+            done, _ = await asyncio.wait({task}, timeout=left)
     except asyncio.CancelledError:
         task.cancel()
         raise
@@ -250,7 +278,7 @@ async def _phase(name: str, body: Callable[[], Awaitable[Any]], budget: float | 
         # Give a cooperative phase a moment to unwind; one that swallows the cancel is abandoned.
         await asyncio.wait({task}, timeout=1.0)
         raise _PhaseFailed(f"{name}_timeout", expired)
-    if budget is not None and time.monotonic() - started > budget:
+    if budget is not None and used() > budget:
         # Synchronous code blocked the loop past the budget and then returned: still a timeout.
         raise _PhaseFailed(f"{name}_timeout", f"{expired} (it blocked the event loop)")
     exc = task.exception()

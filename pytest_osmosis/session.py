@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_osmosis.errors import OsmosisError, RunDirectoryError
+from pytest_osmosis import blame
+from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
 from pytest_osmosis.executor import Executor
 from pytest_osmosis.loader import LoadedRollout, load_rollout
 from pytest_osmosis.plan import (
@@ -90,6 +92,9 @@ class EvalSession:
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
         self._prefetched = False
+        self._holding: set[str] = set()
+        self._preflight_done: threading.Event | None = None
+        self._preflight_failure: str | None = None
         self._worker_prefetch = False
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
@@ -121,6 +126,8 @@ class EvalSession:
         """What the xdist controller decided: run directory names, whether shards are ours."""
         self._run_names.update(workerinput.get("osmosis_runs", {}))
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
+        blame_dir = workerinput.get("osmosis_blame_dir")
+        self._blame_slot = (str(blame_dir), str(workerinput["workerid"])) if blame_dir else None
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
@@ -226,6 +233,10 @@ class EvalSession:
     def executor(self) -> Executor:
         if self._executor is None:
             self._executor = Executor(self._concurrency())
+            blame_slot = getattr(self, "_blame_slot", None)  # set_worker_input sets it
+            if self.is_worker and blame_slot:
+                # Which row's code runs, for the controller if this worker dies (blame.py).
+                blame.install(self._executor.loop, *blame_slot)
         return self._executor
 
     def _concurrency(self) -> int:
@@ -250,11 +261,14 @@ class EvalSession:
             best = max(best, min(value, limit) if limit else value)
         return best
 
-    def run_item(self, item: EvalItem) -> dict[str, Any]:
-        plan = item.parent.plan
-        record = self.carried_forward(item)
-        if record is not None:
-            return _resumed_result(record, plan)
+    def start_ahead(self, item: EvalItem) -> None:
+        """Setup phase: start rows ahead, then wait for the model preflight.
+
+        Waiting here keeps the preflight out of the call phase that pytest-timeout's
+        backstop times; the rows started ahead run meanwhile.
+        """
+        if self.carried_forward(item) is not None:
+            return
         if not self._prefetched:
             self._prefetched = True
             self.executor.concurrency = self._concurrency()
@@ -266,6 +280,14 @@ class EvalSession:
 
             items = item.session.items
             self._prefetch([items[i] for i in queued_indices(self.config) if i < len(items)])
+        self.await_preflight()
+
+    def run_item(self, item: EvalItem) -> dict[str, Any]:
+        plan = item.parent.plan
+        record = self.carried_forward(item)
+        if record is not None:
+            return _resumed_result(record, plan)
+        self.start_ahead(item)
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
@@ -273,6 +295,10 @@ class EvalSession:
             if not str(exc).startswith("Timeout"):
                 raise
             blocker = self.executor.blocker()
+            if blocker is None and self.executor.responsive():
+                # Nothing blocks the loop: the row runs on under its own budgets, which do
+                # not count the time its model calls were held (preflight, LiteLLM's import).
+                return dict(self.executor.result(item.nodeid, factory))
             if blocker is not None and (blocker[1].row_index, blocker[1].run_index) != item.key:
                 # Another row blocks the loop; it is the one that fails. This one waits on.
                 warnings.warn(
@@ -348,6 +374,7 @@ class EvalSession:
                 self.executor.submit(other.nodeid, lambda other=other: self._execute(other))  # type: ignore[misc]
 
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
+        blame.enter(item.nodeid)  # a crash in this row's code is pinned on it (xdist workers)
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
         from pytest_osmosis.secrets import redactor_for
@@ -418,26 +445,74 @@ class EvalSession:
                     None, resolve_route, model_path
                 )
                 bridge = Bridge(route)
+                if model_path in self._holding:
+                    bridge.hold_calls()  # until start_preflight's check has passed
                 await bridge.start()
                 self._bridges[model_path] = bridge
             return self._bridges[model_path]
 
     def preflight(self, model_paths: list[str]) -> None:
         """Check each model once before any row runs; a failure stops the session cleanly."""
-        for model_path in sorted(set(model_paths)):
+        try:
+            self.executor.call(self._preflight_all(model_paths))
+        except pytest.UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - _preflight_all names the model
+            raise pytest.UsageError(str(exc)) from None
 
-            async def check(model_path: str = model_path) -> None:
-                bridge = await self.bridge(model_path)
-                await bridge.preflight()
+    def start_preflight(self, model_paths: list[str]) -> None:
+        """Begin the preflight in the background (a child process): rows start meanwhile.
 
+        The bridges hold every model call until their model's preflight has passed, and
+        no result is reported before it has, so a model that fails stops the session
+        before any row is paid for or recorded (the rows already started stay pending).
+        """
+        self._holding = set(model_paths)
+        done = self._preflight_done = threading.Event()
+
+        async def background() -> None:
             try:
-                self.executor.call(check())
-            except OsmosisError as exc:
-                raise pytest.UsageError(str(exc)) from None
+                await self._preflight_all(model_paths)
+            except Exception as exc:  # noqa: BLE001 - _preflight_all names the model
+                self._preflight_failure = str(exc)
+            finally:
+                # Set here, not by a loop callback: a row may block the loop right after.
+                done.set()
+
+        asyncio.run_coroutine_threadsafe(background(), self.executor.loop)
+
+    def await_preflight(self) -> None:
+        """Block until the background preflight is over; a failure ends the session (exit 4)."""
+        done = self._preflight_done
+        if done is None:
+            return
+        done.wait()
+        self._preflight_done = None
+        if self._preflight_failure is not None:
+            pytest.exit(self._preflight_failure, returncode=pytest.ExitCode.USAGE_ERROR)
+
+    async def _preflight_all(self, model_paths: list[str]) -> None:
+        from pytest_osmosis.preflight import check_model
+
+        for model_path in sorted(set(model_paths)):
+            bridge: Bridge | None = None
+            try:
+                bridge = await self.bridge(model_path)
+                bridge.preflight_warning = await check_model(bridge.route)
             except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
-                raise pytest.UsageError(
-                    f"model preflight failed for {model_path!r}: {type(exc).__name__}: {exc}"
-                ) from None
+                failure = exc
+                if not isinstance(exc, OsmosisError):
+                    failure = ModelPreflightError(
+                        f"model preflight failed for {model_path!r}: {type(exc).__name__}: {exc}"
+                    )
+                if bridge is not None:
+                    bridge.release_calls(str(failure))
+                raise failure from None
+            bridge.release_calls()
+            if bridge.preflight_warning:
+                for run in self.runs.values():
+                    if run.plan.settings.model_path == model_path:
+                        run.log.warning("preflight", bridge.preflight_warning)
 
     def close(self) -> None:
         if self._executor is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,16 +23,22 @@ _ROW = re.compile(r"::row_(\d+)_run_\d+$")
 class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
     """``loadscope`` whose scopes are shards of ``shard_rows`` consecutive dataset rows."""
 
-    def __init__(self, config: pytest.Config, log: Any, shard_rows: int) -> None:
+    def __init__(
+        self,
+        config: pytest.Config,
+        log: Any,
+        shard_rows: int,
+        culprit: Callable[[Any], str | None] | None = None,
+    ) -> None:
         super().__init__(config, log)
         self.shard_rows = max(1, shard_rows)
+        self.culprit = culprit  # the node id whose code a dead worker ran (blame.py)
 
     def _split_scope(self, nodeid: str) -> str:
         match = _ROW.search(nodeid)
         if match is None:
             return str(super()._split_scope(nodeid))
         return f"{nodeid[: match.start()]}::shard{int(match.group(1)) // self.shard_rows}"
-
 
     def _reschedule(self, node: Any) -> None:
         if node not in self.registered_collections:
@@ -42,21 +49,26 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
             pass  # it died too; its remove_node() puts the unit back in the queue
 
     def remove_node(self, node: Any) -> str | None:
-        """As ``loadscope`` does, but the item a dead worker was running is not sent again.
+        """As ``loadscope`` does, but the item that crashed the worker is not sent again.
 
-        The controller records that item as ``worker_crashed``; running it on another
-        worker would pay for it twice and report it twice. The dead worker's other
-        unfinished items (possibly in flight, never recorded) are rescheduled.
+        A worker runs its queued rows ahead, so the row that crashed it is the one whose
+        code its event loop was running (``culprit``), when that is known; otherwise it is
+        xdist's guess, the first unfinished item (the one the worker was reporting). The
+        controller records it as ``worker_crashed``; running it on another worker would
+        crash that one too, and pay for it twice. The dead worker's other unfinished items
+        (possibly in flight, never recorded) are rescheduled.
         """
         workload = self.assigned_work.pop(node)
         if not self._pending_of(workload):
             return None
-        crashitem: str = next(
+        unfinished = [
             nodeid
             for unit in workload.values()
             for nodeid, completed in unit.items()
             if not completed
-        )
+        ]
+        blamed = self.culprit(node) if self.culprit is not None else None
+        crashitem = blamed if blamed in unfinished else unfinished[0]
         for scope, unit in workload.items():
             if crashitem in unit:
                 unit[crashitem] = True

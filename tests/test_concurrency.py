@@ -130,13 +130,24 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
 BLOCKING = '''
 import time
 
-from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+import httpx
+
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend, get_rollout_context
 
 
 class Blocking(AgentWorkflow):
     async def run(self, ctx):
         if "block" in ctx.prompt[-1]["content"]:
             time.sleep(6)  # synchronous: the event loop cannot cancel this
+        else:
+            # A model call: it waits for the preflight, so the blocking row starts after it.
+            rollout = get_rollout_context()
+            async with httpx.AsyncClient(timeout=30) as client:
+                await client.post(
+                    rollout.chat_completions_url + "/chat/completions",
+                    headers={"Authorization": f"Bearer {rollout.api_key}"},
+                    json={"model": "m", "messages": ctx.prompt},
+                )
         return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
 
 
@@ -166,7 +177,7 @@ def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*backstop_timeout: backstop timeout (>2.0s): row 1 run 0 is blocking the event loop at *main.py:10 in run*",
+            "*backstop_timeout: backstop timeout (>2.0s): row 1 run 0 is blocking the event loop at *main.py:12 in run*",
             "*row_2_run_0 waits past its backstop: row 1 run 0 is blocking the event loop*",
         ]
     )

@@ -74,8 +74,8 @@ _RUNNING = set()  # questions whose workflow is running in this process
 async def _alone(question):
     """Wait until no other row runs in this process, and a little longer.
 
-    A worker runs rows ahead; a crash while another row is in flight is pinned on the
-    wrong row (a known bug with its own test), so these rows crash only when alone.
+    A worker runs rows ahead; a crash while another row is in flight sends that row to
+    another worker (it runs twice), so these rows crash only when alone.
     """
     while _RUNNING - {question}:
         await asyncio.sleep(0.05)
@@ -121,6 +121,8 @@ class FaultWorkflow(AgentWorkflow):
             os._exit(7)
         if do == "exit_now" and _armed(meta):
             os._exit(7)  # while other rows of this worker are in flight
+        if do == "segv_now" and _armed(meta):
+            ctypes.string_at(0)  # likewise, a segfault
         return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
 
 
@@ -368,18 +370,18 @@ def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
     assert verdict["accepted"] and sdk_judge(run_dir)["accepted"]
 
 
-@pytest.mark.xfail(
-    strict=False,  # a known limitation; whether it shows depends on which row runs first
-    reason="bug: under xdist a crash is pinned on the item the worker's main thread waits "
-    "for, not on the prefetched row that crashed: the innocent row is recorded "
-    "worker_crashed and the culprit is sent to another worker and crashes it too",
-)
+@pytest.mark.parametrize("crash", ["exit_now", "segv_now"])
 def test_a_prefetched_row_that_crashes_is_the_one_recorded(
-    pytester: pytest.Pytester, model_env
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, crash: str
 ) -> None:  # type: ignore[no-untyped-def]
+    """The worker's main thread waits for row 0 while row 2, run ahead, kills the worker.
+
+    Row 2 is recorded ``worker_crashed`` and never sent again; rows 0, 1 and 3, in flight
+    on the dead worker, run again elsewhere and pass.
+    """
     root = pytester.path
     (root / "armed").touch()
-    behaviours = ["ok", "ok", "exit_now", "ok", "ok", "ok"]
+    behaviours = ["ok", "ok", crash, "ok", "ok", "ok"]
     write_workspace(
         root,
         rows=fault_rows(behaviours, root),
@@ -387,14 +389,22 @@ def test_a_prefetched_row_that_crashes_is_the_one_recorded(
         evaluation={"batch_size": 8},  # a worker runs its queued rows ahead
     )
     model_env.delays = {"What is 0 + 100?": 3.0}  # row 0 still waits when row 2 dies
+    tmp = root / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # where the controller makes its blame directory
     result = pytester.runpytest_subprocess(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "pin", "-n", "2"
     )
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out, out
     run_dir = root / ".osmosis" / "evals" / "pin"
     expected = {index: ("success", None) for index in range(len(behaviours))}
     expected[2] = ("failed", "worker_crashed")
-    assert outcomes(run_dir) == expected, result.stdout.str()
-    assert executions(root)[2] == 1
+    assert outcomes(run_dir) == expected, out
+    assert executions(root)[2] == 1, out
+    result.assert_outcomes(passed=5, failed=1)
+    result.stdout.fnmatch_lines(["*worker 'gw*' crashed while running*row_2_run_0*"])
+    assert not list(tmp.glob("osmosis-blame-*")), "the controller removes it at the end"
 
 
 class _Node:
@@ -418,11 +428,13 @@ class _Node:
         return f"<_Node {self.gateway.id}>"
 
 
-def _scheduler(pytester: pytest.Pytester) -> tuple[Any, list[str], _Node, _Node]:
+def _scheduler(
+    pytester: pytest.Pytester, shard_rows: int = 1, culprit: Any = None
+) -> tuple[Any, list[str], _Node, _Node]:
     from pytest_osmosis.xdist import EvalScheduling
 
     config = pytester.parseconfig("--tx", "2*popen", "-p", "xdist")
-    sched = EvalScheduling(config, None, shard_rows=1)
+    sched = EvalScheduling(config, None, shard_rows=shard_rows, culprit=culprit)
     nodeids = [f"configs/eval/calc.toml::row_{i}_run_0" for i in range(12)]
     gw0, gw1 = _Node("gw0"), _Node("gw1")
     for node in (gw0, gw1):
@@ -459,3 +471,58 @@ def test_rescheduling_onto_a_worker_that_just_died_is_survived(
     sched.schedule()
     rerun = {nodeids[i] for batch in gw2.sent for i in batch}
     assert rerun, "the dead workers' unfinished rows go to the replacement"
+
+
+def _unfinished(sched: Any, node: _Node) -> list[str]:
+    return [
+        i for unit in sched.assigned_work[node].values() for i, done in unit.items() if not done
+    ]
+
+
+@pytest.mark.parametrize(
+    "blamed, pinned",
+    [
+        (2, 2),  # the row whose code ran: it is the crash item
+        (None, 0),  # the worker said nothing: xdist's guess, the first unfinished row
+        (1, 0),  # a row already finished cannot have crashed it
+        (9, 0),  # another worker's row
+    ],
+)
+def test_a_dead_workers_crash_is_pinned_on_the_row_its_loop_ran(
+    pytester: pytest.Pytester, blamed: int | None, pinned: int
+) -> None:
+    asked: list[str] = []
+    holder: dict[str, list[str]] = {}
+
+    def culprit(node: _Node) -> str | None:
+        asked.append(node.gateway.id)
+        return None if blamed is None else holder["nodeids"][blamed]
+
+    sched, nodeids, gw0, gw1 = _scheduler(pytester, shard_rows=4, culprit=culprit)
+    holder["nodeids"] = nodeids
+    assert _unfinished(sched, gw0) == nodeids[0:4]  # one shard of four rows, run ahead
+    sched.mark_test_complete(gw0, 1)
+    crashed = sched.remove_node(gw0)
+    assert asked == ["gw0"]
+    assert crashed == nodeids[pinned]
+    gw2 = _Node("gw2")
+    sched.add_node(gw2)
+    sched.add_node_collection(gw2, nodeids)
+    sched.schedule()
+    queued = [i for unit in sched.workqueue.values() for i, done in unit.items() if not done]
+    pending = set(queued + _unfinished(sched, gw1) + _unfinished(sched, gw2))
+    assert pending == set(nodeids[4:]) | {nodeids[i] for i in (0, 2, 3) if i != pinned}
+
+
+def test_a_worker_that_finished_its_work_is_not_asked_for_a_culprit(
+    pytester: pytest.Pytester,
+) -> None:
+    asked: list[Any] = []
+    sched, nodeids, gw0, _ = _scheduler(pytester, shard_rows=4, culprit=asked.append)
+    for index in range(4):
+        sched.mark_test_complete(gw0, index)
+    for unit in sched.assigned_work[gw0].values():  # it may have been given more rows
+        for nodeid in unit:
+            sched.mark_test_complete(gw0, nodeids.index(nodeid))
+    assert sched.remove_node(gw0) is None
+    assert asked == []

@@ -195,8 +195,8 @@ def test_unreachable_model_stops_before_any_row(
     write_workspace(pytester.path)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*openai/test-model*"])
-    assert " passed" not in result.stdout.str() and " failed" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*model preflight failed for 'openai/test-model': cannot reach*"])
+    result.stdout.fnmatch_lines(["*no tests ran*"])
 
 
 def test_missing_secret_stops_the_session_naming_it(
