@@ -380,6 +380,34 @@ class EvalHooks:
                 gc.enable()
             gc.freeze()
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(
+        self, session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        """A finished run runs nothing again, as ``osmosis eval run`` finishes at once.
+
+        When every selected item of a config is recorded, its items are deselected rather
+        than replayed one by one; the results table and the exit status still come from
+        the recorded results (pytest_sessionfinish). A run with anything pending keeps
+        replaying its recorded items, so its report shows every row.
+        """
+        from pytest_osmosis.collect import EvalItem
+
+        by_config: dict[Path, list[EvalItem]] = {}
+        for item in items:
+            if isinstance(item, EvalItem):
+                by_config.setdefault(item.path, []).append(item)
+        finished = {
+            path
+            for path, group in by_config.items()
+            if all(self.session.carried_forward(item) is not None for item in group)
+        }
+        if not finished:
+            return
+        kept = [i for i in items if not (isinstance(i, EvalItem) and i.path in finished)]
+        config.hook.pytest_deselected(items=[i for i in items if i not in set(kept)])
+        items[:] = kept
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Controller or single process: open run directories and check the models."""
@@ -483,11 +511,29 @@ class EvalHooks:
                 interrupted = session.shouldstop or session.shouldfail
                 for run in self.session.runs.values():
                     run.metrics = finalize_run(run, cancelled=bool(interrupted))
+                self._finished_runs_status(session)
                 if self.session.options.report:
                     self._write_reports()
                 self._gate(session)
         finally:
             self.session.close()
+
+    def _finished_runs_status(self, session: pytest.Session) -> None:
+        """Runs finished before this session ran nothing: their recorded rows decide."""
+        finished = [run for run in self.session.runs.values() if run.pending_at_start == 0]
+        if not finished or session.exitstatus not in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            return
+        summaries = [run.metrics.get("summary", {}) for run in finished]
+        failed = any(
+            s.get("failed", 0) or s.get("graded", 0) > s.get("passed", 0) for s in summaries
+        )
+        if failed:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        elif len(finished) == len(self.session.runs):
+            session.exitstatus = pytest.ExitCode.OK  # "no tests ran": nothing was left to run
 
     def _write_reports(self) -> None:
         from pytest_osmosis.errors import OsmosisError

@@ -17,6 +17,11 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
         if not run.metrics:
             continue
         terminal.write_sep("=", f"osmosis: {run.plan.run_name}")
+        if run.pending_at_start == 0 and run.executed == 0:
+            terminal.write_line(
+                "already finished: every row is recorded, none ran again "
+                "(--osmosis-retry-failed re-runs failures, --osmosis-fresh starts anew)"
+            )
         for line in summary_lines(run):
             terminal.write_line(line)
     verdict = session.verdict

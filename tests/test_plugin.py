@@ -370,3 +370,29 @@ def test_the_example_workspace_passes_on_the_embedded_model(pytester: pytest.Pyt
     )
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*pass rate  100.0%*", "*8 passed*"])
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
+def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
+    pytester: pytest.Pytester, model_env, xdist: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=MIXED)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "done", *xdist)
+    first = pytester.runpytest_subprocess(*args)
+    first.assert_outcomes(passed=1, failed=3, skipped=1)
+    journal = (pytester.path / ".osmosis" / "evals" / "done" / "events.jsonl").read_text()
+    before = model_env.requests_total
+    again = pytester.runpytest_subprocess(*args)
+    # Nothing runs, not even the preflight; the recorded failures still fail the session.
+    assert again.ret == pytest.ExitCode.TESTS_FAILED, again.stdout.str()
+    again.stdout.fnmatch_lines(["*already finished: every row is recorded, none ran again*"])
+    again.stdout.fnmatch_lines(["outcomes   1 passed, 1 below threshold, 2 failed, 1 skipped of 5"])
+    assert model_env.requests_total == before
+    assert (pytester.path / ".osmosis" / "evals" / "done" / "events.jsonl").read_text() == journal
+    # A finished run where every row passed exits 0, though pytest itself ran no test.
+    write_workspace(pytester.path, rows=MIXED[:1], name="good")
+    good = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "good", *xdist)
+    pytester.runpytest_subprocess(*good, "configs/eval/good.toml").assert_outcomes(passed=1)
+    rerun = pytester.runpytest_subprocess(*good, "configs/eval/good.toml")
+    assert rerun.ret == pytest.ExitCode.OK, rerun.stdout.str()
+    assert model_env.requests_total == before + 1 + 1  # the good run's preflight and its row
