@@ -20,9 +20,6 @@ if TYPE_CHECKING:
     from pytest_osmosis.progress import Progress
     from pytest_osmosis.session import EvalSession
 
-# `pytest --osmosis-rubric DATA.jsonl ...`: rubric checks as test items (its own hooks).
-pytest_plugins = ["pytest_osmosis.rubric_items"]
-
 
 @dataclass(frozen=True)
 class _Option:
@@ -153,6 +150,55 @@ OPTIONS = (
 )
 
 
+# `pytest --osmosis-rubric DATA.jsonl ...`: rubric checks as test items. Their hooks live in
+# rubric_items.py, registered only when the option is given.
+RUBRIC_OPTIONS = (
+    _Option(
+        "rubric",
+        "--osmosis-rubric",
+        "JSONL file of conversations to score with an LLM judge: "
+        "each record x run becomes a test item",
+        "DATA.jsonl",
+        override=False,
+    ),
+    _Option(
+        "rubric_text",
+        "--osmosis-rubric-text",
+        "the rubric: text, or @FILE to read it from a file",
+        "TEXT|@FILE",
+        override=False,
+    ),
+    _Option(
+        "judge_model",
+        "--osmosis-judge-model",
+        "judge model for --osmosis-rubric: any LiteLLM id, or "
+        "osmosis/embedded for the offline SmolLM2",
+        "MODEL",
+        override=False,
+    ),
+    _Option(
+        "min_score", "--osmosis-min-score", "score a rubric item needs to pass", "X", override=False
+    ),
+    _Option(
+        "rubric_n", "--osmosis-rubric-n", "judge runs per record (default 1)", "N", override=False
+    ),
+    _Option(
+        "rubric_score_min",
+        "--osmosis-rubric-score-min",
+        "lowest rubric score (default 0)",
+        "A",
+        override=False,
+    ),
+    _Option(
+        "rubric_score_max",
+        "--osmosis-rubric-score-max",
+        "highest rubric score (default 1)",
+        "B",
+        override=False,
+    ),
+)
+
+
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     import pytest_osmosis.hookspecs as hookspecs
 
@@ -161,7 +207,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("osmosis", "pytest-osmosis: Osmosis evaluations as tests")
-    for opt in OPTIONS:
+    for opt in (*OPTIONS, *RUBRIC_OPTIONS):
         if opt.is_flag:
             group.addoption(
                 opt.flag,
@@ -197,6 +243,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "grader class as 'module:Class' when the entrypoint has none or several",
         default="",
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file."""
+    keep_at_file(args)
+
+
+def keep_at_file(args: list[str]) -> None:
+    """Join ``--osmosis-rubric-text`` and its ``@FILE`` value (in place) before pytest parses."""
+    flag = "--osmosis-rubric-text"
+    position = 0
+    while position < len(args) - 1:
+        if args[position] == flag and args[position + 1].startswith("@"):
+            args[position : position + 2] = [f"{flag}={args[position + 1]}"]
+        position += 1
 
 
 def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
@@ -240,6 +304,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "osmosis(config, rollout, model, dataset): set on every Osmosis eval item"
     )
+    if _value(config, RUBRIC_OPTIONS[0]):
+        config.pluginmanager.import_plugin("pytest_osmosis.rubric_items")
     if not _enabled(config):
         return
     # Third-party noise an eval run should not make: LiteLLM's pydantic warnings, and

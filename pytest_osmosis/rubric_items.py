@@ -8,8 +8,9 @@ of ``pytest-osmosis rubric`` (`pytest_osmosis.rubric`, `pytest_osmosis.judge`).
 As in eval sessions, the judge calls of the items this process will run are started
 ahead on one background loop (at most 8 in flight); an item only waits for its own.
 
-This module is a pytest plugin of its own (hooks at the bottom); it imports only pytest
-and the standard library until an option turns it on.
+This module is a pytest plugin of its own (hooks at the bottom), registered by
+``plugin.py`` only when ``--osmosis-rubric`` (or its ini twin) is given; the options
+themselves live in ``plugin.py``.
 """
 
 from __future__ import annotations
@@ -34,41 +35,7 @@ __all__ = [
     "RubricItem",
     "collect_rubric_file",
     "configure_rubric",
-    "register_rubric",
 ]
-
-
-@dataclass(frozen=True)
-class _Option:
-    name: str  # the ini key; the flag is --<name with dashes>
-    help: str
-    metavar: str
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-
-_OPTIONS = (
-    _Option("osmosis_rubric", "JSONL file of conversations to score with an LLM judge: "
-            "each record x run becomes a test item", "DATA.jsonl"),
-    _Option("osmosis_rubric_text", "the rubric: text, or @FILE to read it from a file",
-            "TEXT|@FILE"),
-    _Option("osmosis_judge_model", "judge model for --osmosis-rubric: any LiteLLM id, or "
-            "osmosis/embedded for the offline SmolLM2", "MODEL"),
-    _Option("osmosis_min_score", "score a rubric item needs to pass", "X"),
-    _Option("osmosis_rubric_n", "judge runs per record (default 1)", "N"),
-    _Option("osmosis_rubric_score_min", "lowest rubric score (default 0)", "A"),
-    _Option("osmosis_rubric_score_max", "highest rubric score (default 1)", "B"),
-)
-
-
-def register_rubric(parser: pytest.Parser) -> None:
-    """The ``--osmosis-rubric*`` options and their ini twins."""
-    group = parser.getgroup("osmosis", "pytest-osmosis: Osmosis evaluations as tests")
-    for opt in _OPTIONS:
-        group.addoption(opt.flag, default=None, metavar=opt.metavar, dest=opt.name, help=opt.help)
-        parser.addini(opt.name, f"{opt.help} (ini twin of {opt.flag})", default="")
 
 
 @dataclass(frozen=True)
@@ -320,28 +287,6 @@ class RubricItem(pytest.Item):
 
 
 # ---------------------------------------------------------------------------- hooks
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    register_rubric(parser)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(
-    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
-) -> None:
-    """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file."""
-    keep_at_file(args)
-
-
-def keep_at_file(args: list[str]) -> None:
-    """Join ``--osmosis-rubric-text`` and its ``@FILE`` value (in place) before pytest parses."""
-    flag = "--osmosis-rubric-text"
-    position = 0
-    while position < len(args) - 1:
-        if args[position] == flag and args[position + 1].startswith("@"):
-            args[position : position + 2] = [f"{flag}={args[position + 1]}"]
-        position += 1
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -138,3 +138,11 @@ def model_server(model_loop: _LoopThread) -> Iterator[ModelServer]:
     server = ModelServer().start(loop=model_loop.loop)
     yield server
     server.stop()
+
+
+@pytest.fixture
+def model_env(model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> ModelServer:
+    """The model server, with LiteLLM's OpenAI variables pointing at it."""
+    for key, value in model_server.env().items():
+        monkeypatch.setenv(key, value)
+    return model_server

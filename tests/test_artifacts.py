@@ -13,13 +13,11 @@ directory.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
+from sdk_planner import sdk_judge
 from workspaces import calc_rows, read_index, write_workspace
 
 from pytest_osmosis.results.projection import (
@@ -32,7 +30,6 @@ from pytest_osmosis.results.projection import (
 
 pytest_plugins = ["pytester"]
 
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
 HOST_SECRET = "host-file-content-never-copied"
 ROLLOUT_ID = "0123456789abcdef0123456789abcdef"
 PREFIX = f"rollout_trials/{ROLLOUT_ID}/artifacts/"
@@ -172,36 +169,6 @@ class Exact(Grader):
     async def grade(self, ctx):
         ctx.set_reward(1.0)
 """
-
-JUDGE = r"""
-import json, sys
-from pathlib import Path
-from osmosis_ai.eval.local.upload import LocalEvalUploadError, build_eval_upload_plan
-try:
-    plan = build_eval_upload_plan(Path(sys.argv[1]))
-except LocalEvalUploadError as exc:
-    print(json.dumps({"accepted": False, "refusal": str(exc)}))
-else:
-    print(json.dumps({"accepted": True, "files": sorted(f.path for f in plan.files)}))
-"""
-
-
-def sdk_judge(run_dir: Path) -> dict[str, Any]:
-    if not SDK_PYTHON.exists():
-        pytest.skip(f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)")
-    done = subprocess.run(
-        [str(SDK_PYTHON), "-I", "-c", JUDGE, str(run_dir)],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        timeout=120,
-        check=False,
-    )
-    if "No module named 'osmosis_ai'" in done.stderr:
-        pytest.skip(f"osmosis-ai is not installed for {SDK_PYTHON}")
-    assert done.returncode == 0, done.stderr
-    verdict: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return verdict
 
 
 @pytest.fixture

@@ -77,13 +77,6 @@ MIXED = calc_rows(
 )
 
 
-@pytest.fixture
-def model_env(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
-    return model_server
-
-
 @pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_mixed_outcomes_are_accepted_with_the_sdks_metrics(
     pytester: pytest.Pytester, model_env, xdist: tuple[str, ...]

@@ -13,18 +13,16 @@ marker file exists, so the retry can succeed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sdk_planner import sdk_judge
 from workspaces import only_run_dir, read_index, write_workspace
 
 pytest_plugins = ["pytester"]
 
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
 
 FAULT_ROLLOUT = r'''
 import asyncio
@@ -195,45 +193,6 @@ def executions(root: Path) -> Counter[int]:
     if not path.exists():
         return Counter()
     return Counter(int(line.split()[2]) for line in path.read_text().splitlines() if line.strip())
-
-
-JUDGE = r"""
-import json, sys
-from pathlib import Path
-from osmosis_ai.eval.local.upload import LocalEvalUploadError, build_eval_upload_plan
-try:
-    plan = build_eval_upload_plan(Path(sys.argv[1]))
-except LocalEvalUploadError as exc:
-    print(json.dumps({"accepted": False, "refusal": str(exc)}))
-else:
-    print(json.dumps({"accepted": True, "files": sorted(f.path for f in plan.files)}))
-"""
-
-
-def sdk_judge(run_dir: Path) -> dict[str, Any]:
-    """What ``osmosis eval upload``'s own planner says about *run_dir*."""
-    if not SDK_PYTHON.exists():
-        pytest.skip(f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)")
-    done = subprocess.run(
-        [str(SDK_PYTHON), "-I", "-c", JUDGE, str(run_dir)],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        timeout=120,
-        check=False,
-    )
-    if "No module named 'osmosis_ai'" in done.stderr:
-        pytest.skip(f"osmosis-ai is not installed for {SDK_PYTHON}")
-    assert done.returncode == 0, done.stderr
-    verdict: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return verdict
-
-
-@pytest.fixture
-def model_env(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
-    return model_server
 
 
 def outcomes(run_dir: Path) -> dict[int, tuple[str, str | None]]:

@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 from model_server import ModelServer
+from sdk_planner import sdk_judge
 from workspaces import calc_rows, read_index, write_workspace
 
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
 SEED = 20260611
 KILLS = 20
 
@@ -169,37 +169,6 @@ def questions(server: ModelServer) -> Counter[str]:
         for body in list(server.bodies)
         if body["messages"][-1]["content"] != "hi"  # the preflight
     )
-
-
-JUDGE = r"""
-import json, sys
-from pathlib import Path
-from osmosis_ai.eval.local.upload import LocalEvalUploadError, build_eval_upload_plan
-try:
-    plan = build_eval_upload_plan(Path(sys.argv[1]))
-except LocalEvalUploadError as exc:
-    print(json.dumps({"accepted": False, "refusal": str(exc)}))
-else:
-    print(json.dumps({"accepted": True, "files": len(plan.files)}))
-"""
-
-
-def sdk_judge(run_dir: Path) -> dict[str, Any]:
-    if not SDK_PYTHON.exists():
-        pytest.skip(f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)")
-    done = subprocess.run(
-        [str(SDK_PYTHON), "-I", "-c", JUDGE, str(run_dir)],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        timeout=120,
-        check=False,
-    )
-    if "No module named 'osmosis_ai'" in done.stderr:
-        pytest.skip(f"osmosis-ai is not installed for {SDK_PYTHON}")
-    assert done.returncode == 0, done.stderr
-    verdict: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return verdict
 
 
 def kill_and_resume(

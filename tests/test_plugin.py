@@ -30,13 +30,6 @@ MIXED = calc_rows(
 )
 
 
-@pytest.fixture
-def model_env(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
-    return model_server
-
-
 def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     write_workspace(pytester.path, rows=MIXED)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-rA")

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.workspaces import calc_rows, write_workspace
+from workspaces import calc_rows, write_workspace
 
 STAMPING_ROLLOUT = '''
 import json
@@ -64,10 +63,9 @@ def _stamps(root: Path) -> list[dict[str, float | None]]:
 
 
 def test_rows_start_during_the_preflight_but_reach_the_model_only_after_it(
-    pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, model_env
 ) -> None:  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+    model_server = model_env
     model_server.delays = {"hi": 2.0}  # the preflight's own prompt
     write_workspace(
         pytester.path,
