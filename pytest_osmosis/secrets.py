@@ -242,6 +242,10 @@ class RedactingStream:
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if not self._pending and not len(self.redactor):
+            # Nothing to redact yet (the common case before any secret is known).
+            self.target.write(text)
+            return len(text)
         with self._lock:
             buffered = self.redactor.redact(self._pending + text)
             keep = self.redactor.holdback(buffered)
