@@ -34,9 +34,7 @@ async def check_model(route: ModelRoute) -> str | None:
         )
     except (TypeError, ValueError):
         # A route whose settings do not travel as JSON is checked here, in process.
-        bridge = Bridge(route)
-        await bridge.preflight()
-        return bridge.preflight_warning
+        return await _check_in_process(route)
     done = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "pytest_osmosis.preflight"],
@@ -47,6 +45,9 @@ async def check_model(route: ModelRoute) -> str | None:
         check=False,
     )
     answer = _answer(done.stdout)
+    if answer is None and "No module named" in done.stderr:
+        # This interpreter cannot import us by name (a frozen or path-hacked install).
+        return await _check_in_process(route)
     if answer is None:
         tail = " ".join(done.stderr.split()[-40:]) or "no output"
         raise ModelPreflightError(
@@ -57,6 +58,15 @@ async def check_model(route: ModelRoute) -> str | None:
         raise ModelPreflightError(str(answer["error"]))
     warning = answer.get("warning")
     return str(warning) if warning else None
+
+
+async def _check_in_process(route: ModelRoute) -> str | None:
+    from pytest_osmosis.bridge import import_litellm
+
+    await asyncio.to_thread(import_litellm)
+    bridge = Bridge(route)
+    await bridge.preflight()
+    return bridge.preflight_warning
 
 
 def _answer(stdout: str) -> dict[str, Any] | None:

@@ -4,13 +4,19 @@ it stops the session with exit 4 and one line, leaving every row pending."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from workspaces import calc_rows, write_workspace
+
+from pytest_osmosis.bridge import ModelRoute
+from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.preflight import check_model
 
 STAMPING_ROLLOUT = '''
 import json
@@ -125,3 +131,34 @@ def test_a_failing_preflight_stops_the_session_and_records_nothing(
     assert not events.exists() or events.read_text() == ""
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
+
+
+def _route(url: str) -> ModelRoute:
+    return ModelRoute(
+        model_path="openai/test-model",
+        litellm_model="openai/test-model",
+        kwargs={"api_base": url, "api_key": "sk-test-preflight"},
+    )
+
+
+def test_the_check_runs_in_a_child_and_names_a_dead_endpoint(model_server) -> None:  # type: ignore[no-untyped-def]
+    assert asyncio.run(check_model(_route(model_server.url))) is None
+    assert model_server.bodies[-1]["messages"] == [{"role": "user", "content": "hi"}]
+    with pytest.raises(ModelPreflightError, match="model preflight failed for 'openai/test-model'"):
+        asyncio.run(check_model(_route(f"http://127.0.0.1:{_dead_port()}/v1")))
+
+
+def test_an_interpreter_that_cannot_import_us_checks_in_process(
+    model_server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"No module named 'pytest_osmosis'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    before = model_server.requests_total
+    assert asyncio.run(check_model(_route(model_server.url))) is None
+    assert model_server.requests_total == before + 1  # checked here, in process
+    # A child that dies for another reason is a preflight failure naming its status.
+    fake.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
+    with pytest.raises(ModelPreflightError, match="exited with status 3 \\(boom\\)"):
+        asyncio.run(check_model(_route(model_server.url)))
