@@ -584,6 +584,7 @@ def _scan_parquet(
     scan.names = tuple(columns)
     batches = iter(parquet.iter_batches(batch_size=_PARQUET_BATCH, columns=columns))
     offset = 0
+    exhausted = False
     while last_wanted is None or offset <= last_wanted:
         try:
             batch = next(batches, None)
@@ -593,6 +594,7 @@ def _scan_parquet(
                 f"({type(exc).__name__}: {_one_line(exc)})"
             ) from None
         if batch is None:
+            exhausted = True
             break
         size = int(batch.num_rows)
         wanted = [at for at in range(size) if pick(offset + at)]
@@ -624,6 +626,13 @@ def _scan_parquet(
                 selected = pa.RecordBatch.from_arrays(arrays, names=columns)
                 kept.append(selected if len(wanted) == size else selected.take(pa.array(wanted)))
         offset += size
+    if offset > total or (exhausted and offset != total):
+        # A damaged footer: the row count the contract reports must be the real one.
+        held = offset if exhausted else f"at least {offset}"
+        raise DatasetError(
+            f"{path}: corrupt Parquet file: its footer says {total} rows, its row groups "
+            f"hold {held}"
+        )
     scan.total = total
     if kept:
         scan.table = pa.Table.from_batches(kept)

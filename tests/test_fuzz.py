@@ -561,3 +561,16 @@ def test_journal_replay_refuses_what_it_cannot_write_back(tmp_path: Path) -> Non
     (tmp_path / "events.jsonl").write_text("[" * 100_000 + "\n")
     with pytest.raises(RunDirectoryError, match="invalid JSON in journal record"):
         read_journal(tmp_path)
+
+
+def test_parquet_whose_footer_miscounts_its_rows_is_refused(tmp_path: Path) -> None:
+    """Found by the fuzzer: one flipped byte left the footer saying 0 rows over 2."""
+    path = tmp_path / "corrupt.parquet"
+    path.write_bytes(_flipped(GOOD_PARQUET, [(352, 0)]))
+    clear_dataset_cache()
+    try:
+        dataset = open_dataset(path, limit=None, rows=None, sample=None, seed=0)
+    except DatasetError as exc:
+        assert "\n" not in str(exc) and str(path) in str(exc)
+    else:
+        assert len(dataset) <= dataset.total_dataset_rows
