@@ -33,6 +33,16 @@ if str(_TESTS) not in sys.path:
 
 from model_server import ModelServer  # noqa: E402
 
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # pragma: no cover - hypothesis is in the test extras
+    pass
+else:
+    # CI replays the same examples on every run (a gate must not fail on a new random
+    # draw); local runs keep exploring. .ci/run sets HYPOTHESIS_PROFILE=ci.
+    _hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
 T = TypeVar("T")
 
 
