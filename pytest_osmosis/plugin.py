@@ -470,8 +470,12 @@ class EvalHooks:
         }
         if not finished:
             return
-        kept = [i for i in items if not (isinstance(i, EvalItem) and i.path in finished)]
-        config.hook.pytest_deselected(items=[i for i in items if i not in set(kept)])
+        kept: list[pytest.Item] = []
+        recorded: list[pytest.Item] = []
+        for item in items:
+            done = isinstance(item, EvalItem) and item.path in finished
+            (recorded if done else kept).append(item)
+        config.hook.pytest_deselected(items=recorded)
         items[:] = kept
 
     @pytest.hookimpl(tryfirst=True)

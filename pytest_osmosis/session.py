@@ -96,6 +96,7 @@ class EvalSession:
         self._preflight_done: threading.Event | None = None
         self._preflight_failure: str | None = None
         self._worker_prefetch = False
+        self._blame_slot: tuple[str, str] | None = None
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
 
@@ -233,10 +234,9 @@ class EvalSession:
     def executor(self) -> Executor:
         if self._executor is None:
             self._executor = Executor(self._concurrency())
-            blame_slot = getattr(self, "_blame_slot", None)  # set_worker_input sets it
-            if self.is_worker and blame_slot:
+            if self.is_worker and self._blame_slot:
                 # Which row's code runs, for the controller if this worker dies (blame.py).
-                blame.install(self._executor.loop, *blame_slot)
+                blame.install(self._executor.loop, *self._blame_slot)
         return self._executor
 
     def _concurrency(self) -> int:
@@ -287,7 +287,6 @@ class EvalSession:
         record = self.carried_forward(item)
         if record is not None:
             return _resumed_result(record, plan)
-        self.start_ahead(item)
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
@@ -445,18 +444,16 @@ class EvalSession:
                     None, resolve_route, model_path
                 )
                 bridge = Bridge(route)
+                await bridge.start()
                 if model_path in self._holding:
                     bridge.hold_calls()  # until start_preflight's check has passed
-                await bridge.start()
-                self._bridges[model_path] = bridge
+                self._bridges[model_path] = bridge  # no await since the check: no race
             return self._bridges[model_path]
 
     def preflight(self, model_paths: list[str]) -> None:
         """Check each model once before any row runs; a failure stops the session cleanly."""
         try:
             self.executor.call(self._preflight_all(model_paths))
-        except pytest.UsageError:
-            raise
         except Exception as exc:  # noqa: BLE001 - _preflight_all names the model
             raise pytest.UsageError(str(exc)) from None
 
@@ -492,27 +489,32 @@ class EvalSession:
             pytest.exit(self._preflight_failure, returncode=pytest.ExitCode.USAGE_ERROR)
 
     async def _preflight_all(self, model_paths: list[str]) -> None:
+        """Check each model (needing its route only: no bridge is started for it here)."""
+        from pytest_osmosis.bridge import resolve_route
         from pytest_osmosis.preflight import check_model
 
+        loop = asyncio.get_running_loop()
         for model_path in sorted(set(model_paths)):
-            bridge: Bridge | None = None
             try:
-                bridge = await self.bridge(model_path)
-                bridge.preflight_warning = await check_model(bridge.route)
+                route = await loop.run_in_executor(None, resolve_route, model_path)
+                warning = await check_model(route)
             except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
                 failure = exc
                 if not isinstance(exc, OsmosisError):
                     failure = ModelPreflightError(
                         f"model preflight failed for {model_path!r}: {type(exc).__name__}: {exc}"
                     )
-                if bridge is not None:
-                    bridge.release_calls(str(failure))
+                if model_path in self._bridges:
+                    self._bridges[model_path].release_calls(str(failure))
                 raise failure from None
-            bridge.release_calls()
-            if bridge.preflight_warning:
+            # Bridges made from now on do not hold; one already made lets its calls go.
+            self._holding.discard(model_path)
+            if model_path in self._bridges:
+                self._bridges[model_path].release_calls()
+            if warning:
                 for run in self.runs.values():
                     if run.plan.settings.model_path == model_path:
-                        run.log.warning("preflight", bridge.preflight_warning)
+                        run.log.warning("preflight", warning)
 
     def close(self) -> None:
         if self._executor is not None:
