@@ -35,7 +35,10 @@ def _section(heading: str) -> str:
 
 def _guide_files() -> dict[str, tuple[str, str]]:
     """``{path: (fence language, content)}`` of the files the rollout guide shows."""
-    return {m.group(1): (m.group(2), m.group(3) + "\n") for m in _MARKED.finditer(_section("Writing a rollout"))}
+    return {
+        m.group(1): (m.group(2), m.group(3) + "\n")
+        for m in _MARKED.finditer(_section("Writing a rollout"))
+    }
 
 
 def test_every_python_block_of_the_guide_is_a_marked_file() -> None:
@@ -47,7 +50,12 @@ def test_every_python_block_of_the_guide_is_a_marked_file() -> None:
 
 def test_the_rollout_guide_runs_as_printed(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     files = _guide_files()
-    assert {"data/arith.jsonl", "configs/eval/arith.toml", "rollouts/arith/main.py", "rollouts/arith-openai/main.py"} <= set(files)
+    assert {
+        "data/arith.jsonl",
+        "configs/eval/arith.toml",
+        "rollouts/arith/main.py",
+        "rollouts/arith-openai/main.py",
+    } <= set(files)
     for path, (_, content) in files.items():
         target = pytester.path / path
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +100,11 @@ def _strings(node: ast.expr, functions: dict[str, _Function], calls: list[ast.Ca
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return {node.value}
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in functions:
-        returns = [n.value for n in ast.walk(functions[node.func.id]) if isinstance(n, ast.Return) and n.value]
+        returns = [
+            n.value
+            for n in ast.walk(functions[node.func.id])
+            if isinstance(n, ast.Return) and n.value
+        ]
         return set().union(*(_strings(r, functions, calls) for r in returns))
     if isinstance(node, ast.JoinedStr):
         values = [""]
@@ -119,8 +131,14 @@ def _argument_values(
             found: set[str] = set()
             for call in calls:
                 if isinstance(call.func, ast.Name) and call.func.id == name:
-                    args = call.args[index : index + 1] + [k.value for k in call.keywords if k.arg == param]
-                    found |= {a.value for a in args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+                    args = call.args[index : index + 1] + [
+                        k.value for k in call.keywords if k.arg == param
+                    ]
+                    found |= {
+                        a.value
+                        for a in args
+                        if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                    }
             return found
     return set()
 
@@ -148,10 +166,14 @@ def produced_error_types() -> set[str]:
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.Dict):
-                for key, value in zip(node.keys, node.values):
+                for key, value in zip(node.keys, node.values, strict=True):
                     if isinstance(key, ast.Constant) and key.value == "error_type":
                         found |= _strings(value, functions, calls)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in carriers:
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in carriers
+            ):
                 args = node.args[carriers[node.func.id] : carriers[node.func.id] + 1]
                 args += [k.value for k in node.keywords if k.arg == "error_type"]
                 for arg in args:
@@ -190,5 +212,9 @@ def test_the_source_scan_finds_the_error_types_we_know() -> None:
 
 def test_the_outcome_table_lists_every_error_type_we_produce() -> None:
     produced, documented = produced_error_types(), documented_error_types()
-    assert not produced - documented, f"missing from README's error_type table: {sorted(produced - documented)}"
-    assert not documented - produced, f"README lists error types nothing produces: {sorted(documented - produced)}"
+    assert not produced - documented, (
+        f"missing from README's error_type table: {sorted(produced - documented)}"
+    )
+    assert not documented - produced, (
+        f"README lists error types nothing produces: {sorted(documented - produced)}"
+    )
