@@ -55,6 +55,7 @@ class SessionOptions:
     gate: GateOptions
     report: bool = False
     secrets_file: str | None = None
+    main_timeout: float = 10.0
 
 
 @dataclass
@@ -208,6 +209,7 @@ class EvalSession:
                 plan.entrypoint,
                 workflow_override=self.options.workflow_override,
                 grader_override=self.options.grader_override,
+                main_timeout=self.options.main_timeout,
             )
         return self._rollouts[plan.config_path]
 
