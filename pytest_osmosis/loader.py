@@ -185,9 +185,7 @@ def _import_entrypoint(rollout: isolation.Rollout, entrypoint: Path) -> types.Mo
         ) from None
 
 
-def _call_main(
-    main: Any, rollout: isolation.Rollout, entrypoint: Path, timeout: float
-) -> None:
+def _call_main(main: Any, rollout: isolation.Rollout, entrypoint: Path, timeout: float) -> None:
     """Run ``main()`` until it builds its backend, in a daemon thread bounded by ``timeout``.
 
     A ``main()`` that blocks (waits on something, serves without a backend) cannot be
@@ -227,12 +225,13 @@ def _call_main(
 
 
 def _loopback(host: Any) -> bool:
+    """``""`` (every interface) is not loopback; names other than localhost are refused."""
     import ipaddress
 
-    if host in ("localhost", ""):
-        return host == "localhost"
+    if host == "localhost":
+        return True
     try:
-        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+        return bool(ipaddress.ip_address(str(host).split("%")[0]).is_loopback)
     except ValueError:
         return False
 
@@ -360,9 +359,7 @@ class _Guard:
         guard = self
 
         def __new__(cls: type[Any], *args: Any, **kwargs: Any) -> Any:
-            if (guard._loads or guard._threads) and not issubclass(
-                cls, tuple(_backend_classes())
-            ):
+            if (guard._loads or guard._threads) and not issubclass(cls, tuple(_backend_classes())):
                 guard.refuse(
                     f"it builds {cls.__qualname__} ({cls.__module__}), an ExecutionBackend "
                     "that is not a LocalBackend"

@@ -59,8 +59,7 @@ PACKAGE = {
     "identity.py": 'NAME = "{name}"\n',
     "helpers.py": 'def who():\n    return "{name}"\n',
     "scoring.py": (
-        "def reward(answer):\n"
-        '    return {reward} if answer == "{name}:{name}" else 0.0\n'
+        'def reward(answer):\n    return {reward} if answer == "{name}:{name}" else 0.0\n'
     ),
 }
 
@@ -148,10 +147,12 @@ def test_same_named_packages_each_rollout_runs_its_own_code(
         assert manifest["inputs"]["rollout"]["source_digest"] == source_digest(rollout_dir)
     # The SDK's own planner accepts each run, each under its own rollout and digest.
     digests = set()
-    for name, run in runs.items():
+    for run in runs.values():
         verdict = sdk_judge(run)
         assert verdict["accepted"], verdict
-        digests.add(json.loads((run / "manifest.json").read_text())["inputs"]["rollout"]["source_digest"])
+        digests.add(
+            json.loads((run / "manifest.json").read_text())["inputs"]["rollout"]["source_digest"]
+        )
     assert len(digests) == 2
 
 
@@ -369,7 +370,9 @@ def test_harbor_backend_is_refused(pytester: pytest.Pytester, model_env: ModelSe
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*it builds HarborBackend (*)*run this one with `osmosis eval run`*"])
+    result.stdout.fnmatch_lines(
+        ["*it builds HarborBackend (*)*run this one with `osmosis eval run`*"]
+    )
 
 
 def test_non_loopback_bind_in_any_thread_is_refused_while_a_rollout_loads() -> None:
