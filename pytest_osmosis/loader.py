@@ -252,7 +252,6 @@ class _Guard:
         self._threads: dict[int, list[str]] = {}  # guarded thread -> its load's refusals
         self._undo: list[Any] = []
         self._audited = False
-        self._backends_patched = False
         self._uvicorn: Any = None
 
     @contextlib.contextmanager
@@ -317,9 +316,7 @@ class _Guard:
         if not self._audited:
             sys.addaudithook(self._audit)  # hooks cannot be removed; idle it is one compare
             self._audited = True
-        if not self._backends_patched:
-            self._patch_backends()
-            self._backends_patched = True
+        self._patch_backends()  # each time: the SDK may have been imported since
         uvicorn = sys.modules.get("uvicorn")
         if uvicorn is not None and self._uvicorn is not uvicorn:
             self._patch_uvicorn(uvicorn)

@@ -10,7 +10,9 @@ time, while the other rollout's rows share the event loop) and ``"module:attr"``
 from __future__ import annotations
 
 import json
+import os
 import socket
+import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -88,14 +90,12 @@ def write_config(root: Path, name: str, rollout: str) -> None:
 def two_rollout_workspace(root: Path) -> None:
     """alpha builds its backend from classes, beta from ``module:attr`` strings."""
     write_rollout(root, "alpha", 1.0, "backend = LocalBackend(workflow=Workflow, grader=Scorer)")
-    beta = write_rollout(
+    write_rollout(
         root,
         "beta",
         0.5,
-        "def main():\n"
-        '    LocalBackend(workflow="main:Workflow", grader="multiply_rollout.grading:Scorer")\n',
+        'def main():\n    LocalBackend(workflow="main:Workflow", grader="main:Scorer")\n',
     )
-    (beta / "multiply_rollout" / "grading.py").write_text("from main import Scorer  # noqa\n")
     data = root / "data" / "rows.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
@@ -122,11 +122,24 @@ def model_env(model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> Mod
 # --------------------------------------------------------------------------- point 1
 
 
-@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
+@pytest.mark.parametrize(
+    ("xdist", "installed"),
+    [((), False), (("-n", "2"), False), ((), True)],
+    ids=["single", "xdist", "alpha-pip-installed"],
+)
 def test_same_named_packages_each_rollout_runs_its_own_code(
-    pytester: pytest.Pytester, model_env: ModelServer, xdist: tuple[str, ...]
+    pytester: pytest.Pytester,
+    model_env: ModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    xdist: tuple[str, ...],
+    installed: bool,
 ) -> None:
     two_rollout_workspace(pytester.path)
+    if installed:
+        # ``pip install -e rollouts/alpha`` (flat layout) puts the project dir on the path:
+        # ``multiply_rollout`` then resolves to alpha's for any importer but beta's own code.
+        alpha = str(pytester.path / "rollouts" / "alpha")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([alpha, os.environ.get("PYTHONPATH", "")]))
 
     result = pytester.runpytest_subprocess(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-concurrency", "8", *xdist
@@ -215,7 +228,7 @@ def test_lazy_import_at_run_time_resolves_to_the_importing_rollout(tmp_path: Pat
             modules[name] = isolation.import_module(rollout, Path("main.py"))
     assert modules["two"].statement() == "two"
     assert modules["one"].statement() == "one"
-    assert "multiply_rollout" not in __import__("sys").modules
+    assert "multiply_rollout" not in sys.modules
     # A bare importlib name two rollouts ship is refused rather than shared.
     with pytest.raises(Exception, match="ambiguous"):
         modules["one"].by_importlib()
