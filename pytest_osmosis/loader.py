@@ -58,7 +58,7 @@ class _Refused(BaseException):
         self.what = what
 
 
-DEFAULT_MAIN_TIMEOUT = 10.0
+DEFAULT_MAIN_TIMEOUT = 30.0  # generous: a loaded CI machine must not refuse a sound main()
 
 _lock = threading.Lock()
 _cache: dict[tuple[Path, str | None, str | None], LoadedRollout] = {}

@@ -236,7 +236,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         "osmosis_main_timeout",
         "seconds an entrypoint's main() may take to build its LocalBackend",
-        default="10",
+        default="30",
     )
     parser.addini(
         "osmosis_workflow",

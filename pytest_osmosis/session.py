@@ -21,7 +21,7 @@ import pytest
 from pytest_osmosis import blame
 from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
 from pytest_osmosis.executor import Executor
-from pytest_osmosis.loader import LoadedRollout, load_rollout
+from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.plan import (
     EvalPlan,
     Overrides,
@@ -55,7 +55,7 @@ class SessionOptions:
     gate: GateOptions
     report: bool = False
     secrets_file: str | None = None
-    main_timeout: float = 10.0
+    main_timeout: float = DEFAULT_MAIN_TIMEOUT
 
 
 @dataclass

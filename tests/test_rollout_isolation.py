@@ -316,6 +316,19 @@ def test_main_that_blocks_is_bounded_and_names_the_rollout(
     )
 
 
+def test_a_bad_main_timeout_is_a_usage_error(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    backend_workspace(pytester.path, CLASSES, ini="osmosis_main_timeout = soon")
+
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*osmosis_main_timeout: must be a positive number of seconds, got 'soon'*"]
+    )
+
+
 def test_main_starting_a_loopback_server_is_refused(
     pytester: pytest.Pytester, model_env: ModelServer
 ) -> None:
