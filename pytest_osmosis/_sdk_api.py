@@ -192,7 +192,23 @@ def resolve_object(value: Any) -> Any:
     return target
 
 
-class LocalBackend:
+class ExecutionBackend(ABC):
+    """What a rollout server runs; only ``LocalBackend`` is run in process by pytest-osmosis.
+
+    The SDK's other backends (``HarborBackend``: a Docker sandbox) run under ``osmosis
+    eval run``; building one while a rollout loads is refused (loader.py).
+    """
+
+    @abstractmethod
+    async def execute(self, request: Any) -> Any:
+        """Run one rollout request."""
+        raise NotImplementedError
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok"}
+
+
+class LocalBackend(ExecutionBackend):
     """Holds the workflow, grader and their configs; pytest-osmosis runs them in process."""
 
     def __init__(
@@ -211,6 +227,9 @@ class LocalBackend:
         self.grader_config: GraderConfig | None = (
             resolve_object(grader_config) if grader_config else None
         )
+
+    async def execute(self, request: Any) -> Any:
+        raise NotImplementedError("pytest-osmosis runs the workflow and grader itself")
 
     def health(self) -> dict[str, Any]:
         limit = self.workflow_config.concurrency.max_concurrent if self.workflow_config else 4

@@ -234,6 +234,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="30",
     )
     parser.addini(
+        "osmosis_main_timeout",
+        "seconds an entrypoint's main() may take to build its LocalBackend",
+        default="30",
+    )
+    parser.addini(
         "osmosis_workflow",
         "workflow class as 'module:Class' when the entrypoint has none or several",
         default="",
@@ -251,6 +256,19 @@ def pytest_load_initial_conftests(
 ) -> None:
     """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file."""
     keep_at_file(args)
+
+
+def _main_timeout(config: pytest.Config) -> float:
+    raw = str(config.getini("osmosis_main_timeout")).strip()
+    try:
+        value = float(raw)
+        if not value > 0 or value == float("inf"):
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(
+            f"osmosis_main_timeout: must be a positive number of seconds, got {raw!r}"
+        ) from None
+    return value
 
 
 def keep_at_file(args: list[str]) -> None:
@@ -341,6 +359,7 @@ def pytest_configure(config: pytest.Config) -> None:
         concurrency=concurrency_value,
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
+        main_timeout=_main_timeout(config),
         gate=gate,
         report=bool(plain("report")),
         secrets_file=plain("secrets_file"),

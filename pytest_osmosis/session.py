@@ -21,7 +21,7 @@ import pytest
 from pytest_osmosis import blame
 from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
 from pytest_osmosis.executor import Executor
-from pytest_osmosis.loader import LoadedRollout, load_rollout
+from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.plan import (
     EvalPlan,
     Overrides,
@@ -55,6 +55,7 @@ class SessionOptions:
     gate: GateOptions
     report: bool = False
     secrets_file: str | None = None
+    main_timeout: float = DEFAULT_MAIN_TIMEOUT
 
 
 @dataclass
@@ -208,6 +209,7 @@ class EvalSession:
                 plan.entrypoint,
                 workflow_override=self.options.workflow_override,
                 grader_override=self.options.grader_override,
+                main_timeout=self.options.main_timeout,
             )
         return self._rollouts[plan.config_path]
 
