@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -109,7 +110,8 @@ class ModelServer:
     Script it by assigning attributes (safe from any thread between requests):
     `replies` (substring -> reply), `tool_rules`, `tool_answer` (format string with
     `{result}` used after a tool result), `delay` (seconds for every request) and
-    `delays` (substring -> seconds), and call `fail_next()` to inject errors.
+    `delays` (substring -> seconds), `gather` (hold requests until that many are in
+    flight), and call `fail_next()` to inject errors.
     Observe it through `requests_total`, `in_flight`, `peak_in_flight`, `bodies` (chat) and
     `requests` (every call with its API path).
     """
@@ -120,6 +122,14 @@ class ModelServer:
         self.replies: dict[str, str] = {}
         self.tool_rules: list[ToolRule] = []
         self.tool_answer = "{result}"
+        self.gather = 0
+        """When > 1, each request whose last user message contains `gather_on` waits until
+        this many such are in flight at once (then all go on), or `gather_timeout` seconds:
+        a peak it reaches is reached for sure, not by a race."""
+        self.gather_on = ""
+        self.gather_timeout = 30.0
+        self._gathering = 0
+        self._gathered: asyncio.Event | None = None
         self.requests_total = 0
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -178,6 +188,9 @@ class ModelServer:
             self.replies = {}
             self.tool_rules = []
             self.tool_answer = "{result}"
+            self.gather = 0
+            self.gather_on = ""
+            self._gathered = None
             self.requests_total = 0
             self.peak_in_flight = self.in_flight
             self.bodies = []
@@ -318,6 +331,8 @@ class ModelServer:
                 ),
                 "",
             )
+            if self.gather > 1 and self.gather_on in last_user:
+                await self._gather()
             delay = self.delay
             for needle, seconds in self.delays.items():
                 if needle in last_user:
@@ -336,6 +351,18 @@ class ModelServer:
         finally:
             with self._lock:
                 self.in_flight -= 1
+
+    async def _gather(self) -> None:
+        if self._gathered is None:
+            self._gathered = asyncio.Event()
+        self._gathering += 1
+        try:
+            if self._gathering >= self.gather:
+                self._gathered.set()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._gathered.wait(), self.gather_timeout)
+        finally:
+            self._gathering -= 1
 
     def _reply(
         self, body: dict[str, Any], messages: list[Any], last_user: str, seq: int, limit: Any

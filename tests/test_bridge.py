@@ -595,11 +595,7 @@ def test_judge_header_routes_to_the_judge_model_and_counts_in_the_rollout(
     status, text = post({"model": "x", "messages": _user("What is 1 + 1?"), "stream": True})
     assert status == 200 and '"content": "2"' in text
     assert [b["model"] for b in model_server.bodies] == [
-        "judge-model",
-        "osmosis-test",
-        "judge-model",
-        "osmosis-test",
-        "osmosis-test",
+        "judge-model", "osmosis-test", "judge-model", "osmosis-test", "osmosis-test",
         "judge-model",
     ]
     # The judge's route is its own (env endpoint and key), not the run's route kwargs.
@@ -627,24 +623,12 @@ def test_judge_rate_limits_back_off_only_the_judge_model(
 @pytest.mark.parametrize(
     ("judge", "unset", "kind", "message"),
     [
-        (
-            "anthropic/claude-sonnet-4-5",
-            "ANTHROPIC_API_KEY",
-            "judge_missing_api_key",
-            "missing API key: set ANTHROPIC_API_KEY for judge model 'anthropic/claude-sonnet-4-5'",
-        ),
-        (
-            "groq/llama-3.1-8b",
-            "GROQ_API_KEY",
-            "judge_missing_api_key",
-            "missing API key: set GROQ_API_KEY for judge model 'groq/llama-3.1-8b'",
-        ),
-        (
-            "no-such-model-family",
-            None,
-            "judge_model_not_found",
-            "unknown judge model 'no-such-model-family': not a LiteLLM model id",
-        ),
+        ("anthropic/claude-sonnet-4-5", "ANTHROPIC_API_KEY", "judge_missing_api_key",
+         "missing API key: set ANTHROPIC_API_KEY for judge model 'anthropic/claude-sonnet-4-5'"),
+        ("groq/llama-3.1-8b", "GROQ_API_KEY", "judge_missing_api_key",
+         "missing API key: set GROQ_API_KEY for judge model 'groq/llama-3.1-8b'"),
+        ("no-such-model-family", None, "judge_model_not_found",
+         "unknown judge model 'no-such-model-family': not a LiteLLM model id"),
     ],
 )
 def test_a_judge_that_cannot_be_called_is_a_one_line_400_resolved_once(
@@ -674,11 +658,7 @@ def test_a_judge_that_cannot_be_called_is_a_one_line_400_resolved_once(
 @pytest.mark.parametrize(
     ("status", "kind", "message"),
     [
-        (
-            404,
-            "judge_model_not_found",
-            "judge model 'openai/judge-model' not found by its provider",
-        ),
+        (404, "judge_model_not_found", "judge model 'openai/judge-model' not found by its provider"),
         (400, "judge_provider_error", "provider error from judge model 'openai/judge-model': "),
     ],
 )
