@@ -683,7 +683,7 @@ class Bridge:
             call = {**_judge_call(body), **route.kwargs}
         else:
             body = self._with_reasoning(body, rollout_id)
-            responses = uses_responses_api(litellm, route)
+            responses = _uses_responses_api(litellm, route)
             call = _responses_call(body, route) if responses else _chat_call(litellm, body, route)
         while True:
             await target.backoff.wait()
@@ -933,7 +933,7 @@ def _api_base(route: ModelRoute) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def uses_responses_api(litellm: Any, route: ModelRoute) -> bool:
+def _uses_responses_api(litellm: Any, route: ModelRoute) -> bool:
     """An ``openai/*`` model served by OpenAI itself is called through the Responses API.
 
     The endpoint is resolved LiteLLM's way (the route's ``api_base``, ``litellm.api_base``,

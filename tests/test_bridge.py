@@ -203,7 +203,7 @@ def test_only_openai_itself_is_called_through_the_responses_api(
     monkeypatch.setattr(litellm, "api_base", None)
 
     def responses(model: str, **kwargs: Any) -> bool:
-        return bridge_module.uses_responses_api(litellm, ModelRoute(model, model, kwargs))
+        return bridge_module._uses_responses_api(litellm, ModelRoute(model, model, kwargs))
 
     assert responses("openai/gpt-5-mini")
     assert responses("openai/gpt-5-mini", api_base="https://api.openai.com/v1/")
