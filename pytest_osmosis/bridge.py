@@ -11,6 +11,8 @@ functions that call it: importing it costs ~3 s and plain pytest runs must not p
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import gc
 import json
 import logging
@@ -50,11 +52,9 @@ JUDGE_MISSING_API_KEY = "judge_missing_api_key"
 JUDGE_MODEL_NOT_FOUND = "judge_model_not_found"
 JUDGE_PROVIDER_ERROR = "judge_provider_error"
 
-# Only these request fields reach the provider: the rollout must not be able to
-# change the model, the credentials or the endpoint the user configured. Beyond the
-# contract's five, these are inference fields osmosis-ai 0.3.8's bridge also forwards and
-# the SDK's agent integrations send (structured output, stop words, newer token limits).
-_FORWARDED = (
+# A judge call (`RubricGrader`) is the rubric command's call made through the bridge: only
+# these fields reach the judge, with ``drop_params`` as the rubric command sets it.
+_JUDGE_FORWARDED = (
     "messages",
     "temperature",
     "top_p",
@@ -67,6 +67,35 @@ _FORWARDED = (
     "parallel_tool_calls",
     "reasoning_effort",
 )
+
+# A rollout's call is forwarded as osmosis-ai 0.3.8's bridge forwards it (its
+# ``request_policy``): every inference field of the body, ``extra_body`` merged in; these
+# belong to the bridge's envelope and are not forwarded...
+_ENVELOPE = frozenset({"model", "messages", "stream", "stream_options", "n"})
+# ...and a body naming one of these (or LiteLLM's own call settings) would change the
+# model, the credentials, the endpoint or the accounting: refused, never run or dropped.
+_CONTROL_NAMES = frozenset(
+    {
+        "base_url", "extra_headers", "deployment_id", "drop_params", "additional_drop_params",
+        "callbacks", "success_callback", "failure_callback", "ssl_verify", "mock_delay",
+        "mock_tool_calls", "initial_prompt_value", "original_function", "engine", "config",
+        "user_api_key_end_user_id", "wx_credentials", "apikey", "url", "custom_endpoint",
+        "deployment_url", "zen_api_key", "endpoint_url", "default_headers", "api_type",
+        "model_id", "account_id", "predibase_tenant_id", "project_id", "space_id", "region",
+        "workspace_id", "anthropic-workspace-id", "anthropic_workspace_id",
+        "use_psc_endpoint_format", "method", "user_config", "user_agent",
+        "databricks_user_agent", "braintrust_api_key", "braintrust_host",
+        "braintrust_project", "lunary_public_key", "posthog_host", "slack_webhook_url",
+        "models", "preset", "usage", "contents", "systemInstruction", "system_instruction",
+        "system", "prompt", "input", "inputText",
+    }
+)  # fmt: skip
+_CONTROL_PREFIXES = (
+    "_", "litellm_", "aws_", "azure_", "vertex_", "watsonx_", "sagemaker_", "oci_", "wx_", "s3_",
+)  # fmt: skip
+_OPENAI_API_BASE = "https://api.openai.com/v1"
+"""Where an ``openai/*`` model is served by OpenAI itself: its calls use the Responses API."""
+_REASONING_FIELDS = ("reasoning_content", "thinking_blocks", "reasoning_details")
 
 # Contract §5.5: these LiteLLM exceptions mean the configuration is wrong, not flaky.
 _PREFLIGHT_FATAL = frozenset(
@@ -205,35 +234,64 @@ def _endpoint_of(chain: list[BaseException]) -> str:
     return "the provider endpoint"
 
 
-def _tool_calls(raw: Any, *, indexed: bool) -> list[dict[str, Any]]:
-    calls: list[dict[str, Any]] = []
-    for index, call in enumerate(raw):
-        if isinstance(call, dict):
-            item = dict(call)
-        else:
-            function = call.function
-            item = {
-                "id": call.id,
-                "type": getattr(call, "type", None) or "function",
-                "function": {"name": function.name, "arguments": function.arguments},
-            }
-        if indexed:
-            item["index"] = index
-        calls.append(item)
-    return calls
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    """An attribute of a LiteLLM object or a key of a converted (dict) response."""
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _plain(value: Any) -> Any:
+    """JSON data from LiteLLM's pydantic objects (None fields left out), as the SDK sends it."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if hasattr(value, "model_dump"):
+        return _plain(value.model_dump(exclude_none=True))
+    if hasattr(value, "__dict__"):
+        return {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
+    return value
+
+
+def _message_of(choice: Any) -> Any:
+    message = _field(choice, "message")
+    return message if message is not None else _field(choice, "delta", {})
+
+
+def _reasoning(choice: Any) -> dict[str, Any]:
+    """Reasoning a provider returned (Anthropic thinking blocks, ...), to hand back to it."""
+    message = _message_of(choice)
+    provider_fields = _field(message, "provider_specific_fields")
+    found: dict[str, Any] = {}
+    for name in _REASONING_FIELDS:
+        value = _field(message, name)
+        if value is None:
+            value = _field(provider_fields, name)
+        if value is not None:
+            found[name] = _plain(value)
+    return found
 
 
 def _usage(response: Any) -> dict[str, int] | None:
-    usage = getattr(response, "usage", None)
+    usage = _field(response, "usage")
     if usage is None:
         return None
-    prompt = int(getattr(usage, "prompt_tokens", 0) or 0)
-    completion = int(getattr(usage, "completion_tokens", 0) or 0)
-    total = getattr(usage, "total_tokens", None)
+    prompt = _field(usage, "prompt_tokens")
+    if prompt is None:
+        prompt = _field(usage, "input_tokens", 0)
+    completion = _field(usage, "completion_tokens")
+    if completion is None:
+        completion = _field(usage, "output_tokens", 0)
+    total = _field(usage, "total_tokens")
+    if total is None:
+        total = int(prompt or 0) + int(completion or 0)
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": int(total) if total is not None else prompt + completion,
+        "prompt_tokens": int(prompt or 0),
+        "completion_tokens": int(completion or 0),
+        "total_tokens": int(total or 0),
     }
 
 
@@ -245,8 +303,8 @@ def _call_metrics(response: Any, usage: dict[str, int] | None) -> dict[str, int]
         "prompt_tokens": usage["prompt_tokens"],
         "completion_tokens": usage["completion_tokens"],
     }
-    details = getattr(getattr(response, "usage", None), "prompt_tokens_details", None)
-    cached = getattr(details, "cached_tokens", None)
+    details = _field(_field(response, "usage"), "prompt_tokens_details")
+    cached = _field(details, "cached_tokens")
     if isinstance(cached, int) and not isinstance(cached, bool):
         entry["cached_tokens"] = cached
     return entry
@@ -255,37 +313,44 @@ def _call_metrics(response: Any, usage: dict[str, int] | None) -> dict[str, int]
 def _payload(
     response: Any, model: str, usage: dict[str, int] | None, *, stream: bool
 ) -> dict[str, Any]:
-    """OpenAI chat.completion (or its single-chunk stream form) from a LiteLLM response."""
+    """OpenAI chat.completion (or its single-chunk stream form), as osmosis-ai 0.3.8 writes it.
+
+    Content is always a string; reasoning fields and a refusal travel with the message;
+    a streamed delta carries no role, and its tool calls are indexed by position.
+    """
     choices: list[dict[str, Any]] = []
-    for index, choice in enumerate(response.choices):
-        message = choice.message
-        content = message.content
-        raw_calls = getattr(message, "tool_calls", None)
-        reasoning = getattr(message, "reasoning_content", None)
-        body: dict[str, Any]
-        if stream:
-            body = {"role": "assistant", "content": content or ""}
-        else:
-            body = {"role": "assistant", "content": content}
-        if raw_calls:
-            body["tool_calls"] = _tool_calls(raw_calls, indexed=stream)
-        if reasoning is not None:
-            body["reasoning_content"] = reasoning
+    for index, choice in enumerate(_field(response, "choices", None) or []):
+        message = _message_of(choice)
+        content = str(_field(message, "content", "") or "")
+        tool_calls = _field(message, "tool_calls")
+        refusal = _field(message, "refusal")
+        body: dict[str, Any] = {} if stream else {"role": "assistant"}
+        body.update({"content": content, **_reasoning(choice)})
+        if tool_calls:
+            plain = _plain(tool_calls)
+            if stream:
+                plain = [
+                    {**call, "index": position} if isinstance(call, dict) else call
+                    for position, call in enumerate(plain if isinstance(plain, list) else [plain])
+                ]
+            body["tool_calls"] = plain
+        if refusal is not None:
+            body["refusal"] = str(refusal)
         choices.append(
             {
-                "index": getattr(choice, "index", index) or index,
+                "index": int(_field(choice, "index", index) or index),
                 "delta" if stream else "message": body,
-                "finish_reason": getattr(choice, "finish_reason", None) or "stop",
+                "finish_reason": _field(choice, "finish_reason", "stop"),
             }
         )
     payload: dict[str, Any] = {
-        "id": getattr(response, "id", None) or "chatcmpl-osmosis",
+        "id": _field(response, "id", None) or "chatcmpl-osmosis",
         "object": "chat.completion.chunk" if stream else "chat.completion",
-        "created": int(getattr(response, "created", None) or time.time()),
+        "created": int(_field(response, "created", None) or time.time()),
         "model": model,
         "choices": choices,
     }
-    if usage is not None:
+    if usage:
         payload["usage"] = usage
     return payload
 
@@ -315,6 +380,8 @@ class Bridge:
         self._auth = f"Bearer {self._api_key}".encode()
         self._tokens: dict[str, int | None] = {}
         self._calls: dict[str, list[dict[str, int]]] = {}
+        self._reasoning: dict[str, dict[str, dict[str, Any]]] = {}
+        """Per rollout: reasoning fields by the id of the tool call they came with."""
         self._rate_limited: dict[str, int] = {}
         self.backoff = Backoff()
         """Back-off of the run's model; each judge model has its own."""
@@ -374,6 +441,7 @@ class Bridge:
         """Stop serving `rollout_id` and return its token total (None: no usage seen)."""
         with self._lock:
             self._calls.pop(rollout_id, None)
+            self._reasoning.pop(rollout_id, None)
             self._holds.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
 
@@ -450,13 +518,11 @@ class Bridge:
                 "use 'provider/model' (e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "
                 f"or {EMBEDDED_MODEL_PATH!r} ({_one_line(exc, self._secrets)})"
             ) from None
-        call: dict[str, Any] = {
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 256,
-            **kwargs,
-        }
         try:
-            await litellm.acompletion(model=route.litellm_model, drop_params=True, **call)
+            # By the route the rows' calls take, as the SDK's preflight does.
+            await self._complete(
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256}
+            )
         except Exception as exc:
             self._classify_preflight(litellm, exc)
 
@@ -527,11 +593,15 @@ class Bridge:
             raise _JudgeUnavailable(known.kind, str(known))
         return known
 
-    def _failure(self, exc: BaseException, target: _Target) -> tuple[str, str]:
-        """``(error.type, one-line detail)`` of a failed call; a judge's names the judge."""
+    def _failure(self, exc: BaseException, target: _Target) -> tuple[int, str, str]:
+        """``(status, error.type, one-line detail)`` of a failed call; a judge's names the judge."""
         detail = _one_line(exc, self._secrets)
         if not target.judge:
-            return "bridge_error", detail
+            status = _error_status(exc)
+            return status, "invalid_request_error" if status == 400 else "bridge_error", detail
+        return (502, *self._judge_failure(exc, target, detail))
+
+    def _judge_failure(self, exc: BaseException, target: _Target, detail: str) -> tuple[str, str]:
         model = target.route.model_path
         if type(exc).__name__ == "NotFoundError":
             return (
@@ -591,9 +661,9 @@ class Bridge:
             response = await self._complete(call, rollout_id, target)
         except Exception as exc:
             self.errors += 1
-            kind, detail = self._failure(exc, target)
+            status, kind, detail = self._failure(exc, target)
             logger.warning("osmosis bridge: model call failed: %s", detail)
-            return _json_error(502, detail, kind=kind)
+            return _json_error(status, detail, kind=kind)
         usage = _usage(response)
         self._account(rollout_id, usage, _call_metrics(response, usage))
         return web.Response(
@@ -602,19 +672,26 @@ class Bridge:
         )
 
     async def _complete(
-        self, call: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
+        self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
     ) -> Any:
+        """One provider call for a chat body, made the way osmosis-ai 0.3.8's bridge makes it."""
         litellm = _litellm()
         target = target or self._main
-        kwargs = target.route.kwargs
-        if kwargs:
-            call.update(kwargs)
+        route = target.route
+        responses = False
+        if target.judge:
+            call = {**_judge_call(body), **route.kwargs}
+        else:
+            body = self._with_reasoning(body, rollout_id)
+            responses = _uses_responses_api(litellm, route)
+            call = _responses_call(body, route) if responses else _chat_call(litellm, body, route)
         while True:
             await target.backoff.wait()
             try:
-                response = await litellm.acompletion(
-                    model=target.route.litellm_model, drop_params=True, **call
-                )
+                if responses:
+                    raw = await litellm.aresponses(model=route.litellm_model, **call)
+                else:
+                    raw = await litellm.acompletion(model=route.litellm_model, **call)
             except Exception as exc:
                 # A 429 slows every call to this model and is retried while the rollout
                 # is open; its own budget, not the rate limit, decides when it gives up.
@@ -626,9 +703,49 @@ class Bridge:
                 continue
             target.backoff.ok()
             break
-        if not response.choices:
+        response = _from_responses(raw) if responses else raw
+        if not _field(response, "choices", None):
             raise RuntimeError("the model returned no choices")
+        if not target.judge and rollout_id is not None:
+            self._remember_reasoning(response, rollout_id)
         return response
+
+    def _with_reasoning(self, body: dict[str, Any], rollout_id: str | None) -> dict[str, Any]:
+        """Hand a provider back the reasoning it returned with a tool call, where the
+        client's replayed assistant message dropped it (Anthropic thinking with tools)."""
+        with self._lock:
+            stored = dict(self._reasoning.get(rollout_id or "", {}))
+        messages = body.get("messages")
+        if not stored or not isinstance(messages, list):
+            return body
+        replayed = []
+        for message in messages:
+            if isinstance(message, dict) and message.get("role") == "assistant":
+                for call in message.get("tool_calls") or []:
+                    fields = stored.get(_field(call, "id") or "")
+                    if fields:
+                        missing = {
+                            k: v for k, v in fields.items() if message.get(k) in (None, [], "")
+                        }
+                        message = {**message, **missing}
+                        break
+            replayed.append(message)
+        return {**body, "messages": replayed}
+
+    def _remember_reasoning(self, response: Any, rollout_id: str) -> None:
+        for choice in _field(response, "choices", None) or []:
+            fields = _reasoning(choice)
+            calls = _field(_message_of(choice), "tool_calls")
+            if not fields or not calls:
+                continue
+            with self._lock:
+                if rollout_id not in self._tokens:
+                    return  # closed meanwhile
+                stored = self._reasoning.setdefault(rollout_id, {})
+                for call in calls:
+                    call_id = _field(call, "id")
+                    if call_id:
+                        stored[call_id] = fields
 
     def _account(self, rollout_id: str, usage: dict[str, int] | None, call: dict[str, int]) -> None:
         self.calls += 1
@@ -672,11 +789,11 @@ class Bridge:
             result = task.result()
         except Exception as exc:
             self.errors += 1
-            kind, detail = self._failure(exc, target)
+            status, kind, detail = self._failure(exc, target)
             logger.warning("osmosis bridge: model call failed: %s", detail)
             error = {
                 "detail": detail,
-                "error": {"message": detail, "type": kind, "code": 502},
+                "error": {"message": detail, "type": kind, "code": status},
             }
             await response.write(f"event: error\ndata: {json.dumps(error)}\n\n".encode())
         else:
@@ -745,14 +862,340 @@ def _missing_judge_keys(litellm: Any, route: ModelRoute) -> list[str]:
 
 
 def _forwarded(body: dict[str, Any]) -> dict[str, Any]:
-    call: dict[str, Any] = {}
-    for key in _FORWARDED:
+    """The request, checked for what every route needs; the call is built from it later."""
+    if not isinstance(body.get("messages"), list):
+        raise _BadRequest("'messages' must be a list")
+    return body
+
+
+def _judge_call(body: dict[str, Any]) -> dict[str, Any]:
+    call: dict[str, Any] = {"drop_params": True}
+    for key in _JUDGE_FORWARDED:
         value = body.get(key)
         if value is not None:
             call[key] = value
-    if not isinstance(call.get("messages"), list):
-        raise _BadRequest("'messages' must be a list")
     return call
+
+
+@functools.cache
+def _control_names() -> frozenset[str]:
+    """Names a body may not set: ours plus every LiteLLM call setting (metadata is data)."""
+    import litellm
+    from litellm.types.router import GenericLiteLLMParams
+    from litellm.types.utils import all_litellm_params
+
+    return (
+        _CONTROL_NAMES
+        | frozenset(all_litellm_params)
+        | frozenset(GenericLiteLLMParams.model_fields)
+        | frozenset(litellm.common_cloud_provider_auth_params["params"])
+    ) - {"metadata"}
+
+
+def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        previous = base.get(key)
+        if isinstance(previous, dict) and isinstance(value, dict):
+            base[key] = _merged(previous, value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def _inference_fields(body: dict[str, Any], route: ModelRoute) -> dict[str, Any]:
+    """Every field of the body the provider should see; the route's own settings win."""
+    extra = body.get("extra_body")
+    if extra is not None and not isinstance(extra, dict):
+        raise _BadRequest("extra_body must be a JSON object")
+    fields = _merged(
+        copy.deepcopy({k: v for k, v in body.items() if k != "extra_body"}), extra or {}
+    )
+    if fields.get("n") not in (None, 1):
+        raise _BadRequest("the bridge supports only n=1")
+    for key in _ENVELOPE:
+        fields.pop(key, None)
+    blocked = sorted(
+        key for key in fields if key in _control_names() or key.startswith(_CONTROL_PREFIXES)
+    )
+    if blocked:
+        raise _BadRequest(
+            "request fields cannot override the bridge's configuration: " + ", ".join(blocked)
+        )
+    if "extra_body" in fields:
+        raise _BadRequest("extra_body cannot contain another extra_body")
+    for key in route.kwargs:
+        fields.pop(key, None)
+    return fields
+
+
+def _api_base(route: ModelRoute) -> str | None:
+    value = route.kwargs.get("api_base")
+    return value if isinstance(value, str) else None
+
+
+def _uses_responses_api(litellm: Any, route: ModelRoute) -> bool:
+    """An ``openai/*`` model served by OpenAI itself is called through the Responses API.
+
+    The endpoint is resolved LiteLLM's way (the route's ``api_base``, ``litellm.api_base``,
+    ``OPENAI_BASE_URL``, ``OPENAI_API_BASE``), as osmosis-ai 0.3.8 decides it.
+    """
+    return route.litellm_model.startswith("openai/") and _official_openai(litellm, route)
+
+
+def _official_openai(litellm: Any, route: ModelRoute) -> bool:
+    base = litellm.OpenAIGPTConfig.get_api_base(_api_base(route))
+    return str(base or "").rstrip("/") == _OPENAI_API_BASE
+
+
+def _chat_call(litellm: Any, body: dict[str, Any], route: ModelRoute) -> dict[str, Any]:
+    """``acompletion`` kwargs: an OpenAI-compatible endpoint gets the fields as JSON
+    (``extra_body``); a native provider gets them as LiteLLM's parameters, never dropped."""
+    from litellm.constants import openai_compatible_providers
+
+    fields = _inference_fields(body, route)
+    resolved, provider, _, _ = litellm.get_llm_provider(
+        model=route.litellm_model, api_base=_api_base(route)
+    )
+    native_claude = provider in {"azure_ai", "vertex_ai"} and "claude" in resolved
+    openai_wire = not native_claude and (
+        provider == "openrouter"
+        or provider in openai_compatible_providers
+        or (provider == "openai" and not _official_openai(litellm, route))
+    )
+    call: dict[str, Any] = {"messages": copy.deepcopy(body["messages"]), "drop_params": False}
+    if openai_wire:
+        if fields:
+            call["extra_body"] = fields
+    else:
+        metadata = fields.pop("metadata", None)
+        if metadata is not None:
+            if provider in {"openai", "azure"}:
+                call["extra_body"] = {"metadata": metadata}
+            elif provider == "anthropic" or native_claude:
+                if not isinstance(metadata, dict) or set(metadata) - {"user_id"}:
+                    raise _BadRequest("Anthropic metadata supports only user_id")
+                fields["metadata"] = metadata
+            else:
+                raise _BadRequest(
+                    f"LiteLLM cannot forward metadata to {provider}; "
+                    "use its provider-specific parameter"
+                )
+        call.update(fields)
+    call.update(route.kwargs)
+    return call
+
+
+def _responses_content(content: Any, *, role: Any) -> Any:
+    if not isinstance(content, list):
+        return content
+    parts: list[Any] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            text_kind = "output_text" if role == "assistant" else "input_text"
+            parts.append({"type": text_kind, "text": part.get("text", "")})
+        elif kind == "image_url":
+            image = part.get("image_url")
+            url, detail = (
+                (image.get("url"), image.get("detail", "auto"))
+                if isinstance(image, dict)
+                else (image, "auto")
+            )
+            parts.append({"type": "input_image", "image_url": url, "detail": detail})
+        elif kind == "file" and isinstance(part.get("file"), dict):
+            keys = ("file_id", "file_data", "filename")
+            parts.append(
+                {"type": "input_file", **{k: part["file"][k] for k in keys if k in part["file"]}}
+            )
+        else:
+            parts.append(part)
+    return parts
+
+
+def _responses_input(messages: Any) -> list[Any]:
+    """Chat messages as Responses input items: tool calls and results become their own items."""
+    items: list[Any] = []
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict):
+            continue
+        role = message.get("role")
+        if role == "tool":
+            output = _responses_content(message.get("content", ""), role=role)
+            if not isinstance(output, (str, list)):
+                output = json.dumps(output, separators=(",", ":"))
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.get("tool_call_id", ""),
+                    "output": output,
+                }
+            )
+            continue
+        calls = message.get("tool_calls")
+        content = message.get("content")
+        refusal = message.get("refusal") if role == "assistant" else None
+        if content not in (None, ""):
+            items.append({"role": role, "content": _responses_content(content, role=role)})
+        elif isinstance(refusal, str) and refusal:
+            items.append({"role": role, "content": [{"type": "refusal", "refusal": refusal}]})
+        elif not calls:
+            items.append({"role": role, "content": ""})
+        if role != "assistant" or not isinstance(calls, list):
+            continue
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                continue
+            arguments = function.get("arguments", "")
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments, separators=(",", ":"))
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.get("id", ""),
+                    "name": function.get("name", ""),
+                    "arguments": arguments,
+                }
+            )
+    return items
+
+
+def _responses_call(body: dict[str, Any], route: ModelRoute) -> dict[str, Any]:
+    """``aresponses`` kwargs from a chat body: Responses names for the chat parameters,
+    function tools flattened, anything else in ``extra_body``."""
+    fields = _inference_fields(body, route)
+    call: dict[str, Any] = {"input": _responses_input(body.get("messages", []))}
+    # The native name wins over the newer chat limit, which wins over max_tokens.
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        if key in fields:
+            call["max_output_tokens"] = fields.pop(key)
+    if "reasoning_effort" in fields:
+        effort = fields.pop("reasoning_effort")
+        reasoning = fields.get("reasoning", {})
+        mapped = effort if isinstance(effort, dict) else {"effort": effort}
+        if not isinstance(reasoning, dict) or any(
+            key in reasoning and reasoning[key] != value for key, value in mapped.items()
+        ):
+            raise _BadRequest("reasoning and reasoning_effort contain conflicting settings")
+        fields["reasoning"] = {**mapped, **reasoning}
+    if "response_format" in fields:
+        form = fields.pop("response_format")
+        if (
+            isinstance(form, dict)
+            and form.get("type") == "json_schema"
+            and isinstance(form.get("json_schema"), dict)
+        ):
+            form = {**{k: v for k, v in form.items() if k != "json_schema"}, **form["json_schema"]}
+        text = fields.get("text", {})
+        if not isinstance(text, dict) or ("format" in text and text["format"] != form):
+            raise _BadRequest("text.format and response_format contain conflicting settings")
+        fields["text"] = {**text, "format": form}
+    if "tool_choice" in fields:
+        choice = fields.pop("tool_choice")
+        if (
+            isinstance(choice, dict)
+            and choice.get("type") == "function"
+            and isinstance(choice.get("function"), dict)
+        ):
+            choice = {"type": "function", "name": choice["function"].get("name", "")}
+        call["tool_choice"] = choice
+    if "tools" in fields:
+        tools = fields.pop("tools")
+        if isinstance(tools, list):
+            tools = [
+                {"type": "function", **tool["function"]}
+                if isinstance(tool, dict)
+                and tool.get("type") == "function"
+                and isinstance(tool.get("function"), dict)
+                else tool
+                for tool in tools
+            ]
+        call["tools"] = tools
+    for key in ("temperature", "top_p", "parallel_tool_calls"):
+        if key in fields:
+            call[key] = fields.pop(key)
+    if fields:
+        call["extra_body"] = fields  # merged into the request JSON by LiteLLM
+    call.update(route.kwargs)
+    return call
+
+
+def _from_responses(response: Any) -> dict[str, Any]:
+    """A Responses result as a chat completion; an unfinished one is an error."""
+    status = _field(response, "status")
+    reason = _field(_field(response, "incomplete_details"), "reason")
+    if status == "incomplete":
+        if reason not in {"max_output_tokens", "content_filter"}:
+            raise RuntimeError(
+                f"OpenAI Responses API returned an incomplete response with reason {reason!r}"
+            )
+    elif status != "completed":
+        error = _field(response, "error")
+        detail = ": ".join(
+            str(value) for value in (_field(error, "code"), _field(error, "message")) if value
+        )
+        raise RuntimeError(
+            f"OpenAI Responses API returned status {status!r}" + (f": {detail}" if detail else "")
+        )
+    texts: list[str] = []
+    refusals: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for item in _field(response, "output", None) or []:
+        kind = _field(item, "type")
+        if kind == "message":
+            for part in _field(item, "content", None) or []:
+                if _field(part, "type") == "output_text":
+                    texts.append(str(_field(part, "text", "") or ""))
+                elif _field(part, "type") == "refusal":
+                    refusals.append(str(_field(part, "refusal", "") or ""))
+        elif kind == "function_call":
+            calls.append(
+                {
+                    "id": _field(item, "call_id") or _field(item, "id"),
+                    "type": "function",
+                    "function": {
+                        "name": _field(item, "name", ""),
+                        "arguments": _field(item, "arguments", ""),
+                    },
+                }
+            )
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        message["tool_calls"] = calls
+    if refusals:
+        message["refusal"] = "".join(refusals)
+    finish = "tool_calls" if calls else "stop"
+    if status == "incomplete":
+        finish = "length" if reason == "max_output_tokens" else "content_filter"
+    chat: dict[str, Any] = {
+        "id": _field(response, "id", None) or "chatcmpl-osmosis",
+        "created": int(_field(response, "created_at", None) or time.time()),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    usage = _field(response, "usage")
+    if usage is not None:
+        prompt = int(_field(usage, "input_tokens", 0) or 0)
+        completion = int(_field(usage, "output_tokens", 0) or 0)
+        chat["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": int(_field(usage, "total_tokens", prompt + completion) or 0),
+        }
+        cached = _field(_field(usage, "input_tokens_details"), "cached_tokens")
+        if isinstance(cached, int) and not isinstance(cached, bool):
+            chat["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
+    return chat
+
+
+def _error_status(exc: BaseException) -> int:
+    """The status a rollout sees: a provider's 4xx as it came (a refused body is 400), else 502."""
+    status = 400 if isinstance(exc, _BadRequest) else getattr(exc, "status_code", None)
+    for link in _chain(exc):
+        response = getattr(link, "response", None)
+        if type(link).__name__ == "HTTPStatusError" and response is not None:
+            status = getattr(response, "status_code", status)
+            break
+    return status if isinstance(status, int) and 400 <= status < 500 else 502
 
 
 def _json_error(status: int, detail: str, *, kind: str | None = None) -> web.Response:

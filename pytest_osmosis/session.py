@@ -252,15 +252,19 @@ class EvalSession:
         return total
 
     def total_concurrency(self) -> int:
-        """``--osmosis-concurrency``, else ``batch_size``, capped by what the rollout advertises."""
+        """``--osmosis-concurrency``, else what ``osmosis eval run`` picks for the config.
+
+        The SDK takes ``batch_size`` capped by the capacity the rollout's backend advertises,
+        else that capacity, else 1 (``LocalEvalRunner._resolve_concurrency``).
+        """
         if self.options.concurrency:
             return self.options.concurrency
         best = 1
         for plan in self._plans.values():
-            rollout = self._rollouts.get(plan.config_path)
-            limit = _explicit_limit(rollout)
-            value = plan.settings.concurrency or limit or _DEFAULT_CAPACITY
-            best = max(best, min(value, limit) if limit else value)
+            capacity = _advertised_capacity(self._rollouts.get(plan.config_path))
+            wanted = plan.settings.concurrency
+            value = (min(wanted, capacity) if capacity else wanted) if wanted else capacity
+            best = max(best, value or 1)
         return best
 
     def start_ahead(self, item: EvalItem) -> None:
@@ -530,20 +534,20 @@ class EvalSession:
             self._executor = None
 
 
-_DEFAULT_CAPACITY = 4  # what a default LocalBackend advertises on /health
+_DEFAULT_CAPACITY = 4  # what a LocalBackend without a workflow_config advertises on /health
 
 
-def _explicit_limit(rollout: LoadedRollout | None) -> int | None:
-    """``workflow_config.concurrency.max_concurrent``: a limit the rollout's author set.
+def _advertised_capacity(rollout: LoadedRollout | None) -> int | None:
+    """The in-flight cap the rollout's ``LocalBackend`` advertises on ``/health``; None: no cap.
 
-    The SDK also caps ``batch_size`` by a default LocalBackend's advertised 4; in process
-    there is no server to protect, so only a limit the author wrote caps ``batch_size``.
+    Without a workflow_config it is 4; with one, its ``concurrency.max_concurrent``, which
+    is unset (no cap) unless the author wrote it.
     """
     if rollout is None or rollout.workflow_config is None:
-        return None
+        return _DEFAULT_CAPACITY
     concurrency = getattr(rollout.workflow_config, "concurrency", None)
     limit = getattr(concurrency, "max_concurrent", None)
-    return limit if isinstance(limit, int) and limit > 0 else None
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
 def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import threading
@@ -104,13 +105,15 @@ class _Failure:
 
 
 class ModelServer:
-    """OpenAI-compatible ``POST /v1/chat/completions`` on 127.0.0.1, scriptable from tests.
+    """OpenAI-compatible ``POST /v1/chat/completions`` and ``/v1/responses`` on 127.0.0.1.
 
     Script it by assigning attributes (safe from any thread between requests):
     `replies` (substring -> reply), `tool_rules`, `tool_answer` (format string with
     `{result}` used after a tool result), `delay` (seconds for every request) and
-    `delays` (substring -> seconds), and call `fail_next()` to inject errors.
-    Observe it through `requests_total`, `in_flight`, `peak_in_flight` and `bodies`.
+    `delays` (substring -> seconds), `gather` (hold requests until that many are in
+    flight), and call `fail_next()` to inject errors.
+    Observe it through `requests_total`, `in_flight`, `peak_in_flight`, `bodies` (chat) and
+    `requests` (every call with its API path).
     """
 
     def __init__(self, *, delay: float = 0.0, port: int = 0) -> None:
@@ -119,10 +122,21 @@ class ModelServer:
         self.replies: dict[str, str] = {}
         self.tool_rules: list[ToolRule] = []
         self.tool_answer = "{result}"
+        self.gather = 0
+        """When > 1, each request whose last user message contains `gather_on` waits until
+        this many such are in flight at once (then all go on), or `gather_timeout` seconds:
+        a peak it reaches is reached for sure, not by a race."""
+        self.gather_on = ""
+        self.gather_timeout = 30.0
+        self._gathering = 0
+        self._gathered: asyncio.Event | None = None
         self.requests_total = 0
         self.in_flight = 0
         self.peak_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
+        """Chat completions request bodies, in arrival order."""
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        """Every model request as (API path, body): ``/v1/chat/completions`` or ``/v1/responses``."""
         self._failures: list[_Failure] = []
         self._lock = threading.Lock()
         self._port_wanted = port
@@ -174,9 +188,13 @@ class ModelServer:
             self.replies = {}
             self.tool_rules = []
             self.tool_answer = "{result}"
+            self.gather = 0
+            self.gather_on = ""
+            self._gathered = None
             self.requests_total = 0
             self.peak_in_flight = self.in_flight
             self.bodies = []
+            self.requests = []
             self._failures = []
 
     def configure(self, config: dict[str, Any]) -> None:
@@ -203,6 +221,8 @@ class ModelServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         return app
 
@@ -275,6 +295,14 @@ class ModelServer:
         return None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, self._answer)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI's Responses API (non-streaming), answered by the same rules as chat."""
+        return await self._serve(request, self._answer_responses)
+
+    async def _serve(self, request: web.Request, answer: Any) -> web.StreamResponse:
+        """Count, parse, record, delay, inject failures, then let `answer` reply."""
         with self._lock:
             self.requests_total += 1
             self.in_flight += 1
@@ -286,10 +314,15 @@ class ModelServer:
                 body = await request.json()
             except ValueError:
                 return _error(400, "request body is not JSON")
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                return _error(400, "body must be an object with a 'messages' list")
-            self.bodies.append(body)
-            messages: list[Any] = body["messages"]
+            chat = answer == self._answer
+            messages = _as_messages(body) if isinstance(body, dict) else None
+            if not isinstance(messages, list):
+                wanted = "a 'messages' list" if chat else "an 'input' string or list"
+                return _error(400, f"body must be an object with {wanted}")
+            path = "/v1/chat/completions" if chat else "/v1/responses"
+            self.requests.append((path, body))
+            if chat:
+                self.bodies.append(body)
             last_user = next(
                 (
                     _text_of(m.get("content"))
@@ -298,6 +331,8 @@ class ModelServer:
                 ),
                 "",
             )
+            if self.gather > 1 and self.gather_on in last_user:
+                await self._gather()
             delay = self.delay
             for needle, seconds in self.delays.items():
                 if needle in last_user:
@@ -311,27 +346,38 @@ class ModelServer:
                 if failure.retry_after is not None:
                     headers["Retry-After"] = f"{failure.retry_after:g}"
                 return _error(failure.status, failure.message, headers)
-            return await self._answer(request, body, messages, last_user, seq)
+            result: web.StreamResponse = await answer(request, body, messages, last_user, seq)
+            return result
         finally:
             with self._lock:
                 self.in_flight -= 1
 
-    async def _answer(
-        self,
-        request: web.Request,
-        body: dict[str, Any],
-        messages: list[Any],
-        last_user: str,
-        seq: int,
-    ) -> web.StreamResponse:
+    async def _gather(self) -> None:
+        if self._gathered is None:
+            self._gathered = asyncio.Event()
+        self._gathering += 1
+        try:
+            if self._gathering >= self.gather:
+                self._gathered.set()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._gathered.wait(), self.gather_timeout)
+        finally:
+            self._gathering -= 1
+
+    def _reply(
+        self, body: dict[str, Any], messages: list[Any], last_user: str, seq: int, limit: Any
+    ) -> tuple[str | None, list[dict[str, Any]] | None, str, dict[str, int]]:
+        """(content, tool calls, finish reason, usage) for a conversation, by the script."""
         content: str | None
         tool_calls: list[dict[str, Any]] | None = None
         last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
-        offered = {
-            t.get("function", {}).get("name")
-            for t in body.get("tools") or []
-            if isinstance(t, dict) and isinstance(t.get("function"), dict)
-        }
+        offered = set()
+        for tool in body.get("tools") or []:
+            if isinstance(tool, dict):
+                function = tool.get("function")
+                offered.add(
+                    function.get("name") if isinstance(function, dict) else tool.get("name")
+                )
         rule = next(
             (r for r in self.tool_rules if r.trigger in last_user and r.name in offered), None
         )
@@ -348,12 +394,11 @@ class ModelServer:
             ]
         else:
             content = answer_for(last_user, self.replies)
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         finish_reason = "tool_calls" if tool_calls else "stop"
-        if content is not None and isinstance(max_tokens, int) and max_tokens > 0:
+        if content is not None and isinstance(limit, int) and limit > 0:
             words = content.split(" ")
-            if len(words) > max_tokens:
-                content = " ".join(words[:max_tokens])
+            if len(words) > limit:
+                content = " ".join(words[:limit])
                 finish_reason = "length"
         prompt_text = " ".join(_text_of(m.get("content")) for m in messages if isinstance(m, dict))
         completion_text = content if content is not None else json.dumps(tool_calls)
@@ -364,6 +409,20 @@ class ModelServer:
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
+        return content, tool_calls, finish_reason, usage
+
+    async def _answer(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        messages: list[Any],
+        last_user: str,
+        seq: int,
+    ) -> web.StreamResponse:
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        content, tool_calls, finish_reason, usage = self._reply(
+            body, messages, last_user, seq, limit
+        )
         model = str(body.get("model") or "model-server")
         cid = f"chatcmpl-{seq:08d}"
         created = int(time.time())
@@ -384,6 +443,86 @@ class ModelServer:
                 "usage": usage,
             }
         )
+
+    async def _answer_responses(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        messages: list[Any],
+        last_user: str,
+        seq: int,
+    ) -> web.StreamResponse:
+        content, tool_calls, finish_reason, usage = self._reply(
+            body, messages, last_user, seq, body.get("max_output_tokens")
+        )
+        output: list[dict[str, Any]] = []
+        if content is not None:
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{seq:08d}",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": content, "annotations": []}],
+                }
+            )
+        for call in tool_calls or []:
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{seq:08d}",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                    "status": "completed",
+                }
+            )
+        incomplete = finish_reason == "length"
+        return web.json_response(
+            {
+                "id": f"resp_{seq:08d}",
+                "object": "response",
+                "created_at": int(time.time()),
+                "status": "incomplete" if incomplete else "completed",
+                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "error": None,
+                "model": str(body.get("model") or "model-server"),
+                "output": output,
+                "parallel_tool_calls": bool(body.get("parallel_tool_calls", True)),
+                "tool_choice": body.get("tool_choice", "auto"),
+                "tools": body.get("tools") or [],
+                "usage": {
+                    "input_tokens": usage["prompt_tokens"],
+                    "input_tokens_details": {"cached_tokens": 0},
+                    "output_tokens": usage["completion_tokens"],
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": usage["total_tokens"],
+                },
+            }
+        )
+
+
+def _as_messages(body: dict[str, Any]) -> list[Any] | None:
+    """Chat messages of a chat body, or of a Responses body's ``input`` items."""
+    if "messages" in body:
+        messages = body["messages"]
+        return messages if isinstance(messages, list) else None
+    items = body.get("input")
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        return None
+    messages: list[Any] = []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call_output":
+            messages.append({"role": "tool", "content": item.get("output")})
+        elif item.get("type") == "function_call":
+            messages.append({"role": "assistant", "content": None})
+        elif "role" in item:
+            messages.append({"role": item["role"], "content": item.get("content")})
+    return messages
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:

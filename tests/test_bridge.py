@@ -121,29 +121,231 @@ def test_round_trip_echoes_client_model_and_routes_to_configured(
     assert (harness.bridge.calls, harness.bridge.tokens_total) == (1, expected_total)
 
 
-def test_only_inference_fields_are_forwarded(harness: Harness, model_server: ModelServer) -> None:
-    url, key = harness.bridge.open_rollout("r1")
+def test_every_inference_field_reaches_an_openai_compatible_endpoint(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    """As osmosis-ai 0.3.8's bridge: nothing is dropped, ``extra_body`` is merged in, and an
+    OpenAI-compatible endpoint gets the fields as JSON, not through LiteLLM's mapping."""
+    _, key = harness.bridge.open_rollout("r1")
+    fields = {
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "max_tokens": 50,
+        "user": "someone",
+        "metadata": {"a": 1},
+        "seed": 3,
+        "logprobs": True,
+    }
     status, text = harness.post(
         "/v1/rollouts/r1/chat/completions",
-        {
-            "model": "x",
-            "messages": _user("hello there"),
-            "temperature": 0.3,
-            "top_p": 0.9,
-            "max_tokens": 50,
-            "user": "someone",
-            "api_base": "http://198.51.100.7/v1",
-            "api_key": "stolen",
-            "metadata": {"a": 1},
-            "seed": 3,
-        },
+        {"model": "x", "messages": _user("hello there"), **fields, "extra_body": {"top_k": 5}},
         {"Authorization": f"Bearer {key}"},
     )
     assert status == 200, text
-    sent = model_server.bodies[-1]
-    assert sent["temperature"] == 0.3 and sent["top_p"] == 0.9 and sent["max_tokens"] == 50
-    assert not {"user", "api_base", "api_key", "metadata", "seed"} & set(sent)
+    path, sent = model_server.requests[-1]
+    assert path == "/v1/chat/completions" and sent["model"] == "osmosis-test"
+    assert {k: sent.get(k) for k in fields} == fields and sent["top_k"] == 5
+    assert "extra_body" not in sent and "n" not in sent
     assert json.loads(text)["choices"][0]["message"]["content"] == "echo: hello there"
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"api_base": "http://198.51.100.7/v1", "api_key": "stolen"}, "api_base, api_key"),
+        ({"extra_body": {"base_url": "http://198.51.100.7/v1"}}, "base_url"),
+        ({"litellm_logging_obj": 1, "timeout": 1}, "litellm_logging_obj, timeout"),
+        ({"n": 2}, "only n=1"),
+    ],
+)
+def test_a_body_that_would_change_the_bridge_is_refused_in_one_line(
+    harness: Harness, model_server: ModelServer, extra: dict[str, Any], named: str
+) -> None:
+    _, key = harness.bridge.open_rollout("r1")
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"model": "x", "messages": _user("hi"), **extra}
+    status, text = harness.post("/v1/rollouts/r1/chat/completions", body, auth)
+    assert status == 400, text
+    error = json.loads(text)["error"]
+    assert error["type"] == "invalid_request_error" and named in error["message"]
+    status, text = harness.post("/v1/rollouts/r1/chat/completions", {**body, "stream": True}, auth)
+    event = next(e for e in _sse_events(text) if e.startswith("event: error"))
+    assert json.loads(event.split("data: ", 1)[1])["error"]["code"] == 400
+    assert model_server.requests_total == 0
+
+
+def test_a_native_provider_gets_the_fields_as_litellm_parameters_never_dropped() -> None:
+    """Anthropic (not OpenAI-compatible): fields are LiteLLM kwargs and ``drop_params`` is
+    off, so an unsupported one is the provider's error, not silently lost."""
+    import litellm
+
+    route = ModelRoute("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", {})
+    body = {"messages": _user("hi"), "temperature": 0.2, "metadata": {"user_id": "u"}, "seed": 1}
+    call = bridge_module._chat_call(litellm, body, route)
+    assert call == {
+        "messages": _user("hi"),
+        "drop_params": False,
+        "temperature": 0.2,
+        "metadata": {"user_id": "u"},
+        "seed": 1,
+    }
+    with pytest.raises(bridge_module._BadRequest, match="only user_id"):
+        bridge_module._chat_call(litellm, {**body, "metadata": {"x": 1}}, route)
+
+
+def test_only_openai_itself_is_called_through_the_responses_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import litellm
+
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(litellm, "api_base", None)
+
+    def responses(model: str, **kwargs: Any) -> bool:
+        return bridge_module._uses_responses_api(litellm, ModelRoute(model, model, kwargs))
+
+    assert responses("openai/gpt-5-mini")
+    assert responses("openai/gpt-5-mini", api_base="https://api.openai.com/v1/")
+    assert not responses("anthropic/claude-sonnet-4-5")
+    assert not responses("gpt-5-mini")  # the SDK asks for the openai/ prefix
+    assert not responses("openai/gpt-5-mini", api_base="http://127.0.0.1:9/v1")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    assert not responses("openai/gpt-5-mini")
+
+
+@pytest.fixture
+def at_openai(
+    harness: Harness, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> Harness:
+    """The harness's model, served where the bridge takes OpenAI itself to be."""
+    monkeypatch.setattr(bridge_module, "_OPENAI_API_BASE", model_server.url)
+    return harness
+
+
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather now",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
+def test_responses_route_translates_the_call_and_its_answer(
+    at_openai: Harness, model_server: ModelServer
+) -> None:
+    client = at_openai.sdk("r")
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}}
+    resp = at_openai.run(
+        client.chat.completions.create(
+            model="alias",
+            messages=[{"role": "system", "content": "Be brief."}, *_user("What is 6 * 7?")],
+            temperature=0.5,
+            top_p=0.8,
+            max_tokens=40,
+            stop=["STOP"],
+            reasoning_effort="low",
+            response_format={"type": "json_schema", "json_schema": {"name": "A", "schema": schema}},
+        )
+    )
+    path, sent = model_server.requests[-1]
+    assert path == "/v1/responses" and model_server.bodies == []
+    assert sent["model"] == "osmosis-test"
+    assert sent["input"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 6 * 7?"},
+    ]
+    assert (sent["temperature"], sent["top_p"], sent["max_output_tokens"]) == (0.5, 0.8, 40)
+    assert sent["reasoning"] == {"effort": "low"}
+    assert sent["text"] == {"format": {"type": "json_schema", "name": "A", "schema": schema}}
+    assert sent["stop"] == ["STOP"]  # no Responses name: sent as it came, in the JSON
+    assert "messages" not in sent and "max_tokens" not in sent
+    assert (resp.model, resp.choices[0].message.content) == ("alias", "42")
+    assert resp.choices[0].finish_reason == "stop"
+    expected = count_tokens("Be brief. What is 6 * 7?") + 1
+    assert resp.usage.total_tokens == expected
+    assert at_openai.bridge.call_usage("r") == [
+        {"prompt_tokens": expected - 1, "completion_tokens": 1, "cached_tokens": 0}
+    ]
+    assert at_openai.bridge.close_rollout("r") == expected
+
+
+def test_responses_route_carries_tool_calls_both_ways(
+    at_openai: Harness, model_server: ModelServer
+) -> None:
+    model_server.tool_rules = [ToolRule("weather", "get_weather", {"city": "Oslo"})]
+    model_server.tool_answer = "It is {result} there."
+    client = at_openai.sdk("t")
+    messages: list[dict[str, Any]] = _user("What is the weather in Oslo?")
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    first = at_openai.run(
+        client.chat.completions.create(
+            model="m",
+            messages=messages,
+            tools=WEATHER,
+            tool_choice=choice,  # type: ignore[arg-type]
+        )
+    )
+    sent = model_server.requests[-1][1]
+    assert sent["tools"] == [{"type": "function", **WEATHER[0]["function"]}]
+    assert sent["tool_choice"] == {"type": "function", "name": "get_weather"}
+    call = first.choices[0].message.tool_calls[0]
+    assert first.choices[0].finish_reason == "tool_calls"
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == (
+        "call_000001",
+        "get_weather",
+        {"city": "Oslo"},
+    )
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    second = at_openai.run(
+        client.chat.completions.create(model="m", messages=messages, tools=WEATHER)
+    )  # type: ignore[arg-type]
+    assert model_server.requests[-1][1]["input"][1:] == [
+        {
+            "type": "function_call",
+            "call_id": call.id,
+            "name": "get_weather",
+            "arguments": call.function.arguments,
+        },
+        {"type": "function_call_output", "call_id": call.id, "output": "sunny"},
+    ]
+    assert second.choices[0].message.content == "It is sunny there."
+    assert at_openai.bridge.close_rollout("t") == (
+        first.usage.total_tokens + second.usage.total_tokens
+    )
+
+
+def test_responses_route_streams_one_chunk_and_reports_a_cut_answer(
+    at_openai: Harness, model_server: ModelServer
+) -> None:
+    model_server.tool_rules = [ToolRule("add", "add", {"a": 1, "b": 2})]
+    _, key = at_openai.bridge.open_rollout("s")
+    auth = {"Authorization": f"Bearer {key}"}
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {}}}]
+    body = {"model": "m", "messages": _user("please add"), "stream": True, "tools": tools}
+    status, text = at_openai.post("/v1/rollouts/s/chat/completions", body, auth)
+    data = [json.loads(e[len("data: ") :]) for e in _sse_events(text) if e.startswith("data: {")]
+    assert status == 200 and len(data) == 1 and _sse_events(text)[-1] == "data: [DONE]"
+    delta = data[0]["choices"][0]["delta"]
+    assert (
+        delta["tool_calls"][0]["index"] == 0 and delta["tool_calls"][0]["function"]["name"] == "add"
+    )
+    assert data[0]["choices"][0]["finish_reason"] == "tool_calls" and data[0]["usage"]
+    assert "stream" not in model_server.requests[-1][1]  # the provider call is not streamed
+    words = " ".join(["word"] * 30)
+    body = {"model": "m", "messages": _user(words), "max_tokens": 20}
+    status, text = at_openai.post("/v1/rollouts/s/chat/completions", body, auth)
+    answer = json.loads(text)["choices"][0]
+    assert model_server.requests[-1][1]["max_output_tokens"] == 20
+    assert answer["finish_reason"] == "length"  # an "incomplete" response, as chat says it
+    assert answer["message"]["content"] == " ".join(["echo:", *["word"] * 19])
 
 
 def test_route_kwargs_override_what_the_rollout_sends(
@@ -311,17 +513,22 @@ def test_streaming_tool_calls_carry_an_index(harness: Harness, model_server: Mod
     assert data[0]["choices"][0]["finish_reason"] == "tool_calls"
 
 
-def test_provider_error_becomes_502_with_one_line_detail(
-    harness: Harness, model_server: ModelServer
+@pytest.mark.parametrize(("upstream", "answered"), [(400, 400), (422, 422), (500, 502)])
+def test_provider_error_keeps_its_4xx_else_502_with_one_line_detail(
+    harness: Harness, model_server: ModelServer, upstream: int, answered: int
 ) -> None:
-    model_server.fail_next(400, message="bad request\nfrom sk-test-bridge upstream")
+    """As osmosis-ai 0.3.8: a client must not retry a provider's 400 as if it were a 5xx."""
+    model_server.fail_next(upstream, count=3, message="bad request\nfrom sk-test-bridge upstream")
     _, key = harness.bridge.open_rollout("e")
     status, text = harness.post(
         "/v1/rollouts/e/chat/completions",
         {"model": "m", "messages": _user("hi")},
         {"Authorization": f"Bearer {key}"},
     )
-    assert status == 502
+    assert status == answered
+    assert json.loads(text)["error"]["type"] == (
+        "invalid_request_error" if answered == 400 else "bridge_error"
+    )
     detail = json.loads(text)["detail"]
     assert "bad request" in detail and "\n" not in detail
     assert "sk-test-bridge" not in detail and "[REDACTED]" in detail
@@ -470,8 +677,8 @@ def test_a_judge_provider_error_names_the_judge(
     error = next(e for e in _sse_events(text) if e.startswith("event: error"))
     assert json.loads(error.split("data: ", 1)[1])["error"]["type"] == kind
     model_server.fail_next(status, message="upstream says no")
-    answered, payload = post({"messages": _user("hi")}, None)  # the run's model: as before
-    assert answered == 502 and payload["error"]["type"] == "bridge_error"
+    answered, payload = post({"messages": _user("hi")}, None)  # the run's model: its status
+    assert answered == status and payload["error"]["code"] == status
     assert "judge" not in payload["detail"]
 
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from workspaces import calc_rows, read_index, write_workspace
+from workspaces import calc_rollout, calc_rows, read_index, write_workspace
 
 ROWS = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(16)])
 
@@ -24,8 +24,11 @@ def slow_model(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[n
     return model_server
 
 
+UNCAPPED = calc_rollout('AgentWorkflowConfig(name="calc")')  # advertises no in-flight cap
+
+
 def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model) -> None:  # type: ignore[no-untyped-def]
-    write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8})
+    write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8}, rollout_source=UNCAPPED)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=16)
     # The preflight is alone; then eight rows wait on the model at once, never more.
@@ -45,7 +48,9 @@ def test_command_line_concurrency_overrides_batch_size(
 
 
 def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, slow_model) -> None:  # type: ignore[no-untyped-def]
-    write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8, "n": 2})
+    write_workspace(
+        pytester.path, rows=ROWS, evaluation={"batch_size": 8, "n": 2}, rollout_source=UNCAPPED
+    )
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
     result.assert_outcomes(passed=32)
     bodies = [b for b in slow_model.bodies if b["messages"][-1]["content"] != "hi"]
@@ -59,6 +64,59 @@ def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, s
     assert [(r["row_index"], r["run_index"]) for r in rows] == [
         (r, n) for r in range(16) for n in range(2)
     ]
+
+
+@pytest.mark.parametrize(
+    ("workflow_config", "evaluation", "args", "expected"),
+    [
+        ('AgentWorkflowConfig(name="calc")', None, (), 1),
+        ('AgentWorkflowConfig(name="calc")', None, ("--osmosis-concurrency", "4"), 4),
+        ('AgentWorkflowConfig(name="calc")', {"batch_size": 3}, (), 3),
+        ('AgentWorkflowConfig(name="c", concurrency={"max_concurrent": 2})', None, (), 2),
+        (
+            'AgentWorkflowConfig(name="c", concurrency={"max_concurrent": 2})',
+            {"batch_size": 3},
+            (),
+            2,
+        ),
+        (None, None, (), 4),
+        (None, {"batch_size": 8}, (), 4),
+        (None, None, ("--osmosis-concurrency", "6"), 6),
+    ],
+    ids=[
+        "template-config-one-at-a-time",
+        "option-raises-it",
+        "batch-size",
+        "max-concurrent",
+        "max-concurrent-caps-batch-size",
+        "no-workflow-config-advertises-4",
+        "advertised-4-caps-batch-size",
+        "option-beyond-the-advertised-cap",
+    ],
+)
+def test_default_in_flight_is_what_osmosis_eval_run_picks(
+    pytester: pytest.Pytester,
+    model_env,  # type: ignore[no-untyped-def]
+    workflow_config: str | None,
+    evaluation: dict[str, int] | None,
+    args: tuple[str, ...],
+    expected: int,
+) -> None:
+    """``batch_size``, capped by what the rollout's LocalBackend advertises, else that, else
+    1; ``--osmosis-concurrency`` sets it. The model server holds each call until `expected`
+    are in flight (one call waits for another that must never come, for a bound of 1)."""
+    model_env.gather, model_env.gather_on = max(expected, 2), "What is"  # not the preflight
+    model_env.gather_timeout = 1.0 if expected == 1 else 60.0
+    rows = ROWS[: max(2 * expected, 3)]
+    write_workspace(
+        pytester.path,
+        rows=rows,
+        evaluation=evaluation,
+        rollout_source=calc_rollout(workflow_config),
+    )
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", *args)
+    result.assert_outcomes(passed=len(rows))
+    assert model_env.peak_in_flight == expected
 
 
 def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes(

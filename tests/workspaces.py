@@ -153,3 +153,20 @@ def only_run_dir(root: Path) -> Path:
     runs = [p for p in (root / ".osmosis" / "evals").iterdir() if not p.name.startswith(".")]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+def calc_rollout(workflow_config: str | None) -> str:
+    """The calc rollout whose backend gets ``workflow_config=<expression>`` (None: none).
+
+    What its ``/health`` advertises, and so the default concurrency, depends on it: 4
+    without a workflow_config, its ``concurrency.max_concurrent`` (unset: no cap) with one.
+    """
+    if workflow_config is None:
+        return CALC_ROLLOUT
+    backend = "backend = LocalBackend(workflow=CalcWorkflow, grader=ExactGrader)"
+    assert backend in CALC_ROLLOUT
+    return CALC_ROLLOUT.replace(
+        backend,
+        "from pytest_osmosis.rollout import AgentWorkflowConfig\n"
+        f"{backend[:-1]}, workflow_config={workflow_config})",
+    )
