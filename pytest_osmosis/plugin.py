@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import shlex
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,8 +250,80 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: list[str]
 ) -> None:
-    """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file."""
+    """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file.
+
+    Also notice when pytest's first parse, made before any plugin's options are known,
+    took the separate value of one of ours for a test path (pytest#8846): that value then
+    chose the rootdir and the ini file, so ``--osmosis-output /abs/dir`` lost the
+    workspace's ini (and ``osmosis_eval = true`` with it). pytest_cmdline_main runs
+    the session again as if every such option had been written ``--opt=value``.
+    """
     keep_at_file(args)
+    rerun = joined_option_values(
+        list(early_config.invocation_params.args), early_config.invocation_params.dir
+    )
+    env = os.environ.get("PYTEST_ADDOPTS", "")
+    env_rerun = joined_option_values(shlex.split(env), early_config.invocation_params.dir)
+    if rerun is not None or env_rerun is not None:
+        early_config.stash[_RERUN_KEY] = (
+            rerun if rerun is not None else list(early_config.invocation_params.args),
+            shlex.join(env_rerun) if env_rerun is not None else env,
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | pytest.ExitCode | None:
+    """The session again, in process, with the arguments pytest misread joined to their flags."""
+    rerun = config.stash.get(_RERUN_KEY, None)
+    if rerun is None:
+        return None
+    args, env = rerun
+    saved = os.environ.get("PYTEST_ADDOPTS")
+    os.environ["PYTEST_ADDOPTS"] = env
+    try:
+        return pytest.main(args, plugins=list(config.invocation_params.plugins or ()))
+    finally:
+        if saved is None:
+            os.environ.pop("PYTEST_ADDOPTS", None)
+        else:
+            os.environ["PYTEST_ADDOPTS"] = saved
+
+
+_RERUN_KEY = pytest.StashKey[tuple[list[str], str]]()
+_VALUE_FLAGS = frozenset(opt.flag for opt in (*OPTIONS, *RUBRIC_OPTIONS) if not opt.is_flag)
+
+
+def joined_option_values(args: list[str], base: Path) -> list[str] | None:
+    """``args`` with ``--osmosis-x VALUE`` written ``--osmosis-x=VALUE``, when that matters.
+
+    It matters when VALUE names an existing file or directory: pytest's first parse
+    (before plugins load) counts it among the test paths that decide the rootdir and the
+    ini file. None when no value of ours was misread (the session needs no second start).
+    """
+    joined: list[str] = []
+    misread = False
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        if arg == "--":
+            joined += args[position:]
+            break
+        value = args[position + 1] if position + 1 < len(args) else None
+        if arg in _VALUE_FLAGS and value is not None and not value.startswith("-"):
+            joined.append(f"{arg}={value}")
+            misread = misread or _names_a_path(base, value)
+            position += 2
+            continue
+        joined.append(arg)
+        position += 1
+    return joined if misread else None
+
+
+def _names_a_path(base: Path, value: str) -> bool:
+    try:
+        return (base / value.split("::", 1)[0]).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def keep_at_file(args: list[str]) -> None:
