@@ -228,7 +228,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 dest=f"osmosis_{opt.dest}",
                 help=opt.help,
             )
-            parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default="")
+            # None when absent, so that a key written blank is refused, not taken for absent.
+            parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default=None)
     parser.addini(
         "osmosis_backstop_grace",
         "seconds beyond both budgets before pytest-timeout stops a row blocking the loop",
@@ -337,16 +338,36 @@ def keep_at_file(args: list[str]) -> None:
 
 
 def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
-    """Command line beats ini; an unset option is None."""
+    """Command line beats ini; only an option never given is None (blank is a value)."""
     cli = config.getoption(f"osmosis_{opt.dest}")
     if cli is not None:
         return cli, opt.flag
     ini = config.getini(opt.ini)
     if opt.is_flag:
         return (True, f"ini {opt.ini}") if ini else None
-    if isinstance(ini, str) and ini.strip():
+    if isinstance(ini, str):
         return ini.strip(), f"ini {opt.ini}"
     return None
+
+
+def _check_values(values: dict[str, tuple[Any, str] | None]) -> None:
+    """A blank value is a mistake (``--osmosis-rows "$ROWS"`` with ROWS unset), never the default.
+
+    Settings fields are checked by their own rules (config.py); the session options here.
+    """
+    from pytest_osmosis.config import check_overrides
+    from pytest_osmosis.errors import ConfigError
+
+    given = {k: v for k, v in values.items() if v is not None}
+    try:
+        check_overrides({k: v for k, v in given.items() if _is_override(k)})
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    for raw, source in given.values():
+        if isinstance(raw, str) and not raw.strip():
+            raise pytest.UsageError(
+                f"{source}: must not be blank (leave it out for the default), got {raw!r}"
+            )
 
 
 def is_eval_config(path: Path) -> bool:
@@ -388,6 +409,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_osmosis.session import EvalSession, SessionOptions
 
     values = {opt.dest: _value(config, opt) for opt in OPTIONS}
+    _check_values(values)
     overrides = {k: v for k, v in values.items() if v is not None and _is_override(k)}
 
     def plain(name: str) -> Any:

@@ -154,3 +154,75 @@ def only_run_dir_in(out: Path) -> Path:
     runs = [p for p in out.iterdir() if not p.name.startswith(".")]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+BLANK_CASES = [
+    pytest.param(
+        ("--osmosis-rows", " "),
+        None,
+        "ERROR: --osmosis-rows: must name the rows to run, such as '0-9,12' "
+        "(leave the option out for every row), got ' '",
+        id="rows-space",
+    ),
+    pytest.param(
+        ("--osmosis-rows=",),
+        None,
+        "ERROR: --osmosis-rows: must name the rows to run*got ''",
+        id="rows-empty",
+    ),
+    pytest.param(
+        (),
+        "osmosis_rows =",
+        "ERROR: ini osmosis_rows: must name the rows to run*got ''",
+        id="ini-rows",
+    ),
+    pytest.param(
+        ("-o", "osmosis_rows= "),
+        None,
+        "ERROR: ini osmosis_rows: must name the rows to run*got ''",
+        id="override-ini-rows",
+    ),
+    pytest.param(
+        ("--osmosis-limit", ""),
+        None,
+        "ERROR: --osmosis-limit: must be an integer, got ''",
+        id="limit-empty",
+    ),
+    pytest.param(
+        (),
+        "osmosis_limit =",
+        "ERROR: ini osmosis_limit: must be an integer, got ''",
+        id="ini-limit",
+    ),
+    pytest.param(
+        ("--osmosis-sample", " "),
+        None,
+        "ERROR: --osmosis-sample: must be a number, got ' '",
+        id="sample-space",
+    ),
+    pytest.param(
+        ("--osmosis-output", " "),
+        None,
+        "ERROR: --osmosis-output: must not be blank (leave it out for the default), got ' '",
+        id="output-space",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "ini", "line"), BLANK_CASES)
+def test_a_blank_value_is_refused_not_read_as_every_row(
+    pytester: pytest.Pytester,
+    model_env,
+    args: tuple[str, ...],
+    ini: str | None,
+    line: str,
+) -> None:  # type: ignore[no-untyped-def]
+    """``--osmosis-rows "$ROWS"`` with ROWS unset must not become a full, paid run."""
+    write_workspace(pytester.path)
+    if ini is not None:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([line])
+    assert model_env.requests_total == 0
+    assert not (pytester.path / ".osmosis").exists()
