@@ -9,6 +9,7 @@ or the concurrency, and ``--lf``, ``--deselect`` and ``-k row_7_`` keep working.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -42,7 +43,8 @@ class EvalConfigFile(pytest.File):
             plan = session.plan_for(self.path)
             session.load_rollout(plan)
         except OsmosisError as exc:
-            raise self.CollectError(str(exc)) from None
+            hint = _how_to_run_the_others(self.config, self.path)
+            raise self.CollectError(f"{exc}{hint}") from None
         self.plan = plan
         experiment = plan.config.experiment
         self.add_marker(
@@ -124,6 +126,35 @@ class EvalItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, 0, self.name
+
+
+def _how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
+    """pytest stops a session at a collection error; say how the other configs still run.
+
+    (The official template ships a placeholder ``configs/eval/default.toml``, so a plain
+    ``pytest --osmosis-eval`` there would otherwise run nothing, with no way out named.)
+    """
+    if config.option.continue_on_collection_errors:
+        return ""
+    from pytest_osmosis.discover import find_eval_configs
+    from pytest_osmosis.plugin import _named_paths, is_eval_config
+
+    session: EvalSession = config.stash[SESSION_KEY]
+    named = _named_paths(config)
+    if session.collect_all:
+        configs = find_eval_configs(config, named)
+    else:
+        configs = [p for p in named if is_eval_config(p) and p.is_file()]
+    others = [p for p in configs if p != broken.resolve()]
+    if not others:
+        return ""
+    base = config.invocation_params.dir
+    shown = [str(p.relative_to(base)) if p.is_relative_to(base) else str(p) for p in others]
+    more = f" (and {len(shown) - 3} more)" if len(shown) > 3 else ""
+    return (
+        f"; to run the other configs, add --continue-on-collection-errors "
+        f"or name them: pytest {' '.join(shown[:3])}{more}"
+    )
 
 
 def _backstop_seconds(plan: EvalPlan, config: pytest.Config) -> float | None:

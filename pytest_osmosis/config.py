@@ -42,6 +42,7 @@ __all__ = [
     "Evaluation",
     "Experiment",
     "Secrets",
+    "check_overrides",
     "generated_run_name",
     "load_eval_config",
     "resolve_settings",
@@ -386,12 +387,15 @@ def _model_path(value: object) -> str:
     return value.strip()
 
 
-def _rows(value: object) -> str | None:
+def _rows(value: object) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a string of row indices such as '0-9,12'")
     text = value.strip()
     if not text:
-        return None
+        # A blank $ROWS in CI must not become a full, paid run: only an absent option is.
+        raise ValueError(
+            "must name the rows to run, such as '0-9,12' (leave the option out for every row)"
+        )
     if not ROWS_RE.fullmatch(text):
         raise ValueError("must be comma-separated row indices or ranges such as '0-9,12'")
     for part in text.split(","):
@@ -404,7 +408,7 @@ def _rows(value: object) -> str | None:
 def _dataset_file(value: object) -> Path:
     if isinstance(value, Path):
         return value
-    if not isinstance(value, str):
+    if not isinstance(value, str) or not value.strip():
         raise ValueError("must be a file path")
     return Path(value.strip())
 
@@ -443,7 +447,8 @@ def resolve_settings(cfg: EvalConfig, overrides: Mapping[str, tuple[object, str]
     """Apply the winning override per field over ``[evaluation]`` and the defaults.
 
     ``overrides`` maps a field to ``(value, source)``; ``source`` (``--osmosis-n``,
-    ``ini osmosis_n``) names the origin in errors. A blank string counts as not given.
+    ``ini osmosis_n``) names the origin in errors. Only a field left out takes the
+    config's value: a blank string is refused like any other bad value.
     """
     evaluation = cfg.evaluation
     values: dict[str, Any] = {
@@ -460,16 +465,24 @@ def resolve_settings(cfg: EvalConfig, overrides: Mapping[str, tuple[object, str]
         "grader_timeout_s": evaluation.grader_timeout_s,
     }
     for name, (raw, source) in overrides.items():
-        if name not in _OVERRIDES:
-            raise ValueError(f"unknown setting {name!r} (from {source}); valid: {list(_OVERRIDES)}")
-        if isinstance(raw, str) and not raw.strip():
-            continue
-        parse, check = _OVERRIDES[name]
-        try:
-            values[name] = check(parse(raw.strip()) if isinstance(raw, str) else raw)
-        except ValueError as exc:
-            raise ConfigError(_one_line(f"{source}: {exc}, got {_show(raw)}")) from None
+        values[name] = _override(name, raw, source)
     return EvalSettings(**values)
+
+
+def check_overrides(overrides: Mapping[str, tuple[object, str]]) -> None:
+    """Refuse a bad command-line/ini value before any config is read (the same checks)."""
+    for name, (raw, source) in overrides.items():
+        _override(name, raw, source)
+
+
+def _override(name: str, raw: object, source: str) -> object:
+    if name not in _OVERRIDES:
+        raise ValueError(f"unknown setting {name!r} (from {source}); valid: {list(_OVERRIDES)}")
+    parse, check = _OVERRIDES[name]
+    try:
+        return check(parse(raw.strip()) if isinstance(raw, str) else raw)
+    except ValueError as exc:
+        raise ConfigError(_one_line(f"{source}: {exc}, got {_show(raw)}")) from None
 
 
 def validate_run_name(name: str, *, source: str = "run name") -> str:

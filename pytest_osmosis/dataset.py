@@ -759,7 +759,7 @@ def open_dataset(
 ) -> SelectedDataset:
     """Read, hash and select a dataset; every selected row is validated here.
 
-    Selection: `rows` (non-empty) wins over `limit`; a positive `limit` keeps the first N
+    Selection: `rows` (if given) wins over `limit`; a positive `limit` keeps the first N
     rows, otherwise all. `sample` (a fraction in (0, 1]) then keeps a `seed`-determined
     subset, in dataset order, so every xdist worker selects the same rows.
     """
@@ -773,7 +773,7 @@ def open_dataset(
     if sample is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ConfigError(f"seed must be an integer, got {seed!r}")
     extension = dataset_extension(path)
-    ranges = _parse_row_ranges(rows) if rows is not None and rows.strip() else None
+    ranges = _parse_row_ranges(rows) if rows is not None else None
     try:
         resolved = path.resolve()
         stat = resolved.stat()

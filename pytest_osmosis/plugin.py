@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import shlex
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,7 +228,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 dest=f"osmosis_{opt.dest}",
                 help=opt.help,
             )
-            parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default="")
+            # None when absent, so that a key written blank is refused, not taken for absent.
+            parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default=None)
     parser.addini(
         "osmosis_backstop_grace",
         "seconds beyond both budgets before pytest-timeout stops a row blocking the loop",
@@ -254,8 +256,80 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(
     early_config: pytest.Config, parser: pytest.Parser, args: list[str]
 ) -> None:
-    """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file."""
+    """Keep ``--osmosis-rubric-text @FILE`` ours: pytest would read @FILE as an argument file.
+
+    Also notice when pytest's first parse, made before any plugin's options are known,
+    took the separate value of one of ours for a test path (pytest#8846): that value then
+    chose the rootdir and the ini file, so ``--osmosis-output /abs/dir`` lost the
+    workspace's ini (and ``osmosis_eval = true`` with it). pytest_cmdline_main runs
+    the session again as if every such option had been written ``--opt=value``.
+    """
     keep_at_file(args)
+    rerun = joined_option_values(
+        list(early_config.invocation_params.args), early_config.invocation_params.dir
+    )
+    env = os.environ.get("PYTEST_ADDOPTS", "")
+    env_rerun = joined_option_values(shlex.split(env), early_config.invocation_params.dir)
+    if rerun is not None or env_rerun is not None:
+        early_config.stash[_RERUN_KEY] = (
+            rerun if rerun is not None else list(early_config.invocation_params.args),
+            shlex.join(env_rerun) if env_rerun is not None else env,
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | pytest.ExitCode | None:
+    """The session again, in process, with the arguments pytest misread joined to their flags."""
+    rerun = config.stash.get(_RERUN_KEY, None)
+    if rerun is None:
+        return None
+    args, env = rerun
+    saved = os.environ.get("PYTEST_ADDOPTS")
+    os.environ["PYTEST_ADDOPTS"] = env
+    try:
+        return pytest.main(args, plugins=list(config.invocation_params.plugins or ()))
+    finally:
+        if saved is None:
+            os.environ.pop("PYTEST_ADDOPTS", None)
+        else:
+            os.environ["PYTEST_ADDOPTS"] = saved
+
+
+_RERUN_KEY = pytest.StashKey[tuple[list[str], str]]()
+_VALUE_FLAGS = frozenset(opt.flag for opt in (*OPTIONS, *RUBRIC_OPTIONS) if not opt.is_flag)
+
+
+def joined_option_values(args: list[str], base: Path) -> list[str] | None:
+    """``args`` with ``--osmosis-x VALUE`` written ``--osmosis-x=VALUE``, when that matters.
+
+    It matters when VALUE names an existing file or directory: pytest's first parse
+    (before plugins load) counts it among the test paths that decide the rootdir and the
+    ini file. None when no value of ours was misread (the session needs no second start).
+    """
+    joined: list[str] = []
+    misread = False
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        if arg == "--":
+            joined += args[position:]
+            break
+        value = args[position + 1] if position + 1 < len(args) else None
+        if arg in _VALUE_FLAGS and value is not None and not value.startswith("-"):
+            joined.append(f"{arg}={value}")
+            misread = misread or _names_a_path(base, value)
+            position += 2
+            continue
+        joined.append(arg)
+        position += 1
+    return joined if misread else None
+
+
+def _names_a_path(base: Path, value: str) -> bool:
+    try:
+        return (base / value.split("::", 1)[0]).exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _main_timeout(config: pytest.Config) -> float:
@@ -282,16 +356,36 @@ def keep_at_file(args: list[str]) -> None:
 
 
 def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
-    """Command line beats ini; an unset option is None."""
+    """Command line beats ini; only an option never given is None (blank is a value)."""
     cli = config.getoption(f"osmosis_{opt.dest}")
     if cli is not None:
         return cli, opt.flag
     ini = config.getini(opt.ini)
     if opt.is_flag:
         return (True, f"ini {opt.ini}") if ini else None
-    if isinstance(ini, str) and ini.strip():
+    if isinstance(ini, str):
         return ini.strip(), f"ini {opt.ini}"
     return None
+
+
+def _check_values(values: dict[str, tuple[Any, str] | None]) -> None:
+    """A blank value is a mistake (``--osmosis-rows "$ROWS"`` with ROWS unset), never the default.
+
+    Settings fields are checked by their own rules (config.py); the session options here.
+    """
+    from pytest_osmosis.config import check_overrides
+    from pytest_osmosis.errors import ConfigError
+
+    given = {k: v for k, v in values.items() if v is not None}
+    try:
+        check_overrides({k: v for k, v in given.items() if _is_override(k)})
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    for raw, source in given.values():
+        if isinstance(raw, str) and not raw.strip():
+            raise pytest.UsageError(
+                f"{source}: must not be blank (leave it out for the default), got {raw!r}"
+            )
 
 
 def is_eval_config(path: Path) -> bool:
@@ -333,6 +427,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_osmosis.session import EvalSession, SessionOptions
 
     values = {opt.dest: _value(config, opt) for opt in OPTIONS}
+    _check_values(values)
     overrides = {k: v for k, v in values.items() if v is not None and _is_override(k)}
 
     def plain(name: str) -> Any:

@@ -35,6 +35,8 @@ from pytest_osmosis.errors import OsmosisError
 from pytest_osmosis.results.redact import Redactor, ambient_secret_values
 
 PLUGIN_NAME = "osmosis-redaction"
+#: Shorter values are not redacted from output (the SDK's rule for ambient keys).
+MIN_REDACTED_LENGTH = 8
 STDIN = "-"
 _OPTION = "--osmosis-secrets-file"
 
@@ -390,9 +392,17 @@ class RedactionHooks:
 
     def __init__(self, redactor: Redactor | None = None) -> None:
         if redactor is None:
-            redactor = Redactor(min_length=1)
+            # Output (terminal, reports, trajectories): values of MIN_REDACTED_LENGTH or
+            # more, the SDK's rule for keys it redacts everywhere; a shorter one would
+            # shred unrelated words (OPENAI_API_KEY=x turned "sandboxed" into
+            # "sandbo[REDACTED]ed"). logs.txt keeps the SDK's own rule for it: every
+            # non-empty [secrets] value (runner.py::SecretRedactor, contract §9.4).
+            redactor = Redactor(min_length=MIN_REDACTED_LENGTH)
             redactor.extend(ambient_secret_values(os.environ))
         self.redactor = redactor
+        self.log_redactor = Redactor(min_length=1)
+        self.log_redactor.extend(ambient_secret_values(os.environ))
+        self._warned: set[str] = set()
         self._streams: list[tuple[str, TextIO, RedactingStream]] = []
         self._patched: list[tuple[object, str, object]] = []
         self._factory: Callable[..., logging.LogRecord] | None = None
@@ -400,7 +410,25 @@ class RedactionHooks:
 
     def add(self, values: Iterable[str]) -> None:
         """More values to redact (resolved ``[secrets]``, a bridge token, ...)."""
+        values = list(values)
         self.redactor.extend(values)
+        self.log_redactor.extend(values)
+
+    def warn_short(self, config: pytest.Config, names: Iterable[str]) -> None:
+        """One line per short secret and process, naming the variable, never the value."""
+        for name in names:
+            if name in self._warned:
+                continue
+            self._warned.add(name)
+            line = (
+                f"WARNING: secret {name} is shorter than {MIN_REDACTED_LENGTH} characters: "
+                "it is not redacted from the output (logs.txt still hides it)"
+            )
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(line, yellow=True)
+            else:
+                print(line, file=sys.stderr)
 
     # -- reports ------------------------------------------------------------ #
 
@@ -571,6 +599,30 @@ def add_secret_values(config: pytest.Config, values: Iterable[str]) -> None:
     install_redaction(config).add(values)
 
 
+def add_named_secrets(
+    config: pytest.Config, names: Iterable[str], resolved: Mapping[str, str] | None = None
+) -> None:
+    """Redact the values of ``[secrets]`` *names* from now on; warn once about a short one."""
+    names = list(names)
+    hooks = install_redaction(config)
+    hooks.add(redaction_values(names, resolved))
+    env = os.environ
+    short = [
+        name
+        for name in names
+        if any(
+            0 < len(value) < MIN_REDACTED_LENGTH
+            for value in ((resolved or {}).get(name, ""), env.get(name, ""))
+        )
+    ]
+    hooks.warn_short(config, short)
+
+
 def redactor_for(config: pytest.Config) -> Redactor:
-    """The redactor this process uses (for trajectories and logs.txt)."""
+    """The redactor this process uses for output (reports, trajectories)."""
     return install_redaction(config).redactor
+
+
+def log_redactor_for(config: pytest.Config) -> Redactor:
+    """The redactor for logs.txt: every non-empty ``[secrets]`` value, as the SDK's."""
+    return install_redaction(config).log_redactor

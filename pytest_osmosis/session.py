@@ -114,9 +114,9 @@ class EvalSession:
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
-            from pytest_osmosis.secrets import add_secret_values, redaction_values
+            from pytest_osmosis.secrets import add_named_secrets
 
-            add_secret_values(self.config, redaction_values(plan.config.secrets.required))
+            add_named_secrets(self.config, plan.config.secrets.required)
             plan.run_name = self._run_names.get(str(path), "")
             if not plan.run_name:
                 inputs = run_inputs(plan)
@@ -137,9 +137,8 @@ class EvalSession:
         from pytest_osmosis.secrets import (
             MissingSecretsError,
             SecretsFileError,
-            add_secret_values,
-            redaction_values,
-            redactor_for,
+            add_named_secrets,
+            log_redactor_for,
             resolve_secrets,
         )
 
@@ -157,7 +156,7 @@ class EvalSession:
                 resolved = resolve_secrets(
                     required, self.options.secrets_file, config=self.config, config_path=path
                 )
-                add_secret_values(self.config, redaction_values(required, resolved))
+                add_named_secrets(self.config, required, resolved)
                 # A rollout that cannot be imported must fail before its run directory exists.
                 self.load_rollout(plan)
             except (RunDirectoryError, MissingSecretsError, SecretsFileError):
@@ -183,7 +182,7 @@ class EvalSession:
                 retry_failed=self.options.retry_failed,
                 warn=warn,
             )
-            log = RunLog(rundir.logs_path, redactor_for(self.config))
+            log = RunLog(rundir.logs_path, log_redactor_for(self.config))
             box.append(log)
             for message in early:
                 log.warning("results", message)

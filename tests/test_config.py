@@ -365,9 +365,19 @@ def test_override_parsing(ref: EvalConfig, field: str, raw: object, expected: ob
     assert got == expected and type(got) is type(expected)
 
 
-@pytest.mark.parametrize("field", ["n", "rows", "limit", "dataset_file", "model_path"])
-def test_blank_string_override_is_not_given(ref: EvalConfig, field: str) -> None:
-    assert resolve_settings(ref, {field: ("  ", "ini")}) == resolve_settings(ref, {})
+OVERRIDE_FIELDS = [
+    "model_path", "limit", "n", "rows", "pass_threshold", "dataset_file", "sample", "seed",
+    "concurrency",
+]
+
+
+@pytest.mark.parametrize("field", OVERRIDE_FIELDS)
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_blank_string_override_is_refused(ref: EvalConfig, field: str, blank: str) -> None:
+    """Only a field left out takes the config's value (a blank $ROWS is not every row)."""
+    with pytest.raises(ConfigError, match="^ini x: must ") as info:
+        resolve_settings(ref, {field: (blank, "ini x")})
+    assert str(info.value).endswith(f"got {blank!r}")
 
 
 @pytest.mark.parametrize(

@@ -645,8 +645,9 @@ def test_rows_override_limit_and_row_index_is_position(tmp_path: Path) -> None:
         (1, 7, "a7"),
     ]
     assert ds.source_row_index(1) == 7
-    # An empty --rows value counts as not given.
-    assert open_ds(path, rows="  ", limit=1).selected_source_rows == [0]
+    # A blank selector is refused: only an absent one means "every row" (or the limit).
+    with pytest.raises(DatasetError, match="invalid rows selector '  '"):
+        open_ds(path, rows="  ", limit=1)
 
 
 def test_rows_out_of_range_names_the_file(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from model_server import ModelServer
-from workspaces import calc_rows, only_run_dir, read_index, write_workspace
+from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
 
 from pytest_osmosis.errors import OsmosisError
 from pytest_osmosis.results import REDACTED, Redactor, validate_trajectory
@@ -41,7 +41,7 @@ from pytest_osmosis.secrets import (
 pytest_plugins = ["pytester"]
 
 LONG = "sk-PLANTED-0123456789abcdef"  # [secrets] CALC_SECRET, from the secrets file
-SHORT = "Qz9Xw7"  # [secrets] SHORT_SECRET (6 characters), from the environment
+SHORT = "Qz9Xw7ab"  # [secrets] SHORT_SECRET (8: the shortest redacted from output), from env
 AMBIENT = "sk-AMBIENT-loopback-model-42"  # OPENAI_API_KEY of the loopback model server
 PLANTED = (LONG, SHORT, AMBIENT)
 NAMES = ["CALC_SECRET", "SHORT_SECRET"]
@@ -610,3 +610,35 @@ def test_missing_with_a_secrets_file_names_where_it_looked(
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*calc.toml*SHORT_SECRET*--osmosis-secrets-file*s.env*"])
+
+
+TIMID_ROLLOUT = 'print("imported in a sandboxed process")\n' + CALC_ROLLOUT
+
+
+def test_a_short_secret_is_left_in_the_output_and_named_once(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """``OPENAI_API_KEY=x``-style placeholders: redacting "x" shredded every word holding
+    one ("sandbo[REDACTED]ed"). As the SDK, output hides values of 8+ characters; a shorter
+    [secrets] value gets one warning naming the variable (once for two configs), and
+    logs.txt keeps the SDK's rule for it (every non-empty [secrets] value)."""
+    monkeypatch.setenv("TINY_TOKEN", "x")
+    rows = calc_rows([("What is 2 + 2?", "4"), ("What is 1 + 1?", "2", "grader_raise")])
+    for name in ("calc", "again"):
+        write_workspace(
+            pytester.path, name=name, rows=rows, rollout_source=TIMID_ROLLOUT, secrets=["TINY_TOKEN"]
+        )
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-s", "-rA")
+    result.assert_outcomes(passed=2, failed=2)
+    out = result.stdout.str()
+    assert "imported in a sandboxed process" in out
+    assert "grader exploded on purpose" in out
+    assert REDACTED not in out, out
+    assert [line for line in result.outlines if "TINY_TOKEN" in line] == [
+        "WARNING: secret TINY_TOKEN is shorter than 8 characters: "
+        "it is not redacted from the output (logs.txt still hides it)"
+    ]
+    for run_dir in (pytester.path / ".osmosis" / "evals").iterdir():
+        if not run_dir.name.startswith("."):
+            logs = (run_dir / "logs.txt").read_text()
+            assert f"e{REDACTED}ploded" in logs and "exploded" not in logs

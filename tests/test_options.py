@@ -1,0 +1,228 @@
+"""Command-line options as users write them (issue 12, points 11 and 13).
+
+Every value-taking ``--osmosis-*`` option works in both spellings, ``--opt value`` and
+``--opt=value``, even when the value names an existing file or directory (which pytest's
+first parse, made before plugins load, takes for a test path); an explicitly given but
+blank row selector or limit is refused rather than read as "every row".
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from workspaces import read_index, write_workspace
+
+from pytest_osmosis.plugin import OPTIONS, RUBRIC_OPTIONS
+
+pytest_plugins = ["pytester"]
+
+WORKSPACE_INI = (
+    "[pytest]\n"
+    "osmosis_eval = true\n"
+    "osmosis_rubric_text = The answer is right.\n"
+    "osmosis_judge_model = openai/judge\n"
+    "osmosis_min_score = 0.5\n"
+)
+
+# flag -> its value, relative to the workspace. Every value names an existing path that a
+# misread would make pytest's rootdir: "elsewhere/" and the value directories inside the
+# workspace hold their own pytest.ini, "out/" (outside the workspace, as absolute as the
+# README writes it) none.
+SPACE_VALUES = {
+    "--osmosis-model": "openai/test-model",
+    "--osmosis-limit": "3",
+    "--osmosis-n": "1",
+    "--osmosis-rows": "0-1",
+    "--osmosis-pass-threshold": "1.0",
+    "--osmosis-dataset-file": "../elsewhere/calc.jsonl",
+    "--osmosis-sample": "1",
+    "--osmosis-seed": "7",
+    "--osmosis-concurrency": "3",
+    "--osmosis-output": "<out>",
+    "--osmosis-name": "nightly",
+    "--osmosis-secrets-file": "../elsewhere/secrets.env",
+    "--osmosis-min-pass-rate": "0.5",
+    "--osmosis-gate-bound": "wilson",
+    "--osmosis-max-error-rate": "0.25",
+    "--osmosis-rubric": "../elsewhere/conversations.jsonl",
+    "--osmosis-rubric-text": "rubric",
+    "--osmosis-judge-model": "openai/judge",
+    "--osmosis-min-score": "0.5",
+    "--osmosis-rubric-n": "3",
+    "--osmosis-rubric-score-min": "0",
+    "--osmosis-rubric-score-max": "1",
+}
+
+
+def test_the_table_names_every_value_taking_option() -> None:
+    flags = {opt.flag for opt in (*OPTIONS, *RUBRIC_OPTIONS) if not opt.is_flag}
+    assert flags == set(SPACE_VALUES)
+
+
+def _layout(root: Path) -> Path:
+    """``root/ws`` (the workspace, its ini turns the plugin on), ``root/elsewhere`` and
+    ``root/out``, plus a directory (with its own ini) for each in-workspace value."""
+    ws = root / "ws"
+    write_workspace(ws)
+    (ws / "pytest.ini").write_text(WORKSPACE_INI)
+    elsewhere = root / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "pytest.ini").write_text("[pytest]\n")
+    (elsewhere / "calc.jsonl").write_text((ws / "data" / "calc.jsonl").read_text())
+    (elsewhere / "secrets.env").write_text("UNUSED_TOKEN=abcdefgh12345\n")
+    record = {
+        "messages": [
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+        ]
+    }
+    (elsewhere / "conversations.jsonl").write_text(json.dumps(record) + "\n")
+    (root / "out").mkdir()
+    for value in SPACE_VALUES.values():
+        if not value.startswith(("..", "<")):
+            (ws / value).mkdir(parents=True, exist_ok=True)
+            (ws / value / "pytest.ini").write_text("[pytest]\n")
+    return ws
+
+
+def _value(flag: str, root: Path) -> str:
+    value = SPACE_VALUES[flag]
+    return str(root / "out") if value == "<out>" else value
+
+
+def _session(pytester: pytest.Pytester, *args: str) -> tuple[int, str, list[str]]:
+    result = pytester.runpytest("--collect-only", "-p", "no:cacheprovider", *args)
+    lines = result.outlines
+    rootdir = next((line for line in lines if line.startswith("rootdir:")), "")
+    items = [line.strip() for line in lines if line.strip().startswith("<") and "Item" in line]
+    return int(result.ret), rootdir, items
+
+
+@pytest.mark.parametrize("flag", sorted(SPACE_VALUES))
+def test_space_and_equals_spellings_run_the_same_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, flag: str
+) -> None:
+    root = pytester.path
+    ws = _layout(root)
+    monkeypatch.chdir(ws)
+    value = _value(flag, root)
+    joined = _session(pytester, f"{flag}={value}")
+    spaced = _session(pytester, flag, value)
+    assert joined[0] == pytest.ExitCode.OK, joined
+    assert joined[1].split(",")[0] == f"rootdir: {ws}"
+    assert "<EvalItem row_0_run_0>" in joined[2]
+    assert spaced == joined
+
+
+def test_addopts_from_the_environment_are_read_the_same_way(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = pytester.path
+    ws = _layout(root)
+    monkeypatch.chdir(ws)
+    monkeypatch.setenv("PYTEST_ADDOPTS", f"--osmosis-output {root / 'out'}")
+    ret, rootdir, items = _session(pytester)
+    assert ret == pytest.ExitCode.OK
+    assert rootdir.split(",")[0] == f"rootdir: {ws}"
+    assert "<EvalItem row_1_run_0>" in items
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["single", "xdist"])
+def test_output_outside_the_workspace_in_the_readme_spelling(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    model_env,
+    workers: tuple[str, ...],
+) -> None:  # type: ignore[no-untyped-def]
+    """The README's ``--osmosis-output /abs/dir``: the run lands there, the ini still counts."""
+    root = pytester.path
+    ws = _layout(root)
+    out = root / "out"
+    monkeypatch.chdir(ws)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", *workers, "--osmosis-output", str(out)
+    )
+    result.assert_outcomes(passed=2)
+    run_dir = only_run_dir_in(out)
+    assert sorted(r["status"] for r in read_index(run_dir)) == ["success", "success"]
+    assert not (ws / ".osmosis").exists()
+
+
+def only_run_dir_in(out: Path) -> Path:
+    runs = [p for p in out.iterdir() if not p.name.startswith(".")]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+BLANK_CASES = [
+    pytest.param(
+        ("--osmosis-rows", " "),
+        None,
+        "ERROR: --osmosis-rows: must name the rows to run, such as '0-9,12' "
+        "(leave the option out for every row), got ' '",
+        id="rows-space",
+    ),
+    pytest.param(
+        ("--osmosis-rows=",),
+        None,
+        "ERROR: --osmosis-rows: must name the rows to run*got ''",
+        id="rows-empty",
+    ),
+    pytest.param(
+        (),
+        "osmosis_rows =",
+        "ERROR: ini osmosis_rows: must name the rows to run*got ''",
+        id="ini-rows",
+    ),
+    pytest.param(
+        ("-o", "osmosis_rows= "),
+        None,
+        "ERROR: ini osmosis_rows: must name the rows to run*got ''",
+        id="override-ini-rows",
+    ),
+    pytest.param(
+        ("--osmosis-limit", ""),
+        None,
+        "ERROR: --osmosis-limit: must be an integer, got ''",
+        id="limit-empty",
+    ),
+    pytest.param(
+        (),
+        "osmosis_limit =",
+        "ERROR: ini osmosis_limit: must be an integer, got ''",
+        id="ini-limit",
+    ),
+    pytest.param(
+        ("--osmosis-sample", " "),
+        None,
+        "ERROR: --osmosis-sample: must be a number, got ' '",
+        id="sample-space",
+    ),
+    pytest.param(
+        ("--osmosis-output", " "),
+        None,
+        "ERROR: --osmosis-output: must not be blank (leave it out for the default), got ' '",
+        id="output-space",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "ini", "line"), BLANK_CASES)
+def test_a_blank_value_is_refused_not_read_as_every_row(
+    pytester: pytest.Pytester,
+    model_env,
+    args: tuple[str, ...],
+    ini: str | None,
+    line: str,
+) -> None:  # type: ignore[no-untyped-def]
+    """``--osmosis-rows "$ROWS"`` with ROWS unset must not become a full, paid run."""
+    write_workspace(pytester.path)
+    if ini is not None:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([line])
+    assert model_env.requests_total == 0
+    assert not (pytester.path / ".osmosis").exists()
