@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_osmosis.executor import LoopStopped
 from pytest_osmosis.loader import LoadedRollout
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,15 @@ class _PhaseFailed(Exception):
         self.message = message
         self.detail = detail
         self.cause = cause
+
+
+class _Escaped(Exception):
+    """Rollout code raised what would otherwise end the loop thread or cancel our task.
+
+    ``SystemExit`` and ``KeyboardInterrupt`` escape asyncio's tasks and stop the loop;
+    a ``CancelledError`` the rollout raised itself would read as the session cancelling
+    the row. Each is this row's failure, with a headline naming what happened.
+    """
 
 
 TrajectoryWriter = Callable[..., bool]
@@ -261,7 +271,24 @@ async def _phase(
     def used() -> float:
         return time.monotonic() - started - (held() - held_before)
 
-    task = asyncio.ensure_future(body())
+    ours = False  # whether a cancel the phase sees is ours (budget, session) or its own
+
+    async def guarded() -> Any:
+        try:
+            return await body()
+        except asyncio.CancelledError as exc:
+            if ours:
+                raise
+            raise _Escaped(f"{name} raised CancelledError (the session did not cancel it)") from exc
+        except SystemExit as exc:
+            raise _Escaped(f"{name} called sys.exit({exc.code!r})") from exc
+        except KeyboardInterrupt as exc:
+            # A real Ctrl-C reaches the main thread only; this one was raised by rollout code.
+            raise _Escaped(f"{name} raised KeyboardInterrupt") from exc
+        except LoopStopped as exc:
+            raise _Escaped(f"{name} stopped the session's event loop (loop.stop())") from exc
+
+    task = asyncio.ensure_future(guarded())
     done: set[asyncio.Future[Any]] = set()
     try:
         while task not in done:
@@ -270,10 +297,12 @@ async def _phase(
                 break
             done, _ = await asyncio.wait({task}, timeout=left)
     except asyncio.CancelledError:
+        ours = True
         task.cancel()
         raise
     expired = f"{name} timeout after {_seconds(budget)} s"
     if task not in done:
+        ours = True
         task.cancel()
         # Give a cooperative phase a moment to unwind; one that swallows the cancel is abandoned.
         await asyncio.wait({task}, timeout=1.0)
@@ -284,6 +313,9 @@ async def _phase(
     exc = task.exception()
     if exc is None:
         return task.result()
+    if isinstance(exc, _Escaped):
+        cause = exc.__cause__ or exc
+        raise _PhaseFailed("agent_error", str(exc), _user_traceback(cause), cause)
     raise _PhaseFailed(
         _categorize(exc),
         f"{name} raised {type(exc).__name__}: {_one_line(exc)}",
