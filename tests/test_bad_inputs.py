@@ -447,6 +447,26 @@ OPTION_CASES = [
         ("calc.toml", "evaluation.n: must be a positive integer, got 0"),
     ),
     Case(
+        "n-int64-max",  # issue 14: hung building items, then INTERNALERROR MemoryError
+        evaluation("n = 9223372036854775807"),
+        ("calc.toml", "evaluation.n: must be a positive integer of at most 10,000, got 922"),
+    ),
+    Case(
+        "cli-n-huge",
+        valid(),
+        ("--osmosis-n: must be a positive integer of at most 10,000, got '10001'",),
+        args=("--osmosis-n", "10001"),
+    ),
+    Case(
+        "rows-times-n-huge",
+        lambda root: write_workspace(
+            root,
+            rows=[{"user_prompt": f"q{i}", "ground_truth": "a"} for i in range(1001)],
+            evaluation={"n": 10_000},
+        ),
+        ("calc.toml", "evaluation.n: 1,001 rows x 10,000 attempts is 10,010,000 items"),
+    ),
+    Case(
         "limit-is-float",
         evaluation("limit = 1.5"),
         ("calc.toml", "evaluation.limit: must be an integer, got 1.5"),
