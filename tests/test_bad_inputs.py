@@ -120,6 +120,16 @@ def rollout(source: str) -> Build:
     return valid(rollout_source=source)
 
 
+def package_init(source: str) -> Build:
+    """The valid workspace with ``rollouts/calc/__init__.py`` (a rollout that is a package)."""
+
+    def build(root: Path) -> None:
+        write_workspace(root)
+        (root / "rollouts" / "calc" / "__init__.py").write_text(source)
+
+    return build
+
+
 def symlinked_rollout(root: Path) -> None:
     """``rollouts/calc`` is a symlink to a directory outside ``rollouts/``."""
     write_workspace(root)
@@ -594,6 +604,18 @@ ROLLOUT_CASES = [
         ("main.py", "several grader classes (Judge, Judge2)", "osmosis_grader"),
     ),
     Case("two-backends", rollout(TWO_BACKENDS), ("main.py", "2 LocalBackend objects")),
+    Case(
+        "package-init-raises",  # issue 14: INTERNALERROR
+        package_init(RAISES_ON_IMPORT),
+        ("__init__.py", "importing the rollout failed: RuntimeError: database at db.internal"),
+        rollout_traceback='__init__.py", line 4',
+    ),
+    Case(
+        "package-init-exits",
+        package_init(EXITS_ON_IMPORT),
+        ("__init__.py", "importing the rollout called sys.exit(3)"),
+        rollout_traceback='__init__.py", line 3',
+    ),
 ]
 
 PLAN_CASES = [*TOML_CASES, *PATH_CASES, *DATASET_CASES, *OPTION_CASES]
@@ -668,6 +690,16 @@ def test_bad_rollout_is_refused_before_the_run_starts(pytester: pytest.Pytester)
     """A real session: the broken entrypoint must be reported, naming it, before a run
     directory exists or the model is called (the dead endpoint would refuse it first)."""
     case = ROLLOUT_CASES[0]
+    ret, output = run_case(pytester, case)
+    assert_refused_cleanly(pytester, case, ret, output)
+
+
+@pytest.mark.parametrize("case", [c.param() for c in ROLLOUT_CASES if c.id.startswith("package-")])
+def test_bad_package_init_is_refused_before_the_run_starts(
+    pytester: pytest.Pytester, case: Case
+) -> None:
+    """The session start imports the rollout too: a raising ``__init__.py`` was an
+    INTERNALERROR there, not a collection error."""
     ret, output = run_case(pytester, case)
     assert_refused_cleanly(pytester, case, ret, output)
 
