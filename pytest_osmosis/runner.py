@@ -150,13 +150,16 @@ async def execute(
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
     has_trajectory = False
+    trajectory_problem = None
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
         try:
             has_trajectory = write_trajectory(rollout_id, sample, work, step_usage)
-        except ValueError as exc:
-            # No valid ATIF document (e.g. an empty conversation): like the SDK's best-effort
-            # save_trajectory, the row keeps its result and simply has no trajectory.
-            logger.warning("rollout %s: no trajectory written: %s", rollout_id, _one_line(exc))
+        except (ValueError, TypeError, RecursionError) as exc:
+            # No valid ATIF document (an empty conversation, a value in sample.extra_fields
+            # JSON cannot hold): like the SDK's best-effort save_trajectory, the row keeps
+            # its result and has no trajectory; the run's log says so for this row.
+            trajectory_problem = f"no trajectory written: {_one_line(exc)}"
+            logger.warning("rollout %s: %s", rollout_id, trajectory_problem)
     duration_ms = (time.monotonic() - started) * 1000.0
     result: dict[str, Any] = {
         "row_index": work.row_index,
@@ -171,6 +174,7 @@ async def execute(
         "message": message,
         "detail": detail,
         "has_trajectory": has_trajectory,
+        "trajectory_problem": trajectory_problem,
         "rate_limited": rate_limited,
         # The exception itself, for --pdb in this process; never sent to the xdist controller.
         "exception": cause,

@@ -41,6 +41,13 @@ async def misbehave(do):
         await asyncio.sleep(0.05)
     if do == "cancel":
         raise asyncio.CancelledError()
+    if do == "extra_object":
+        return {"handle": object()}
+    if do == "extra_deep":
+        deep = []
+        for _ in range(5000):
+            deep = [deep]
+        return {"deep": deep}
     if do == "child_exit":
         async def helper():
             sys.exit(4)
@@ -68,7 +75,9 @@ class Judge(Grader):
     async def grade(self, ctx):
         do = ctx.metadata["do"]
         if do.startswith("grader_"):
-            await misbehave(do[len("grader_"):])
+            extra = await misbehave(do[len("grader_"):])
+            if extra:
+                ctx.sample.extra_fields.update(extra)
         final = list(ctx.sample.messages)[-1]["content"].strip()
         ctx.set_reward(1.0 if final == ctx.label else 0.0)
 
@@ -175,3 +184,32 @@ def test_a_rollouts_own_cancelled_error_is_one_recorded_failure(
         (1, "failed"),
         (2, "success"),
     ]
+
+
+def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(
+        pytester.path,
+        rows=rows(["ok", "grader_extra_object", "ok", "grader_extra_deep", "ok"]),
+        rollout_source=MISBEHAVING_ROLLOUT,
+        evaluation={"batch_size": 2},
+    )
+    result = run_session(pytester, "extra")
+    out = result.stdout.str()
+    result.assert_outcomes(passed=5)
+    assert "INTERNALERROR" not in out and "Traceback" not in out, out
+    run_dir = pytester.path / ".osmosis" / "evals" / "extra"
+    recorded = {r["row_index"]: r for r in read_index(run_dir)}
+    for index in (0, 2, 4):
+        assert recorded[index].get("trajectory_filename"), recorded[index]
+        trial = run_dir / "rollout_trials" / recorded[index]["rollout_id"]
+        assert (trial / "trajectory.json").is_file()
+    logs = (run_dir / "logs.txt").read_text()
+    for index in (1, 3):
+        assert "trajectory_filename" not in recorded[index], recorded[index]
+        trial = run_dir / "rollout_trials" / recorded[index]["rollout_id"]
+        assert not (trial / "trajectory.json").exists()
+        lines = [line for line in logs.splitlines() if recorded[index]["rollout_id"] in line]
+        assert any("no trajectory written" in line for line in lines), logs
+    assert sdk_judge(run_dir)["accepted"]
