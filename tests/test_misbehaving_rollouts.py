@@ -213,3 +213,36 @@ def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
         lines = [line for line in logs.splitlines() if recorded[index]["rollout_id"] in line]
         assert any("no trajectory written" in line for line in lines), logs
     assert sdk_judge(run_dir)["accepted"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        ({"row_index": 10}, "row_index 10 is not a row of this run (it has 10 rows: 0-9)"),
+        ({"run_index": 1}, "run_index 1 is not an attempt of this run (n = 1: 0-0)"),
+        ({"row_index": -1}, "row_index must be a non-negative integer, got -1"),
+        ({"source_row_index": 7}, "source_row_index 7 is not row_index 9's source row (9)"),
+    ],
+    ids=["row", "attempt", "negative", "source"],
+)
+def test_a_journal_line_for_a_work_item_that_does_not_exist_is_refused_at_resume(
+    pytester: pytest.Pytester, model_env, edit: dict[str, int], words: str
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(
+        pytester.path,
+        rows=rows(["ok"] * 10),
+        rollout_source=MISBEHAVING_ROLLOUT,
+        evaluation={"batch_size": 5},
+    )
+    run_session(pytester, "edited").assert_outcomes(passed=10)
+    run_dir = pytester.path / ".osmosis" / "evals" / "edited"
+    events = run_dir / "events.jsonl"
+    last = journal(run_dir)[-1]
+    assert last["row_index"] == 9
+    forged = {**last, "rollout_id": "f" * 32, **edit}
+    events.write_text(events.read_text() + json.dumps(forged) + "\n")
+    result = run_session(pytester, "edited")
+    out = "\n".join([*result.outlines, *result.errlines])
+    assert result.ret not in (0, 1), out
+    assert "INTERNALERROR" not in out and "Traceback" not in out, out
+    assert any(f"{events}:11: " in line and words in line for line in out.splitlines()), out
