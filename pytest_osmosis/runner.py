@@ -318,8 +318,9 @@ async def _phase(
     if exc is None:
         return task.result()
     if isinstance(exc, _Escaped):
-        cause = exc.__cause__ or exc
-        raise _PhaseFailed("agent_error", str(exc), _user_traceback(cause), cause)
+        # The wrapper is the cause kept for --pdb: re-raising a SystemExit there would end
+        # the session; the detail is the rollout's own traceback.
+        raise _PhaseFailed("agent_error", str(exc), _user_traceback(exc.__cause__ or exc), exc)
     raise _PhaseFailed(
         _categorize(exc),
         f"{name} raised {type(exc).__name__}: {_one_line(exc)}",
