@@ -86,6 +86,19 @@ def _positive_integer(value: object) -> int:
     return value
 
 
+#: Bounds no real eval reaches; past them a session would only hang building items or run
+#: out of memory. The SDK declares none (0.3.8 checks only ``n > 0``).
+MAX_N = 10_000
+MAX_ITEMS = 10_000_000
+
+
+def _attempts(value: object) -> int:
+    number = _positive_integer(value)
+    if number > MAX_N:
+        raise ValueError(f"must be a positive integer of at most {MAX_N:,}")
+    return number
+
+
 def _finite(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("must be a number")
@@ -107,7 +120,7 @@ def _positive_finite(value: object) -> float:
 
 _EVALUATION_CHECKS: dict[str, Callable[[object], object]] = {
     "limit": _integer,
-    "n": _positive_integer,
+    "n": _attempts,
     "batch_size": _integer,
     "pass_threshold": _finite,
     "agent_workflow_timeout_s": _positive_finite,
@@ -433,7 +446,7 @@ def _identity(text: str) -> object:
 _OVERRIDES: dict[str, tuple[Callable[[str], object], Callable[[object], object]]] = {
     "model_path": (_identity, _model_path),
     "limit": (_int_text, _integer),
-    "n": (_int_text, _positive_integer),
+    "n": (_int_text, _attempts),
     "rows": (_identity, _rows),
     "pass_threshold": (_float_text, _finite),
     "dataset_file": (_identity, _dataset_file),

@@ -12,12 +12,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import logging
 import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 CoroFactory = Callable[[], Coroutine[Any, Any, Any]]
+
+logger = logging.getLogger(__name__)
+
+
+class LoopStopped(RuntimeError):
+    """Raised into code that calls ``stop()`` on the session's loop: only the session may."""
 
 
 class Executor:
@@ -26,6 +33,12 @@ class Executor:
     def __init__(self, concurrency: int) -> None:
         self.concurrency = max(1, concurrency)
         self.loop = asyncio.new_event_loop()
+        self._stopping = False
+        self._stop_loop = self.loop.stop
+        try:
+            self.loop.stop = self._refuse_stop  # type: ignore[method-assign]
+        except AttributeError:  # a loop type without instance attributes: _run_loop still holds
+            pass
         self._thread = threading.Thread(target=self._run_loop, name="osmosis-loop", daemon=True)
         self._thread.start()
         self._lock = threading.Lock()
@@ -40,9 +53,28 @@ class Executor:
         self.peak_in_flight = 0
         self._closed = False
 
+    def _refuse_stop(self) -> None:
+        if self._stopping:
+            self._stop_loop()
+            return
+        raise LoopStopped("only the session may stop its event loop")
+
     def _run_loop(self) -> None:
+        """Serve until ``close()``, whatever rollout code does to the loop.
+
+        ``SystemExit`` and ``KeyboardInterrupt`` raised in a task escape ``run_forever``
+        (asyncio re-raises them after recording them on the task, so whoever awaits the
+        task still sees them); the loop resumes where it was and the session goes on.
+        """
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        while not self._stopping:
+            try:
+                self.loop.run_forever()
+            except (SystemExit, KeyboardInterrupt) as exc:
+                logger.warning(
+                    "rollout code raised %s on the session's event loop; it goes on",
+                    type(exc).__name__,
+                )
 
     def call(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
         """Run one coroutine on the loop now (not counted against the concurrency)."""
@@ -141,7 +173,8 @@ class Executor:
                 asyncio.run_coroutine_threadsafe(_drain(), self.loop).result(5.0)
             except (concurrent.futures.TimeoutError, RuntimeError):
                 pass
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._stopping = True
+            self.loop.call_soon_threadsafe(self._stop_loop)
             self._thread.join(5.0)
 
     def _pump(self) -> None:

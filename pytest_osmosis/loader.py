@@ -76,10 +76,33 @@ def load_rollout(
     key = (entrypoint.resolve(), workflow_override, grader_override)
     with _lock:
         if key not in _cache:
-            _cache[key] = _load(
-                rollout_dir.resolve(), key[0], workflow_override, grader_override, main_timeout
-            )
+            try:
+                _cache[key] = _load(
+                    rollout_dir.resolve(), key[0], workflow_override, grader_override, main_timeout
+                )
+            except RolloutLoadError:
+                raise
+            except (Exception, SystemExit) as exc:
+                # Code of the rollout's own outside the entrypoint (a package __init__.py)
+                # failed: one error naming the file, like the entrypoint's own failures.
+                raise _import_failure(exc, rollout_dir.resolve(), key[0]) from None
         return _cache[key]
+
+
+def _import_failure(exc: BaseException, rollout_dir: Path, entrypoint: Path) -> RolloutLoadError:
+    first = next(
+        (
+            frame.filename
+            for frame in traceback.extract_tb(exc.__traceback__)
+            if Path(frame.filename).resolve().is_relative_to(rollout_dir)
+        ),
+        str(entrypoint),
+    )
+    if isinstance(exc, SystemExit):
+        problem = f"importing the rollout called sys.exit({exc.code!r})"
+    else:
+        problem = f"importing the rollout failed: {type(exc).__name__}: {exc}"
+    return RolloutLoadError(f"{first}: {problem}\n{_user_traceback(exc, rollout_dir)}".rstrip())
 
 
 def _load(

@@ -17,6 +17,7 @@ from typing import Any
 
 from pytest_osmosis import __version__
 from pytest_osmosis.config import (
+    MAX_ITEMS,
     EvalConfig,
     EvalSettings,
     generated_run_name,
@@ -26,7 +27,7 @@ from pytest_osmosis.config import (
     validate_run_name,
 )
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
-from pytest_osmosis.errors import DatasetError
+from pytest_osmosis.errors import ConfigError, DatasetError
 
 Overrides = Mapping[str, tuple[object, str]]
 
@@ -75,6 +76,16 @@ def build_plan(config_path: Path, overrides: Overrides, output: Path | None) -> 
         sample=settings.sample,
         seed=settings.seed,
     )
+    items = len(dataset) * settings.n
+    if items > MAX_ITEMS:
+        raw_n, n_source = overrides.get("n", (None, ""))
+        if not (isinstance(raw_n, str) and raw_n.strip()):
+            n_source = "evaluation.n"
+        raise ConfigError(
+            f"{config_path}: {n_source}: {len(dataset):,} rows x {settings.n:,} attempts is "
+            f"{items:,} items, more than the {MAX_ITEMS:,} one session runs "
+            "(select fewer rows with limit / --osmosis-rows, or lower n)"
+        )
     output_root = (output if output is not None else workspace / ".osmosis" / "evals").resolve()
     return EvalPlan(
         config_path=config_path,

@@ -675,6 +675,10 @@ class EvalHooks:
         if result.get("error_type"):
             details["error_type"] = result["error_type"]
         run.log.write("info", "result", "work item finished", **details)
+        if result.get("trajectory_problem"):
+            where = f"row {result.get('source_row_index')} run {result['run_index']}"
+            problem = f"{where}: {result['trajectory_problem']}"
+            run.log.warning("result", problem, rollout_id=result["rollout_id"])
         self.session.config.hook.pytest_osmosis_row_result(
             config=self.session.config, result=result
         )

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_osmosis.executor import LoopStopped
 from pytest_osmosis.loader import LoadedRollout
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,15 @@ class _PhaseFailed(Exception):
         self.message = message
         self.detail = detail
         self.cause = cause
+
+
+class _Escaped(Exception):
+    """Rollout code raised what would otherwise end the loop thread or cancel our task.
+
+    ``SystemExit`` and ``KeyboardInterrupt`` escape asyncio's tasks and stop the loop;
+    a ``CancelledError`` the rollout raised itself would read as the session cancelling
+    the row. Each is this row's failure, with a headline naming what happened.
+    """
 
 
 TrajectoryWriter = Callable[..., bool]
@@ -140,13 +150,16 @@ async def execute(
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
     has_trajectory = False
+    trajectory_problem = None
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
         try:
             has_trajectory = write_trajectory(rollout_id, sample, work, step_usage)
-        except ValueError as exc:
-            # No valid ATIF document (e.g. an empty conversation): like the SDK's best-effort
-            # save_trajectory, the row keeps its result and simply has no trajectory.
-            logger.warning("rollout %s: no trajectory written: %s", rollout_id, _one_line(exc))
+        except (ValueError, TypeError, RecursionError) as exc:
+            # No valid ATIF document (an empty conversation, a value in sample.extra_fields
+            # JSON cannot hold): like the SDK's best-effort save_trajectory, the row keeps
+            # its result and has no trajectory; the run's log says so for this row.
+            trajectory_problem = f"no trajectory written: {_one_line(exc)}"
+            logger.warning("rollout %s: %s", rollout_id, trajectory_problem)
     duration_ms = (time.monotonic() - started) * 1000.0
     result: dict[str, Any] = {
         "row_index": work.row_index,
@@ -161,6 +174,7 @@ async def execute(
         "message": message,
         "detail": detail,
         "has_trajectory": has_trajectory,
+        "trajectory_problem": trajectory_problem,
         "rate_limited": rate_limited,
         # The exception itself, for --pdb in this process; never sent to the xdist controller.
         "exception": cause,
@@ -261,7 +275,24 @@ async def _phase(
     def used() -> float:
         return time.monotonic() - started - (held() - held_before)
 
-    task = asyncio.ensure_future(body())
+    ours = False  # whether a cancel the phase sees is ours (budget, session) or its own
+
+    async def guarded() -> Any:
+        try:
+            return await body()
+        except asyncio.CancelledError as exc:
+            if ours:
+                raise
+            raise _Escaped(f"{name} raised CancelledError (the session did not cancel it)") from exc
+        except SystemExit as exc:
+            raise _Escaped(f"{name} called sys.exit({exc.code!r})") from exc
+        except KeyboardInterrupt as exc:
+            # A real Ctrl-C reaches the main thread only; this one was raised by rollout code.
+            raise _Escaped(f"{name} raised KeyboardInterrupt") from exc
+        except LoopStopped as exc:
+            raise _Escaped(f"{name} stopped the session's event loop (loop.stop())") from exc
+
+    task = asyncio.ensure_future(guarded())
     done: set[asyncio.Future[Any]] = set()
     try:
         while task not in done:
@@ -270,10 +301,12 @@ async def _phase(
                 break
             done, _ = await asyncio.wait({task}, timeout=left)
     except asyncio.CancelledError:
+        ours = True
         task.cancel()
         raise
     expired = f"{name} timeout after {_seconds(budget)} s"
     if task not in done:
+        ours = True
         task.cancel()
         # Give a cooperative phase a moment to unwind; one that swallows the cancel is abandoned.
         await asyncio.wait({task}, timeout=1.0)
@@ -284,6 +317,10 @@ async def _phase(
     exc = task.exception()
     if exc is None:
         return task.result()
+    if isinstance(exc, _Escaped):
+        # The wrapper is the cause kept for --pdb: re-raising a SystemExit there would end
+        # the session; the detail is the rollout's own traceback.
+        raise _PhaseFailed("agent_error", str(exc), _user_traceback(exc.__cause__ or exc), exc)
     raise _PhaseFailed(
         _categorize(exc),
         f"{name} raised {type(exc).__name__}: {_one_line(exc)}",

@@ -181,6 +181,7 @@ class EvalSession:
                 fresh=self.options.fresh,
                 retry_failed=self.options.retry_failed,
                 warn=warn,
+                sources=plan.dataset.selected_source_rows,
             )
             log = RunLog(rundir.logs_path, log_redactor_for(self.config))
             box.append(log)

@@ -120,6 +120,16 @@ def rollout(source: str) -> Build:
     return valid(rollout_source=source)
 
 
+def package_init(source: str) -> Build:
+    """The valid workspace with ``rollouts/calc/__init__.py`` (a rollout that is a package)."""
+
+    def build(root: Path) -> None:
+        write_workspace(root)
+        (root / "rollouts" / "calc" / "__init__.py").write_text(source)
+
+    return build
+
+
 def symlinked_rollout(root: Path) -> None:
     """``rollouts/calc`` is a symlink to a directory outside ``rollouts/``."""
     write_workspace(root)
@@ -447,6 +457,26 @@ OPTION_CASES = [
         ("calc.toml", "evaluation.n: must be a positive integer, got 0"),
     ),
     Case(
+        "n-int64-max",  # issue 14: hung building items, then INTERNALERROR MemoryError
+        evaluation("n = 9223372036854775807"),
+        ("calc.toml", "evaluation.n: must be a positive integer of at most 10,000, got 922"),
+    ),
+    Case(
+        "cli-n-huge",
+        valid(),
+        ("--osmosis-n: must be a positive integer of at most 10,000, got '10001'",),
+        args=("--osmosis-n", "10001"),
+    ),
+    Case(
+        "rows-times-n-huge",
+        lambda root: write_workspace(
+            root,
+            rows=[{"user_prompt": f"q{i}", "ground_truth": "a"} for i in range(1001)],
+            evaluation={"n": 10_000},
+        ),
+        ("calc.toml", "evaluation.n: 1,001 rows x 10,000 attempts is 10,010,000 items"),
+    ),
+    Case(
         "limit-is-float",
         evaluation("limit = 1.5"),
         ("calc.toml", "evaluation.limit: must be an integer, got 1.5"),
@@ -574,6 +604,18 @@ ROLLOUT_CASES = [
         ("main.py", "several grader classes (Judge, Judge2)", "osmosis_grader"),
     ),
     Case("two-backends", rollout(TWO_BACKENDS), ("main.py", "2 LocalBackend objects")),
+    Case(
+        "package-init-raises",  # issue 14: INTERNALERROR
+        package_init(RAISES_ON_IMPORT),
+        ("__init__.py", "importing the rollout failed: RuntimeError: database at db.internal"),
+        rollout_traceback='__init__.py", line 4',
+    ),
+    Case(
+        "package-init-exits",
+        package_init(EXITS_ON_IMPORT),
+        ("__init__.py", "importing the rollout called sys.exit(3)"),
+        rollout_traceback='__init__.py", line 3',
+    ),
 ]
 
 PLAN_CASES = [*TOML_CASES, *PATH_CASES, *DATASET_CASES, *OPTION_CASES]
@@ -648,6 +690,16 @@ def test_bad_rollout_is_refused_before_the_run_starts(pytester: pytest.Pytester)
     """A real session: the broken entrypoint must be reported, naming it, before a run
     directory exists or the model is called (the dead endpoint would refuse it first)."""
     case = ROLLOUT_CASES[0]
+    ret, output = run_case(pytester, case)
+    assert_refused_cleanly(pytester, case, ret, output)
+
+
+@pytest.mark.parametrize("case", [c.param() for c in ROLLOUT_CASES if c.id.startswith("package-")])
+def test_bad_package_init_is_refused_before_the_run_starts(
+    pytester: pytest.Pytester, case: Case
+) -> None:
+    """The session start imports the rollout too: a raising ``__init__.py`` was an
+    INTERNALERROR there, not a collection error."""
     ret, output = run_case(pytester, case)
     assert_refused_cleanly(pytester, case, ret, output)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,6 +94,11 @@ def normalize_record(payload: Any, *, where: str) -> dict[str, Any]:
                 f"{where}: {name} is not valid Unicode text, got {_show(value)}"
             )
         values[name] = value
+    for name in ("row_index", "run_index", "source_row_index"):
+        if values.get(name, 0) < 0:
+            raise RunDirectoryError(
+                f"{where}: {name} must be a non-negative integer, got {values[name]}"
+            )
     # The id names a directory under rollout_trials/ and is copied into
     # projections, so a separator or traversal would reach outside the run.
     if not is_single_path_segment(values["rollout_id"]):
@@ -137,8 +142,32 @@ class JournalReplay:
     truncated_bytes: int = 0
 
 
-def replay_journal(path: Path) -> JournalReplay:
-    """Read committed records; a torn final line is reported, a bad committed one refused."""
+def _foreign_item(record: Mapping[str, Any], sources: Sequence[int], n: int) -> str | None:
+    """Why *record* is no work item of a run of ``sources`` rows x ``n`` attempts, if it is not.
+
+    Only a hand edit puts one there; replaying it would count a row the dataset does not
+    have ("11 passed of 11" for 10 rows), and the SDK's planner rejects such a run.
+    """
+    row, attempt = record["row_index"], record["run_index"]
+    rows = len(sources)
+    if row >= rows:
+        return f"row_index {row} is not a row of this run (it has {rows} rows: 0-{rows - 1})"
+    if attempt >= n:
+        return f"run_index {attempt} is not an attempt of this run (n = {n}: 0-{n - 1})"
+    source = record.get("source_row_index")
+    if source is not None and source != sources[row]:
+        return f"source_row_index {source} is not row_index {row}'s source row ({sources[row]})"
+    return None
+
+
+def replay_journal(
+    path: Path, *, sources: Sequence[int] | None = None, n: int | None = None
+) -> JournalReplay:
+    """Read committed records; a torn final line is reported, a bad committed one refused.
+
+    Given the run's selected ``sources`` rows and ``n`` attempts, a record of any other
+    work item is refused too, naming its line.
+    """
     replay = JournalReplay()
     try:
         handle = path.open("rb")
@@ -168,6 +197,10 @@ def replay_journal(path: Path) -> JournalReplay:
                 record = normalize_record(payload, where=where)
             except RunDirectoryError as exc:
                 raise RunDirectoryError(f"{exc}; {_CORRUPT_HINT}") from exc
+            if sources is not None and n is not None:
+                foreign = _foreign_item(record, sources, n)
+                if foreign is not None:
+                    raise RunDirectoryError(f"{where}: {foreign}; {_CORRUPT_HINT}")
             replay.latest[(record["row_index"], record["run_index"])] = record
             replay.committed_size += len(raw)
     return replay

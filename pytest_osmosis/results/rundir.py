@@ -15,7 +15,7 @@ import fcntl
 import json
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -235,6 +235,7 @@ class RunDirectory:
         retry_failed: bool = False,
         warn: Warn | None = None,
         on_archive: Callable[[Path], None] | None = None,
+        sources: Sequence[int] | None = None,
     ) -> RunDirectory:
         """Lock, create or resume ``<output_root>/<run_name>``.
 
@@ -242,6 +243,8 @@ class RunDirectory:
         ``inputs`` keys with the manifest and refuses, naming them, when any
         changed. *warn* receives non-fatal problems (a discarded torn journal line,
         skipped unsafe artifacts); *on_archive* the path a fresh run archived to.
+        Given the run's selected *sources* rows, a journal record of a row or attempt
+        the run does not have is refused, naming its line.
         """
         validate_run_name(run_name)
         report = warn or _ignore
@@ -259,6 +262,7 @@ class RunDirectory:
                 retry_failed=retry_failed,
                 warn=report,
                 on_archive=on_archive,
+                sources=sources,
             )
         except BaseException:
             lock.release()
@@ -277,6 +281,7 @@ class RunDirectory:
         retry_failed: bool,
         warn: Warn,
         on_archive: Callable[[Path], None] | None,
+        sources: Sequence[int] | None,
     ) -> RunDirectory:
         run_dir = output_root / run_name
         if run_dir.is_symlink():
@@ -312,7 +317,11 @@ class RunDirectory:
                 manifest = create_manifest(
                     manifest_path, run_name=run_name, inputs=current, provenance=provenance
                 )
-            replay = replay_journal(run_dir / JOURNAL_FILENAME)
+            replay = replay_journal(
+                run_dir / JOURNAL_FILENAME,
+                sources=sources,
+                n=current.get("n") if sources is not None else None,
+            )
             if replay.truncated_bytes:
                 warn(
                     f"{run_dir / JOURNAL_FILENAME}: discarded a partial final record "
