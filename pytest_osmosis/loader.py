@@ -90,6 +90,8 @@ def load_rollout(
 
 
 def _import_failure(exc: BaseException, rollout_dir: Path, entrypoint: Path) -> RolloutLoadError:
+    """One error naming the rollout file whose import failed (the entrypoint, or a package
+    ``__init__.py`` it imported), with the rollout's own frames."""
     first = next(
         (
             frame.filename
@@ -99,7 +101,11 @@ def _import_failure(exc: BaseException, rollout_dir: Path, entrypoint: Path) -> 
         str(entrypoint),
     )
     if isinstance(exc, SystemExit):
-        problem = f"importing the rollout called sys.exit({exc.code!r})"
+        # A script-style rollout exiting at import must not end the pytest session.
+        problem = (
+            f"importing the rollout called sys.exit({exc.code!r}); keep module level free "
+            "of exits (the SDK imports it the same way)"
+        )
     else:
         problem = f"importing the rollout failed: {type(exc).__name__}: {exc}"
     return RolloutLoadError(f"{first}: {problem}\n{_user_traceback(exc, rollout_dir)}".rstrip())
@@ -193,19 +199,9 @@ def _import_entrypoint(rollout: isolation.Rollout, entrypoint: Path) -> types.Mo
     except _Refused:
         raise
     except BaseException as exc:
-        if isinstance(exc, SystemExit):
-            # A script-style entrypoint exiting at import must not end the pytest session.
-            raise RolloutLoadError(
-                f"{entrypoint}: importing the rollout called sys.exit({exc.code!r}); keep "
-                f"module level free of exits (the SDK imports it the same way)\n"
-                f"{_user_traceback(exc, rollout_dir)}".rstrip()
-            ) from None
-        if not isinstance(exc, Exception):
+        if not isinstance(exc, (Exception, SystemExit)):
             raise
-        raise RolloutLoadError(
-            f"{entrypoint}: importing the rollout failed: {type(exc).__name__}: {exc}\n"
-            f"{_user_traceback(exc, rollout_dir)}"
-        ) from None
+        raise _import_failure(exc, rollout_dir, entrypoint) from None
 
 
 def _call_main(main: Any, rollout: isolation.Rollout, entrypoint: Path, timeout: float) -> None:
