@@ -110,7 +110,10 @@ class ModelServer:
     `replies` (substring -> reply), `tool_rules`, `tool_answer` (format string with
     `{result}` used after a tool result), `delay` (seconds for every request) and
     `delays` (substring -> seconds), and call `fail_next()` to inject errors.
-    Observe it through `requests_total`, `in_flight`, `peak_in_flight` and `bodies`.
+    Observe it through `requests_total`, `in_flight`, `peak_in_flight`, `bodies` and
+    `answered` (per request, in order: the last user message and the `time.monotonic()` at
+    which its answer was about to be sent; the clock is system-wide, so comparable with
+    stamps taken in other processes).
     """
 
     def __init__(self, *, delay: float = 0.0, port: int = 0) -> None:
@@ -123,6 +126,7 @@ class ModelServer:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.bodies: list[dict[str, Any]] = []
+        self.answered: list[tuple[str, float]] = []
         self._failures: list[_Failure] = []
         self._lock = threading.Lock()
         self._port_wanted = port
@@ -177,6 +181,7 @@ class ModelServer:
             self.requests_total = 0
             self.peak_in_flight = self.in_flight
             self.bodies = []
+            self.answered = []
             self._failures = []
 
     def configure(self, config: dict[str, Any]) -> None:
@@ -305,6 +310,7 @@ class ModelServer:
                     break
             if delay > 0:
                 await asyncio.sleep(delay)
+            self.answered.append((last_user, time.monotonic()))
             failure = self._take_failure()
             if failure is not None:
                 headers = {}
