@@ -516,7 +516,7 @@ class EvalHooks:
         # model is known good, and each imports LiteLLM before its first row.
         controller = session.config.pluginmanager.has_plugin("dsession")
         try:
-            self.session.preflight(models, import_litellm=not controller)
+            self.session.preflight(models, in_process=not controller)
         except OsmosisError as exc:
             # pytest_sessionfinish does not run after a usage error: nothing is recorded.
             self.session.abandon_runs()

@@ -2,10 +2,11 @@
 
 The session waits for both before any row starts, so no rollout's model call is ever held
 (a client with a 5 s timeout would give up on a fast model) and no row's duration counts
-start-up. Checking the model needs LiteLLM, whose import costs ~3 s of CPU: a child
-process checks the model on the other core while the session process imports LiteLLM
-for its rows (an xdist controller, which never calls a model, imports nothing). The
-child answers with one marked JSON line on stdout.
+start-up. Checking the model needs LiteLLM, whose import costs ~3 s of CPU. A process that
+runs rows needs LiteLLM anyway, so it checks in process (one import, and the check warms
+LiteLLM's client on the rows' loop). An xdist controller, which never calls a model, checks
+in a child process instead and imports nothing; the child answers with one marked JSON
+line on stdout.
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ from pytest_osmosis.errors import ModelPreflightError
 _MARK = "osmosis-preflight: "
 
 
-async def check_model(route: ModelRoute) -> str | None:
-    """Check ``route`` once; returns a non-fatal warning, raises :class:`ModelPreflightError`."""
+async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | None:
+    """Check ``route`` once; returns a non-fatal warning, raises :class:`ModelPreflightError`.
+
+    ``in_process`` imports LiteLLM here (off the loop thread) and checks on this loop.
+    """
+    if in_process:
+        return await _check_in_process(route)
     try:
         request = json.dumps(
             {

@@ -462,47 +462,35 @@ class EvalSession:
                 self._bridges[model_path] = bridge
             return self._bridges[model_path]
 
-    def preflight(self, model_paths: list[str], *, import_litellm: bool) -> None:
+    def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
 
-        With *import_litellm* (a process that runs rows) this process imports LiteLLM
-        meanwhile, on this core, while a child checks the model on the other.
+        ``in_process`` (a process that runs rows) imports LiteLLM here and checks on the
+        rows' loop; an xdist controller checks in a child process (see preflight.py).
         """
-        self.executor.call(self._preflight_all(model_paths, import_litellm))
+        self.executor.call(self._preflight_all(model_paths, in_process))
 
-    async def _preflight_all(self, model_paths: list[str], import_litellm: bool) -> None:
+    async def _preflight_all(self, model_paths: list[str], in_process: bool) -> None:
         """Check each model (needing its route only: no bridge is started for it here)."""
-        from pytest_osmosis.bridge import import_litellm as do_import
         from pytest_osmosis.bridge import resolve_route
         from pytest_osmosis.preflight import check_model
 
         loop = asyncio.get_running_loop()
-        models = sorted(set(model_paths))
-        importing = asyncio.ensure_future(asyncio.to_thread(do_import)) if import_litellm else None
-        if importing is not None:
-            # A model check failing first makes the session stop before this is awaited.
-            importing.add_done_callback(lambda done: done.cancelled() or done.exception())
-        for model_path in models:
+        for model_path in sorted(set(model_paths)):
             try:
                 route = await loop.run_in_executor(None, resolve_route, model_path)
-                warning = await check_model(route)
+                warning = await check_model(route, in_process=in_process)
             except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
-                if isinstance(exc, OsmosisError):
-                    raise
-                raise ModelPreflightError(
-                    f"model preflight failed for {model_path!r}: {type(exc).__name__}: {exc}"
-                ) from None
+                text = str(exc)
+                if not isinstance(exc, OsmosisError):
+                    text = f"{type(exc).__name__}: {' '.join(text.split())}"
+                if not text.startswith("model preflight failed"):
+                    text = f"model preflight failed for {model_path!r}: {text}"
+                raise ModelPreflightError(text) from None
             if warning:
                 for run in self.runs.values():
                     if run.plan.settings.model_path == model_path:
                         run.log.warning("preflight", warning)
-        if importing is not None:
-            try:
-                await importing
-            except ModelPreflightError as exc:
-                raise ModelPreflightError(
-                    f"model preflight failed for {models[0]!r}: {exc}"
-                ) from None
 
     def abandon_runs(self) -> None:
         """The session stops before any row: leave no trace of the runs it opened.
