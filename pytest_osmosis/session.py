@@ -309,8 +309,7 @@ class EvalSession:
                 raise
             blocker = self.executor.blocker()
             if blocker is None and self.executor.responsive():
-                # Nothing blocks the loop: the row runs on under its own budgets, which do
-                # not count the time its model calls were held (preflight, LiteLLM's import).
+                # Nothing blocks the loop: the row runs on under its own budgets.
                 return dict(self.executor.result(item.nodeid, factory))
             if blocker is not None and (blocker[1].row_index, blocker[1].run_index) != item.key:
                 # Another row blocks the loop; it is the one that fails. This one waits on.
