@@ -181,12 +181,19 @@ def import_litellm() -> None:
 
     Its ~3 s import builds a heap of long-lived objects that the collector would walk
     again and again while it grows, after it, and at exit (this halves the import).
+    A LiteLLM that cannot be imported (e.g. a rollout's install replaced it) raises
+    :class:`ModelPreflightError` with one line: no model call can work in this session.
     """
     if "litellm" not in sys.modules:
         was_enabled = gc.isenabled()
         gc.disable()
         try:
             import litellm  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - ImportError, or an incompatible dependency
+            sys.modules.pop("litellm", None)
+            raise ModelPreflightError(
+                f"LiteLLM cannot be imported ({type(exc).__name__}: {' '.join(str(exc).split())})"
+            ) from None
         finally:
             gc.freeze()
             if was_enabled:
@@ -195,7 +202,7 @@ def import_litellm() -> None:
 
 
 async def _litellm_imported() -> None:
-    """LiteLLM is imported on the first model call, off the loop thread: rows keep running."""
+    """Import LiteLLM off the loop thread if nothing has yet (sessions import it up front)."""
     if not _LITELLM_READY.is_set():
         await asyncio.to_thread(import_litellm)
 
@@ -395,10 +402,6 @@ class Bridge:
         # missing key or an unknown id costs one lookup, not one per row.
         self._judges: dict[str, _Target | _JudgeUnavailable] = {}
         self._judge_lock: asyncio.Lock | None = None
-        self._held: asyncio.Event | None = None
-        self._hold_failure: str | None = None
-        self._holds: dict[str, tuple[float, int, float]] = {}
-        """Per rollout: seconds held so far, calls held now, when the current hold began."""
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -442,50 +445,12 @@ class Bridge:
         with self._lock:
             self._calls.pop(rollout_id, None)
             self._reasoning.pop(rollout_id, None)
-            self._holds.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
 
     def pop_rate_limited(self, rollout_id: str) -> int:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
         with self._lock:
             return self._rate_limited.pop(rollout_id, 0)
-
-    def hold_calls(self) -> None:
-        """Make model calls wait until :meth:`release_calls` (the session's preflight).
-
-        Rows start while LiteLLM imports and the model is checked; none of their calls is
-        sent (or paid for) before the check has passed.
-        """
-        self._held = asyncio.Event()
-
-    def release_calls(self, failure: str | None = None) -> None:
-        """Let held calls go on; with *failure*, answer them 503 with it instead."""
-        self._hold_failure = failure
-        if self._held is not None:
-            self._held.set()
-
-    def held_seconds(self, rollout_id: str) -> float:
-        """How long `rollout_id`'s calls have waited for the preflight or LiteLLM's import.
-
-        Overlapping waits of one rollout's concurrent calls count once.
-        """
-        with self._lock:
-            total, waiting, since = self._holds.get(rollout_id, (0.0, 0, 0.0))
-        return total + (time.monotonic() - since if waiting else 0.0)
-
-    def _hold_begins(self, rollout_id: str) -> None:
-        with self._lock:
-            total, waiting, since = self._holds.get(rollout_id, (0.0, 0, 0.0))
-            began = since if waiting else time.monotonic()
-            self._holds[rollout_id] = (total, waiting + 1, began)
-
-    def _hold_ends(self, rollout_id: str) -> None:
-        with self._lock:
-            total, waiting, since = self._holds.get(rollout_id, (0.0, 1, time.monotonic()))
-            if waiting <= 1:
-                self._holds[rollout_id] = (total + time.monotonic() - since, 0, 0.0)
-            else:
-                self._holds[rollout_id] = (total, waiting - 1, since)
 
     def _open(self, rollout_id: str) -> bool:
         with self._lock:
@@ -635,22 +600,10 @@ class Bridge:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
         echo = model if isinstance(model, str) and model else self.route.model_path
-        held = self._held is not None and not self._held.is_set()
-        if held or not _LITELLM_READY.is_set():
-            # Waiting for the preflight or LiteLLM's import is the harness's time, not the
-            # row's: it is not charged to the row's budgets (held_seconds).
-            self._hold_begins(rollout_id)
-            try:
-                # The import starts with the first call, while the preflight still runs.
-                importing = asyncio.ensure_future(_litellm_imported())
-                if self._held is not None:
-                    await self._held.wait()
-                if self._hold_failure is None:
-                    await importing
-            finally:
-                self._hold_ends(rollout_id)
-        if self._hold_failure is not None:
-            return _json_error(503, self._hold_failure)
+        try:
+            await _litellm_imported()
+        except ModelPreflightError as exc:
+            return _json_error(503, str(exc))
         try:
             target = await self._target(request.headers.get(JUDGE_MODEL_HEADER, ""))
         except _JudgeUnavailable as exc:

@@ -594,11 +594,18 @@ class EvalHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Controller or single process: open run directories and check the models."""
+        """Controller or single process: check our dependencies, open run directories and
+        check the models, all before any row starts (a failure is one line, exit 4)."""
         if self.session.is_worker:
             workerinput: dict[str, Any] = session.config.workerinput  # type: ignore[attr-defined]
             self.session.set_worker_input(workerinput)
             return
+        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.preflight import check_dependencies
+
+        problem = check_dependencies(getattr(session.config, "cache", None))
+        if problem is not None:
+            raise pytest.UsageError(problem)
         if session.config.option.collectonly:
             return
         from pytest_osmosis.discover import find_eval_configs
@@ -610,12 +617,8 @@ class EvalHooks:
             configs = [p for p in named if is_eval_config(p) and p.is_file()]
         try:
             self.session.open_runs(configs)
-        except Exception as exc:
-            from pytest_osmosis.errors import OsmosisError
-
-            if isinstance(exc, OsmosisError):
-                raise pytest.UsageError(str(exc)) from None
-            raise
+        except OsmosisError as exc:
+            raise pytest.UsageError(str(exc)) from None
         models = [
             run.plan.settings.model_path
             for run in self.session.runs.values()
@@ -623,11 +626,16 @@ class EvalHooks:
         ]
         if not models:
             return
-        if session.config.pluginmanager.has_plugin("dsession"):
-            # xdist's controller runs no rows: its workers start once the model is known good.
-            self.session.preflight(models)
-        else:
-            self.session.start_preflight(models)
+        # xdist's controller runs no rows (no LiteLLM here): its workers start once the
+        # model is known good, and each imports LiteLLM before its first row.
+        controller = session.config.pluginmanager.has_plugin("dsession")
+        try:
+            self.session.preflight(models, in_process=not controller)
+        except OsmosisError as exc:
+            # pytest_sessionfinish does not run after a usage error: nothing is recorded.
+            self.session.abandon_runs()
+            self.session.close()
+            raise pytest.UsageError(str(exc)) from None
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(

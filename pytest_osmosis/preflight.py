@@ -1,20 +1,23 @@
-"""The model preflight (contract §5.5), run in a child process.
+"""Session-start checks: our dependencies' versions, and the model preflight (contract §5.5).
 
-Checking the model needs LiteLLM, whose import costs ~3 s of CPU. In the session's own
-process that import would hold the GIL while the first rows run ahead (and an xdist
-controller, which never calls a model, would pay it for nothing). A child process checks
-the model on the other core instead; the session imports LiteLLM only when a row first
-calls the model. The child answers with one marked JSON line on stdout.
+The session waits for both before any row starts, so no rollout's model call is ever held
+(a client with a 5 s timeout would give up on a fast model) and no row's duration counts
+start-up. Checking the model needs LiteLLM, whose import costs ~3 s of CPU. A process that
+runs rows needs LiteLLM anyway, so it checks in process (one import, and the check warms
+LiteLLM's client on the rows' loop). An xdist controller, which never calls a model, checks
+in a child process instead and imports nothing; the child answers with one marked JSON
+line on stdout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Protocol
 
 from pytest_osmosis.bridge import Bridge, ModelRoute
 from pytest_osmosis.errors import ModelPreflightError
@@ -22,8 +25,13 @@ from pytest_osmosis.errors import ModelPreflightError
 _MARK = "osmosis-preflight: "
 
 
-async def check_model(route: ModelRoute) -> str | None:
-    """Check ``route`` once; returns a non-fatal warning, raises :class:`ModelPreflightError`."""
+async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | None:
+    """Check ``route`` once; returns a non-fatal warning, raises :class:`ModelPreflightError`.
+
+    ``in_process`` imports LiteLLM here (off the loop thread) and checks on this loop.
+    """
+    if in_process:
+        return await _check_in_process(route)
     try:
         request = json.dumps(
             {
@@ -45,7 +53,7 @@ async def check_model(route: ModelRoute) -> str | None:
         check=False,
     )
     answer = _answer(done.stdout)
-    if answer is None and "No module named" in done.stderr:
+    if answer is None and "No module named 'pytest_osmosis" in done.stderr:
         # This interpreter cannot import us by name (a frozen or path-hacked install).
         return await _check_in_process(route)
     if answer is None:
@@ -80,6 +88,89 @@ def _answer(stdout: str) -> dict[str, Any] | None:
     return None
 
 
+class _Cache(Protocol):
+    """pytest's ``config.cache`` (absent with ``-p no:cacheprovider``)."""
+
+    def get(self, key: str, default: Any) -> Any: ...
+
+    def set(self, key: str, value: Any) -> None: ...
+
+
+_DEPENDENCIES_KEY = "osmosis/dependencies"
+
+
+def check_dependencies(cache: _Cache | None = None) -> str | None:
+    """One line naming each runtime dependency installed outside our declared range.
+
+    The ranges are read from our own distribution's metadata (pyproject.toml owns them).
+    A rollout's ``pip install -e`` can replace one (e.g. downgrade LiteLLM), and pip only
+    warns once. A passed check is remembered per interpreter and import path, keyed by the
+    modification times of the path's directories (an install or removal changes them).
+    """
+    key = _environment_key()
+    if cache is not None and cache.get(_DEPENDENCIES_KEY, None) == key:
+        return None
+    problems = _dependency_problems()
+    if problems is None:
+        return None  # not installed as a distribution (run from a source tree)
+    if problems:
+        return "; ".join(problems)
+    if cache is not None:
+        cache.set(_DEPENDENCIES_KEY, key)
+    return None
+
+
+def _environment_key() -> str:
+    from pytest_osmosis import __version__
+
+    parts = [sys.executable, sys.version, __version__]
+    for entry in sys.path:
+        try:
+            parts.append(f"{entry}={os.stat(entry or '.').st_mtime_ns}")
+        except OSError:
+            parts.append(f"{entry}=-")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _dependency_problems() -> list[str] | None:
+    from importlib import metadata
+
+    # pytest depends on packaging, so it is always there when this plugin runs.
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion
+
+    try:
+        declared = metadata.requires("pytest-osmosis") or []
+    except metadata.PackageNotFoundError:
+        return None
+    problems: list[str] = []
+    for line in declared:
+        try:
+            requirement = Requirement(line)
+        except InvalidRequirement:
+            continue
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue  # an extra's dependency, or another Python's
+        wanted = f"{requirement.name}{requirement.specifier}"
+        try:
+            found = metadata.distribution(requirement.name)
+        except metadata.PackageNotFoundError:
+            problems.append(
+                f"pytest-osmosis needs {wanted}, which is not installed (pip install '{wanted}')"
+            )
+            continue
+        try:
+            fits = requirement.specifier.contains(found.version, prereleases=True)
+        except InvalidVersion:
+            continue
+        if not fits:
+            problems.append(
+                f"pytest-osmosis needs {wanted}, but {requirement.name} {found.version} is "
+                f"installed (in {found.locate_file('')}); reinstall it: pip install '{wanted}'"
+            )
+    return problems
+
+
 def main() -> None:
     """The child: read the route on stdin, check it, print the marked answer."""
     from pytest_osmosis.bridge import import_litellm
@@ -91,13 +182,16 @@ def main() -> None:
         kwargs=dict(request["kwargs"]),
     )
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import_litellm()
     bridge = Bridge(route)
     answer: dict[str, Any]
     try:
+        import_litellm()
         asyncio.run(bridge.preflight())
     except ModelPreflightError as exc:
-        answer = {"error": str(exc)}
+        text = str(exc)
+        if not text.startswith("model preflight failed"):
+            text = f"model preflight failed for {route.model_path!r}: {text}"
+        answer = {"error": text}
     except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
         answer = {
             "error": f"model preflight failed for {route.model_path!r}: "

@@ -102,12 +102,6 @@ async def execute(
     rollout_id = uuid.uuid4().hex
     started = time.monotonic()
     url, api_key = bridge.open_rollout(rollout_id)
-    held_seconds = getattr(bridge, "held_seconds", None)
-
-    def held() -> float:
-        """Time this row's model calls waited for the preflight: not charged to its budgets."""
-        return float(held_seconds(rollout_id)) if held_seconds is not None else 0.0
-
     artifacts_dir = prepare_artifacts(rollout_id)
     sample: Any = None
     step_usage: list[dict[str, int]] = []
@@ -118,9 +112,7 @@ async def execute(
             chat_completions_url=url, api_key=api_key, rollout_id=rollout_id
         )
         with rollout_ctx:
-            sample = await _workflow_phase(
-                work, rollout, rollout_ctx, artifacts_dir, budgets, api, held
-            )
+            sample = await _workflow_phase(work, rollout, rollout_ctx, artifacts_dir, budgets, api)
         # Taken before grading: a judge's calls are not steps of the sample's conversation.
         step_usage = bridge.call_usage(rollout_id)
         if rollout.grader_cls is None:
@@ -136,7 +128,7 @@ async def execute(
         # LocalBackend leaves none active while grading, so a grader that builds its own
         # agent session must not collide with the workflow's registered sample source.
         with api.RolloutContext(chat_completions_url=url, api_key=api_key, rollout_id=rollout_id):
-            sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api, held)
+            sample = await _grader_phase(work, rollout, sample, artifacts_dir, budgets, api)
         if sample.remove_sample:
             status = "skipped"
             message = "the rollout removed this sample (remove_sample)"
@@ -191,7 +183,6 @@ async def _workflow_phase(
     artifacts_dir: Path | None,
     budgets: Budgets,
     api: Any,
-    held: Callable[[], float],
 ) -> Any:
     config = copy.deepcopy(rollout.workflow_config)
     ctx = api.AgentWorkflowContext(
@@ -221,7 +212,7 @@ async def _workflow_phase(
             messages=output.messages, label=work.label, metrics=dict(output.metrics)
         )
 
-    return await _phase("workflow", run, budgets.workflow_s, held)
+    return await _phase("workflow", run, budgets.workflow_s)
 
 
 async def _grader_phase(
@@ -231,7 +222,6 @@ async def _grader_phase(
     artifacts_dir: Path | None,
     budgets: Budgets,
     api: Any,
-    held: Callable[[], float],
 ) -> Any:
     assert rollout.grader_cls is not None
     ctx = api.GraderContext(
@@ -256,24 +246,23 @@ async def _grader_phase(
                 raise ValueError(f"reward must be finite, got {ctx.sample.reward!r}")
         return ctx.sample
 
-    return await _phase("grader", grade, budgets.grader_s, held)
+    return await _phase("grader", grade, budgets.grader_s)
 
 
 async def _phase(
     name: str,
     body: Callable[[], Awaitable[Any]],
     budget: float | None,
-    held: Callable[[], float],
 ) -> Any:
     """Run one phase in its own task so its budget can cancel it without touching ours.
 
-    Time the phase's model calls spent held until the preflight passed extends the budget.
+    No start-up wait falls inside a phase (the session has checked the model and imported
+    LiteLLM before any row starts), so its budget is plain elapsed time.
     """
     started = time.monotonic()
-    held_before = held()
 
     def used() -> float:
-        return time.monotonic() - started - (held() - held_before)
+        return time.monotonic() - started
 
     ours = False  # whether a cancel the phase sees is ours (budget, session) or its own
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +72,8 @@ class ControllerRun:
     metrics: dict[str, Any] = field(default_factory=dict)
     report_path: Path | None = None
     report_error: str | None = None
+    created: bool = False
+    """This session made the run directory (removed again if the preflight fails)."""
 
 
 class EvalSession:
@@ -93,9 +95,6 @@ class EvalSession:
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
         self._prefetched = False
-        self._holding: set[str] = set()
-        self._preflight_done: threading.Event | None = None
-        self._preflight_failure: str | None = None
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
         self.runs: dict[Path, ControllerRun] = {}
@@ -173,6 +172,7 @@ class EvalSession:
                 else:
                     early.append(message)
 
+            created = self.options.fresh or not plan.run_dir.exists()
             rundir = RunDirectory.open(
                 plan.output_root,
                 plan.run_name,
@@ -195,7 +195,12 @@ class EvalSession:
             self._plans[path] = plan
             self._journals[path] = rundir.records
             self.runs[path] = ControllerRun(
-                plan=plan, rundir=rundir, log=log, started_at=now, pending_at_start=pending
+                plan=plan,
+                rundir=rundir,
+                log=log,
+                started_at=now,
+                pending_at_start=pending,
+                created=created,
             )
             names[str(path)] = plan.run_name
         return names
@@ -268,15 +273,25 @@ class EvalSession:
         return best
 
     def start_ahead(self, item: EvalItem) -> None:
-        """Setup phase: start rows ahead, then wait for the model preflight.
+        """Setup phase: start rows ahead (the model preflight passed at session start).
 
-        Waiting here keeps the preflight out of the call phase that pytest-timeout's
-        backstop times; the rows started ahead run meanwhile.
+        LiteLLM is imported before the first row starts, so no row's model call waits
+        for it (an xdist worker imports it here; a single process did at session start).
         """
         if self.carried_forward(item) is not None:
             return
         if not self._prefetched:
             self._prefetched = True
+            from pytest_osmosis.bridge import import_litellm
+
+            try:
+                import_litellm()
+            except ModelPreflightError as exc:
+                model = item.parent.plan.settings.model_path
+                pytest.exit(
+                    f"model preflight failed for {model!r}: {exc}",
+                    returncode=pytest.ExitCode.USAGE_ERROR,
+                )
             self.executor.concurrency = self._concurrency()
             if not self.is_worker:
                 self._prefetch(item.session.items)
@@ -286,7 +301,6 @@ class EvalSession:
 
             items = item.session.items
             self._prefetch([items[i] for i in queued_indices(self.config) if i < len(items)])
-        self.await_preflight()
 
     def run_item(self, item: EvalItem) -> dict[str, Any]:
         plan = item.parent.plan
@@ -301,8 +315,7 @@ class EvalSession:
                 raise
             blocker = self.executor.blocker()
             if blocker is None and self.executor.responsive():
-                # Nothing blocks the loop: the row runs on under its own budgets, which do
-                # not count the time its model calls were held (preflight, LiteLLM's import).
+                # Nothing blocks the loop: the row runs on under its own budgets.
                 return dict(self.executor.result(item.nodeid, factory))
             if blocker is not None and (blocker[1].row_index, blocker[1].run_index) != item.key:
                 # Another row blocks the loop; it is the one that fails. This one waits on.
@@ -451,50 +464,18 @@ class EvalSession:
                 )
                 bridge = Bridge(route)
                 await bridge.start()
-                if model_path in self._holding:
-                    bridge.hold_calls()  # until start_preflight's check has passed
-                self._bridges[model_path] = bridge  # no await since the check: no race
+                self._bridges[model_path] = bridge
             return self._bridges[model_path]
 
-    def preflight(self, model_paths: list[str]) -> None:
-        """Check each model once before any row runs; a failure stops the session cleanly."""
-        try:
-            self.executor.call(self._preflight_all(model_paths))
-        except Exception as exc:  # noqa: BLE001 - _preflight_all names the model
-            raise pytest.UsageError(str(exc)) from None
+    def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
+        """Check each model before any row starts; raises :class:`ModelPreflightError`.
 
-    def start_preflight(self, model_paths: list[str]) -> None:
-        """Begin the preflight in the background (a child process): rows start meanwhile.
-
-        The bridges hold every model call until their model's preflight has passed, and
-        no result is reported before it has, so a model that fails stops the session
-        before any row is paid for or recorded (the rows already started stay pending).
+        ``in_process`` (a process that runs rows) imports LiteLLM here and checks on the
+        rows' loop; an xdist controller checks in a child process (see preflight.py).
         """
-        self._holding = set(model_paths)
-        done = self._preflight_done = threading.Event()
+        self.executor.call(self._preflight_all(model_paths, in_process))
 
-        async def background() -> None:
-            try:
-                await self._preflight_all(model_paths)
-            except Exception as exc:  # noqa: BLE001 - _preflight_all names the model
-                self._preflight_failure = str(exc)
-            finally:
-                # Set here, not by a loop callback: a row may block the loop right after.
-                done.set()
-
-        asyncio.run_coroutine_threadsafe(background(), self.executor.loop)
-
-    def await_preflight(self) -> None:
-        """Block until the background preflight is over; a failure ends the session (exit 4)."""
-        done = self._preflight_done
-        if done is None:
-            return
-        done.wait()
-        self._preflight_done = None
-        if self._preflight_failure is not None:
-            pytest.exit(self._preflight_failure, returncode=pytest.ExitCode.USAGE_ERROR)
-
-    async def _preflight_all(self, model_paths: list[str]) -> None:
+    async def _preflight_all(self, model_paths: list[str], in_process: bool) -> None:
         """Check each model (needing its route only: no bridge is started for it here)."""
         from pytest_osmosis.bridge import resolve_route
         from pytest_osmosis.preflight import check_model
@@ -503,24 +484,31 @@ class EvalSession:
         for model_path in sorted(set(model_paths)):
             try:
                 route = await loop.run_in_executor(None, resolve_route, model_path)
-                warning = await check_model(route)
+                warning = await check_model(route, in_process=in_process)
             except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
-                failure = exc
+                text = str(exc)
                 if not isinstance(exc, OsmosisError):
-                    failure = ModelPreflightError(
-                        f"model preflight failed for {model_path!r}: {type(exc).__name__}: {exc}"
-                    )
-                if model_path in self._bridges:
-                    self._bridges[model_path].release_calls(str(failure))
-                raise failure from None
-            # Bridges made from now on do not hold; one already made lets its calls go.
-            self._holding.discard(model_path)
-            if model_path in self._bridges:
-                self._bridges[model_path].release_calls()
+                    text = f"{type(exc).__name__}: {' '.join(text.split())}"
+                if not text.startswith("model preflight failed"):
+                    text = f"model preflight failed for {model_path!r}: {text}"
+                raise ModelPreflightError(text) from None
             if warning:
                 for run in self.runs.values():
                     if run.plan.settings.model_path == model_path:
                         run.log.warning("preflight", warning)
+
+    def abandon_runs(self) -> None:
+        """The session stops before any row: leave no trace of the runs it opened.
+
+        A run directory this session created is removed; one it resumed is left exactly
+        as it was (nothing was appended, its metrics are not rewritten).
+        """
+        runs, self.runs = list(self.runs.values()), {}
+        for run in runs:
+            run.log.close()
+            run.rundir.close()
+            if run.created:
+                shutil.rmtree(run.rundir.path, ignore_errors=True)
 
     def close(self) -> None:
         if self._executor is not None:

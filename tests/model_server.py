@@ -112,8 +112,10 @@ class ModelServer:
     `{result}` used after a tool result), `delay` (seconds for every request) and
     `delays` (substring -> seconds), `gather` (hold requests until that many are in
     flight), and call `fail_next()` to inject errors.
-    Observe it through `requests_total`, `in_flight`, `peak_in_flight`, `bodies` (chat) and
-    `requests` (every call with its API path).
+    Observe it through `requests_total`, `in_flight`, `peak_in_flight`, `bodies` (chat),
+    `requests` (every call with its API path) and `answered` (per request, in order: the
+    last user message and the `time.monotonic()` at which its answer was about to be sent;
+    the clock is system-wide, so comparable with stamps taken in other processes).
     """
 
     def __init__(self, *, delay: float = 0.0, port: int = 0) -> None:
@@ -137,6 +139,7 @@ class ModelServer:
         """Chat completions request bodies, in arrival order."""
         self.requests: list[tuple[str, dict[str, Any]]] = []
         """Every model request as (API path, body): ``/v1/chat/completions`` or ``/v1/responses``."""
+        self.answered: list[tuple[str, float]] = []
         self._failures: list[_Failure] = []
         self._lock = threading.Lock()
         self._port_wanted = port
@@ -195,6 +198,7 @@ class ModelServer:
             self.peak_in_flight = self.in_flight
             self.bodies = []
             self.requests = []
+            self.answered = []
             self._failures = []
 
     def configure(self, config: dict[str, Any]) -> None:
@@ -340,6 +344,7 @@ class ModelServer:
                     break
             if delay > 0:
                 await asyncio.sleep(delay)
+            self.answered.append((last_user, time.monotonic()))
             failure = self._take_failure()
             if failure is not None:
                 headers = {}

@@ -1,6 +1,7 @@
-"""The model preflight runs while the first rows start (LiteLLM's import is ~3 s), but no
-model call is answered and no result is recorded before it has passed; a model that fails
-it stops the session with exit 4 and one line, leaving every row pending."""
+"""Session start: our dependencies' versions and the model preflight are checked before any
+row starts, so no rollout's model call is ever held (a client's own timeout would expire on
+a fast model) and no row's duration counts the start-up. A failure is one line, exit 4,
+with nothing recorded."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import json
 import socket
 import sys
-import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from pytest_osmosis.preflight import check_model
 
 STAMPING_ROLLOUT = '''
 import json
+import sys
 import time
 
 import httpx
@@ -28,23 +30,22 @@ from pytest_osmosis.rollout import AgentWorkflow, Grader, get_rollout_context
 
 
 class Stamping(AgentWorkflow):
-    """Notes when it started and when the model answered, then answers with the model."""
+    """Notes when it started (and whether LiteLLM was loaded), then asks the model with a
+    stock client: httpx's default 5 s timeout."""
 
     async def run(self, ctx):
-        started = time.time()
-        answered = None
+        stamp = {"started": time.monotonic(), "litellm": "litellm" in sys.modules}
+        with open("stamps.jsonl", "a") as fh:
+            fh.write(json.dumps(stamp) + "\\n")
         if ctx.metadata and ctx.metadata.get("ask"):
             rollout = get_rollout_context()
-            async with httpx.AsyncClient(timeout=30) as client:
+            async with httpx.AsyncClient() as client:
                 response = await client.post(
                     rollout.chat_completions_url + "/chat/completions",
                     headers={"Authorization": f"Bearer {rollout.api_key}"},
                     json={"model": "anything", "messages": ctx.prompt},
                 )
                 response.raise_for_status()
-            answered = time.time()
-        with open("stamps.jsonl", "a") as fh:
-            fh.write(json.dumps({"started": started, "answered": answered}) + "\\n")
         return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
 
 
@@ -61,39 +62,64 @@ def _rows(count: int, *, ask: bool) -> list[dict[str, object]]:
     return rows
 
 
-def _stamps(root: Path) -> list[dict[str, float | None]]:
+def _stamps(root: Path) -> list[dict[str, object]]:
     path = root / "stamps.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_rows_start_during_the_preflight_but_reach_the_model_only_after_it(
+def _events(run_dir: Path) -> list[dict[str, object]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+PROBE_DELAY_S = 6.0  # the preflight's answer: longer than httpx's default 5 s timeout
+
+
+def test_no_workflow_starts_before_the_preflight_has_answered(
     pytester: pytest.Pytester, model_env
 ) -> None:  # type: ignore[no-untyped-def]
     model_server = model_env
-    model_server.delays = {"hi": 2.0}  # the preflight's own prompt
+    model_server.delays = {"hi": PROBE_DELAY_S}  # the preflight's own prompt
+    model_server.delay = 0.05  # each row's call: ~50 ms of work
     write_workspace(
         pytester.path,
         rows=_rows(4, ask=True),
         rollout_source=STAMPING_ROLLOUT,
-        # Held for 2 s: the wait is not charged to the 1 s workflow budget.
-        evaluation={"batch_size": 4, "agent_workflow_timeout_s": 1.0, "grader_timeout_s": 5.0},
+        evaluation={"batch_size": 4, "agent_workflow_timeout_s": 30.0, "grader_timeout_s": 5.0},
     )
-    began = time.time()
-    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "x")
+    result = pytester.runpytest(*args)
+    # A call held while the preflight ran would have met httpx's ReadTimeout (8 of 8 did).
     result.assert_outcomes(passed=4)
+    probe = [at for text, at in model_server.answered if text == "hi"]
+    assert len(probe) == 1, model_server.answered
     stamps = _stamps(pytester.path)
     assert len(stamps) == 4
-    started = max(float(s["started"] or 0) for s in stamps)
-    answered = min(float(s["answered"] or 0) for s in stamps)
-    # Every row had started and was waiting at the bridge while the (2 s+) preflight ran:
-    # had the rows started only after it, each would be answered within milliseconds...
-    assert answered - started >= 1.0, stamps
-    # ...and none of them got a model answer before the preflight had passed.
-    assert answered >= began + 2.0, stamps
-    assert model_server.requests_total == 4 + 1
-    assert model_server.bodies[0]["messages"][-1]["content"] == "hi"
+    # Causal order, not a race: each workflow began after the probe had been answered.
+    assert all(float(s["started"]) > probe[0] for s in stamps), (probe, stamps)  # type: ignore[arg-type]
+    # A row's duration is its own ~50 ms of work, not the session's start-up.
+    durations = [float(e["duration_ms"]) for e in _events(pytester.path / ".osmosis/evals/x")]  # type: ignore[arg-type]
+    assert len(durations) == 4 and max(durations) < PROBE_DELAY_S * 1000, durations
+
+
+def test_an_xdist_worker_imports_litellm_before_its_first_workflow(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(
+        pytester.path,
+        rows=_rows(4, ask=True),
+        rollout_source=STAMPING_ROLLOUT,
+        evaluation={"batch_size": 4},
+    )
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
+    result.assert_outcomes(passed=4)
+    # A fresh worker process: LiteLLM is there only if the worker imported it up front.
+    stamps = _stamps(pytester.path)
+    assert len(stamps) == 4 and all(s["litellm"] for s in stamps), stamps
 
 
 def _dead_port() -> int:
@@ -102,14 +128,45 @@ def _dead_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("ask", [True, False], ids=["rows-call-the-model", "rows-do-not"])
-def test_a_failing_preflight_stops_the_session_and_records_nothing(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ask: bool
-) -> None:
+def _point_at_a_dead_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"http://127.0.0.1:{_dead_port()}/v1"
     for key in ("OPENAI_API_BASE", "OPENAI_BASE_URL"):
         monkeypatch.setenv(key, url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-dead-endpoint")
+
+
+def _assert_one_line_and_nothing_recorded(
+    pytester: pytest.Pytester,
+    capsys: pytest.CaptureFixture[str],
+    result: pytest.RunResult,
+    *needles: str,
+) -> None:
+    """Exit 4 with one line (naming *needles*), no results table, no run `list` shows."""
+    from pytest_osmosis.cli import main as cli_main
+
+    output = "\n".join([*result.outlines, *result.errlines])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
+    said = [line for line in output.splitlines() if line.strip()]
+    assert len(said) == 1, output
+    assert said[0].startswith("ERROR: ") and all(n in said[0] for n in needles), output
+    for noise in ("_pytest.outcomes", "Exit:", "Traceback", "osmosis:", "rows done"):
+        assert noise not in output, output
+    assert not _stamps(pytester.path)  # not one workflow started
+    assert not list(pytester.path.glob(".osmosis/evals/*/manifest.json"))
+    root = pytester.path / ".osmosis" / "evals"
+    capsys.readouterr()
+    assert cli_main(["list", "--output", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["items"] == []
+
+
+@pytest.mark.parametrize("ask", [True, False], ids=["rows-call-the-model", "rows-do-not"])
+def test_a_failing_preflight_is_one_line_and_records_nothing(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    ask: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # type: ignore[no-untyped-def]
+    _point_at_a_dead_endpoint(monkeypatch)
     write_workspace(
         pytester.path,
         rows=_rows(6, ask=ask),
@@ -118,19 +175,94 @@ def test_a_failing_preflight_stops_the_session_and_records_nothing(
     )
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "x", "-rA")
     result = pytester.runpytest(*args)
-    output = "\n".join([*result.outlines, *result.errlines])
-    assert result.ret == pytest.ExitCode.USAGE_ERROR, output
-    lines = [line for line in output.splitlines() if "model preflight failed for" in line]
-    assert len(lines) == 1 and "openai/test-model" in lines[0], output
-    assert "Traceback" not in output and "INTERNALERROR" not in output, output
-    # Not one row is reported or recorded: they all stay pending for the next run.
-    assert "no tests ran" in output, output
-    assert not any(word in output for word in ("PASSED", "FAILED", " 1 passed", " 1 failed"))
+    _assert_one_line_and_nothing_recorded(
+        pytester, capsys, result, "model preflight failed for 'openai/test-model'", "cannot reach"
+    )
+
+
+def test_a_failing_preflight_under_xdist_is_one_line_and_records_nothing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    _point_at_a_dead_endpoint(monkeypatch)
+    write_workspace(pytester.path, rows=_rows(4, ask=True), rollout_source=STAMPING_ROLLOUT)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
+    _assert_one_line_and_nothing_recorded(
+        pytester, capsys, result, "model preflight failed for 'openai/test-model'", "cannot reach"
+    )
+
+
+def test_a_failing_preflight_leaves_a_resumed_run_as_it_was(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=_rows(2, ask=True), rollout_source=STAMPING_ROLLOUT)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "x")
+    pytester.runpytest(*args, "--osmosis-rows", "0").assert_outcomes(passed=1)
     run_dir = pytester.path / ".osmosis" / "evals" / "x"
-    events = run_dir / "events.jsonl"
-    assert not events.exists() or events.read_text() == ""
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["eval_run"]["status"] == "incomplete"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    _point_at_a_dead_endpoint(monkeypatch)
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert after == before  # row 1 stays pending; row 0's record and the metrics untouched
+
+
+def _declared(name: str) -> str:
+    """Our declared range for *name*, as our own distribution's metadata states it."""
+    for line in metadata.requires("pytest-osmosis") or []:
+        head = line.split(";")[0].strip()
+        if head.lower().startswith(name):
+            return head[len(name) :].strip()
+    raise AssertionError(f"pytest-osmosis declares no {name}")
+
+
+def _shadow_path(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
+    """Put *directory* first on the import path of subprocess runs."""
+    import os
+
+    rest = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(directory), *filter(None, [rest])]))
+
+
+def test_a_dependency_outside_our_range_stops_the_session_in_one_line(
+    pytester: pytest.Pytester,
+    model_env,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # type: ignore[no-untyped-def]
+    # What `pip install -e rollouts/<name>` leaves when the rollout pins an old LiteLLM.
+    shadow = pytester.path / "shadow"
+    info = shadow / "litellm-1.50.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: litellm\nVersion: 1.50.0\n")
+    _shadow_path(monkeypatch, shadow)
+    write_workspace(pytester.path, rows=_rows(2, ask=True), rollout_source=STAMPING_ROLLOUT)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
+    _assert_one_line_and_nothing_recorded(
+        pytester, capsys, result, f"litellm{_declared('litellm')}", "litellm 1.50.0 is installed"
+    )
+
+
+def test_litellm_that_cannot_be_imported_is_one_session_failure(
+    pytester: pytest.Pytester,
+    model_env,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # type: ignore[no-untyped-def]
+    shadow = pytester.path / "shadow"
+    (shadow / "litellm").mkdir(parents=True)
+    (shadow / "litellm" / "__init__.py").write_text(
+        "raise ImportError(\"cannot import name 'Router' from 'litellm.router' (fake)\")\n"
+    )
+    _shadow_path(monkeypatch, shadow)
+    write_workspace(pytester.path, rows=_rows(3, ask=True), rollout_source=STAMPING_ROLLOUT)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
+    _assert_one_line_and_nothing_recorded(
+        pytester,
+        capsys,
+        result,
+        "model preflight failed for 'openai/test-model'",
+        "LiteLLM cannot be imported (ImportError: cannot import name 'Router'",
+    )
 
 
 def _route(url: str) -> ModelRoute:
