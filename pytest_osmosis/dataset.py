@@ -513,8 +513,8 @@ def _nul_error(path: Path, data: bytes) -> DatasetError | None:
         return None
     line_start = 0
     line = 1
-    for line, match in enumerate(_NEWLINE.finditer(data, 0, at), 2):
-        line_start = match.end()
+    for match in _NEWLINE.finditer(data, 0, at):
+        line, line_start = line + 1, match.end()
     column = len(data[line_start:at].decode("utf-8", "replace")) + 1
     return DatasetError(
         f"{path}:{line}:{column}: invalid CSV (a NUL character at line {line}, column {column})"

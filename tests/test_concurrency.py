@@ -185,7 +185,7 @@ class Blocking(AgentWorkflow):
         else:
             # A model call: it waits for the preflight, so the blocking row starts after it.
             rollout = get_rollout_context()
-            async with httpx.AsyncClient(timeout=30) as client:
+            async with httpx.AsyncClient(timeout=120) as client:
                 await client.post(
                     rollout.chat_completions_url + "/chat/completions",
                     headers={"Authorization": f"Bearer {rollout.api_key}"},
