@@ -502,9 +502,31 @@ def _utf8_error(data: bytes) -> str:
     return ": not valid UTF-8"  # pragma: no cover - only called after a decode error
 
 
+def _nul_error(path: Path, data: bytes) -> DatasetError | None:
+    """A NUL anywhere in a CSV file is refused, on every Python.
+
+    Python 3.10's ``csv`` refuses NUL, 3.11+ accepts it; we decide, not the interpreter.
+    ``bytes.find`` keeps the check a C-speed scan; lines are counted only on the error path.
+    """
+    at = data.find(b"\0")
+    if at < 0:
+        return None
+    line_start = 0
+    line = 1
+    for match in _NEWLINE.finditer(data, 0, at):
+        line, line_start = line + 1, match.end()
+    column = len(data[line_start:at].decode("utf-8", "replace")) + 1
+    return DatasetError(
+        f"{path}:{line}:{column}: invalid CSV (a NUL character at line {line}, column {column})"
+    )
+
+
 def _scan_csv(path: Path, pick: Callable[[int], bool], sampling: bool) -> _Scan:
     scan = _new_scan()
     data = _read_all(path, scan)
+    nul = _nul_error(path, data)
+    if nul is not None:
+        raise nul
     values: list[tuple[Any, ...]] = []
     scan.values = values
     previous_limit = csv.field_size_limit(_CSV_FIELD_SIZE_LIMIT)

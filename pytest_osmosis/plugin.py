@@ -805,7 +805,7 @@ class XdistControllerHooks:
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         from pytest_osmosis.xdist import EvalScheduling, dist_was_chosen, per_worker
 
-        if dist_was_chosen(config) or not self.session.runs:
+        if dist_was_chosen(config) or not self.session.runs or self._internals_problem():
             return None
         workers = int(getattr(config.option, "numprocesses", 1) or 1)
         share = per_worker(self.session.total_concurrency(), workers)
@@ -821,7 +821,11 @@ class XdistControllerHooks:
         node.workerinput["osmosis_runs"] = {
             str(path): run.plan.run_name for path, run in self.session.runs.items()
         }
-        prefetch = bool(self.session.runs) and not dist_was_chosen(self.session.config)
+        prefetch = (
+            bool(self.session.runs)
+            and not dist_was_chosen(self.session.config)
+            and not self._internals_problem()
+        )
         node.workerinput["osmosis_prefetch"] = prefetch
         if prefetch:  # rows run ahead, so a worker's death needs the exact culprit
             if self.blame_dir is None:
@@ -829,6 +833,15 @@ class XdistControllerHooks:
 
                 self.blame_dir = make_directory()
             node.workerinput["osmosis_blame_dir"] = self.blame_dir
+
+    def _internals_problem(self) -> str | None:
+        """xdist's private API our scheduler needs, when it changed (warned once)."""
+        from pytest_osmosis.xdist import internals_problem, warn_once
+
+        problem = internals_problem(self.session.config)
+        if problem is not None:
+            warn_once(self.session.config, problem)
+        return problem
 
     def culprit(self, node: Any) -> str | None:
         """The node id whose code the dead worker ``node`` was running, if it said."""

@@ -79,6 +79,70 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
         return crashitem
 
 
+#: What of xdist's private API the scheduler and the workers' run-ahead read: the
+#: controller checks it before using either, and falls back (visibly) when it changed.
+_SCHEDULER_METHODS = ("_split_scope", "_reschedule", "_pending_of", "remove_node", "schedule")
+_SCHEDULER_STATE = ("assigned_work", "workqueue", "registered_collections")
+
+
+def internals_problem(config: pytest.Config) -> str | None:
+    """Why the installed pytest-xdist cannot run our scheduler, or None when it can.
+
+    ``loadscope``'s hooks and the worker queue's ``lock()`` are not public API: a release
+    that renames them must cost us the run-ahead, never fail the rows (xdist 3.6.1's worker
+    queue had no ``lock()`` and every row errored). Checked once per session.
+    """
+    if _PROBLEM not in config.stash:
+        config.stash[_PROBLEM] = _find_problem(config)
+    return config.stash[_PROBLEM]
+
+
+def _find_problem(config: pytest.Config) -> str | None:
+    from xdist import remote
+
+    missing = [
+        f"LoadScopeScheduling.{name}"
+        for name in _SCHEDULER_METHODS
+        if not callable(getattr(LoadScopeScheduling, name, None))
+    ]
+    if not missing:
+        probe = LoadScopeScheduling(config)
+        missing += [
+            f"LoadScopeScheduling().{name}"
+            for name in _SCHEDULER_STATE
+            if not isinstance(getattr(probe, name, None), dict)
+        ]
+    queue = getattr(remote, "TestQueue", None)
+    if not callable(getattr(queue, "lock", None)):
+        missing.append("xdist.remote.TestQueue.lock")
+    if not missing:
+        return None
+    from importlib.metadata import version
+
+    return (
+        f"pytest-xdist {version('pytest-xdist')} lacks {', '.join(missing)}: each worker runs "
+        "its rows one at a time, on xdist's own scheduler"
+    )
+
+
+def warn_once(config: pytest.Config, problem: str) -> None:
+    """One visible line in the terminal (xdist's run loop starts outside pytest's warnings)."""
+    if config.stash.get(_WARNED, False):
+        return
+    config.stash[_WARNED] = True
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"osmosis: warning: {problem}", yellow=True, bold=True)
+    else:
+        import sys
+
+        print(f"osmosis: warning: {problem}", file=sys.stderr)
+
+
+_WARNED = pytest.StashKey[bool]()
+_PROBLEM = pytest.StashKey["str | None"]()
+
+
 def dist_was_chosen(config: pytest.Config) -> bool:
     """True when the user named a distribution; we only replace xdist's default."""
     return any(
@@ -107,8 +171,8 @@ def queued_indices(config: pytest.Config) -> list[int]:
             ),
             None,
         )
-        if torun is None:
-            return []
+        if torun is None or not callable(getattr(torun, "lock", None)):
+            return []  # the controller checked this xdist (internals_problem); never fail a row
         config.stash[_TORUN] = torun
     with torun.lock() as queue:
         return [i for i in queue if isinstance(i, int)]

@@ -11,7 +11,26 @@ from typing import Any
 
 import pytest
 
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
+#: The Python with osmosis-ai; unset means the tests that need it skip (CI sets it).
+SDK_PYTHON: Path | None = (
+    Path(os.environ["OSMOSIS_SDK_PYTHON"]) if os.environ.get("OSMOSIS_SDK_PYTHON") else None
+)
+SDK_MISSING = (
+    "OSMOSIS_SDK_PYTHON is not set (a Python with osmosis-ai)"
+    if SDK_PYTHON is None
+    else f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)"
+)
+
+
+def sdk_python_imports(module: str) -> bool:
+    """Whether ``OSMOSIS_SDK_PYTHON`` is set and can import ``module`` (of osmosis-ai)."""
+    if SDK_PYTHON is None or not SDK_PYTHON.exists():
+        return False
+    probe = subprocess.run(
+        [str(SDK_PYTHON), "-I", "-c", f"import {module}"], capture_output=True, cwd="/", check=False
+    )
+    return probe.returncode == 0
+
 
 _PLANNER = r"""
 import json, sys
@@ -29,8 +48,8 @@ else:
 def sdk_judge(run_dir: Path) -> dict[str, Any]:
     """``{"accepted": bool, "files": [...]}`` or ``{"accepted": False, "refusal": ...}``;
     skips the test where no Python with osmosis-ai is available."""
-    if not SDK_PYTHON.exists():
-        pytest.skip(f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)")
+    if SDK_PYTHON is None or not SDK_PYTHON.exists():
+        pytest.skip(SDK_MISSING)
     done = subprocess.run(
         [str(SDK_PYTHON), "-I", "-c", _PLANNER, str(run_dir)],
         capture_output=True,

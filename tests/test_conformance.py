@@ -9,28 +9,15 @@ equals the summary we wrote.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 from workspaces import calc_rows, read_index, write_workspace
 
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
-
-
-def _sdk_has_osmosis() -> bool:
-    if not SDK_PYTHON.exists():
-        return False
-    probe = subprocess.run(
-        [str(SDK_PYTHON), "-c", "import osmosis_ai.eval.local.upload"], capture_output=True
-    )
-    return probe.returncode == 0
-
-
 pytestmark = pytest.mark.skipif(
-    not _sdk_has_osmosis(),
-    reason=f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)",
+    not sdk_python_imports("osmosis_ai.eval.local.upload"), reason=SDK_MISSING
 )
 
 JUDGE = r"""

@@ -69,14 +69,16 @@ def test_each_budget_expires_into_its_own_error(pytester: pytest.Pytester, model
     write_workspace(
         pytester.path,
         rows=rows,
-        evaluation={"agent_workflow_timeout_s": 3, "grader_timeout_s": 3},
+        # Only the rows sleeping 30 s exceed these; the plain row's model call fits on a
+        # loaded machine too.
+        evaluation={"agent_workflow_timeout_s": 6, "grader_timeout_s": 6},
     )
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         [
-            "*workflow_timeout: workflow timeout after 3 s (row 0, run 0)*",
-            "*grader_timeout: grader timeout after 3 s (row 1, run 0)*",
+            "*workflow_timeout: workflow timeout after 6 s (row 0, run 0)*",
+            "*grader_timeout: grader timeout after 6 s (row 1, run 0)*",
         ]
     )
 

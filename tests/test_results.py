@@ -2,8 +2,8 @@
 
 Formats are checked against the run directory the official SDK wrote
 (``/work/shared/reference-run``, override with ``OSMOSIS_REFERENCE_RUN``) and,
-when a Python with ``osmosis-ai`` is available (``/work/venv312`` or
-``OSMOSIS_SDK_PYTHON``), against the SDK's own upload planner and source digest.
+when ``OSMOSIS_SDK_PYTHON`` names a Python with ``osmosis-ai``, against the SDK's own upload
+planner and source digest.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 
 from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
 from pytest_osmosis.results import (
@@ -56,7 +57,6 @@ from pytest_osmosis.results.metrics import population_std
 
 REFERENCE_RUN = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
 REFERENCE_WORKSPACE = REFERENCE_RUN.parent / "reference-workspace"
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
 
 needs_reference = pytest.mark.skipif(
     not (REFERENCE_RUN / "manifest.json").is_file(),
@@ -64,22 +64,8 @@ needs_reference = pytest.mark.skipif(
 )
 
 
-def _sdk_available() -> bool:
-    if not SDK_PYTHON.exists():
-        return False
-    probe = subprocess.run(
-        [str(SDK_PYTHON), "-I", "-c", "import osmosis_ai.eval.local.upload"],
-        capture_output=True,
-        cwd="/",
-        check=False,
-    )
-    return probe.returncode == 0
-
-
-SDK_AVAILABLE = _sdk_available()
-needs_sdk = pytest.mark.skipif(
-    not SDK_AVAILABLE, reason=f"no Python with osmosis-ai at {SDK_PYTHON}"
-)
+SDK_AVAILABLE = sdk_python_imports("osmosis_ai.eval.local.upload")
+needs_sdk = pytest.mark.skipif(not SDK_AVAILABLE, reason=SDK_MISSING)
 
 
 def run_sdk(script: str, payload: Any, cwd: Path) -> Any:

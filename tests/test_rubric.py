@@ -14,7 +14,6 @@ import inspect
 import io
 import json
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 from model_server import ModelServer, count_tokens
+from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 from workspaces import calc_rows, only_run_dir, read_index, write_workspace
 
 import pytest_osmosis.plugin
@@ -39,7 +39,6 @@ from pytest_osmosis.rubric import (
 )
 from pytest_osmosis.rubric_grader import ARTIFACT_NAME, RubricGrader
 
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
 EXAMPLE = Path(__file__).resolve().parent.parent / "example_workspace" / "rubric"
 
 # The plugin module may already load rubric_items (pytest_plugins); then -p is a no-op.
@@ -518,17 +517,7 @@ print(json.dumps(out))
 """
 
 
-def _sdk_available() -> bool:
-    if not SDK_PYTHON.exists():
-        return False
-    probe = subprocess.run(
-        [str(SDK_PYTHON), "-I", "-c", "import osmosis_ai.eval.rubric.report"],
-        capture_output=True, cwd="/", check=False,
-    )
-    return probe.returncode == 0
-
-
-@pytest.mark.skipif(not _sdk_available(), reason=f"no Python with osmosis-ai at {SDK_PYTHON}")
+@pytest.mark.skipif(not sdk_python_imports("osmosis_ai.eval.rubric.report"), reason=SDK_MISSING)
 def test_prompts_inputs_parsing_and_document_match_the_sdk(
     judge_server: ModelServer, tmp_path: Path
 ) -> None:

@@ -42,7 +42,7 @@ class CalcWorkflow(AgentWorkflow):
         if do == "workflow_garbage":
             return 42
         rollout = get_rollout_context()
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with httpx.AsyncClient(timeout=120) as client:
             response = await client.post(
                 rollout.chat_completions_url + "/chat/completions",
                 headers={"Authorization": f"Bearer {rollout.api_key}"},
