@@ -424,10 +424,11 @@ class EvalHooks:
         if self.progress is None:
             from pytest_osmosis.progress import Progress
             from pytest_osmosis.runs import outcome_of
+            from pytest_osmosis.words import OUTCOMES
 
             reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
             total = tokens = 0
-            recorded = dict.fromkeys(("passed", "below_threshold", "failed", "skipped"), 0)
+            recorded = dict.fromkeys(OUTCOMES, 0)
             for run in self.session.runs.values():
                 threshold = run.plan.settings.pass_threshold
                 total += run.pending_at_start if run.to_run is None else run.to_run
