@@ -732,8 +732,9 @@ def finalize_run(run: Any, *, cancelled: bool) -> dict[str, Any]:
     """
     plan = run.plan
     if run.executed == 0:
-        recorded = run.rundir.recorded_metrics()
-        if recorded is not None and recorded.get("eval_run", {}).get("status") == "finished":
+        recorded = run.rundir.recorded_metrics() or {}
+        finished = recorded.get("eval_run", {}).get("status") == "finished"
+        if finished and recorded.get("summary", {}).get("total_samples") == len(run.rundir.records):
             run.log.write("info", "run", "run finished earlier; nothing ran, nothing rewritten")
             run.log.close()
             run.rundir.close()
