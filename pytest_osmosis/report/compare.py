@@ -49,7 +49,7 @@ def compare_runs(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> dic
     """*current* against *baseline* (both from :func:`pytest_osmosis.runs.load_run`).
 
     A row regressed when its share of passing attempts fell, improved when it rose.
-    The pass-rate change is ``current - baseline`` over scored attempts with Newcombe's
+    The pass-rate change is ``current - baseline`` over attempts not skipped, with Newcombe's
     hybrid score interval; it treats attempts as independent, which is optimistic
     when n > 1 and rows differ in difficulty.
     """
