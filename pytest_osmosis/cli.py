@@ -26,6 +26,7 @@ from typing import Any, TextIO
 from pytest_osmosis import __version__
 from pytest_osmosis.errors import ConfigError, OsmosisError, RunDirectoryError
 from pytest_osmosis.runs import (
+    dataset_row,
     find_output_root,
     format_duration,
     list_runs,
@@ -34,6 +35,14 @@ from pytest_osmosis.runs import (
     resolve_run,
     run_info,
     run_list_item,
+)
+from pytest_osmosis.words import (
+    ATTEMPTS,
+    BELOW_THRESHOLD,
+    ERRORED,
+    SKIPPED,
+    outcomes_text,
+    pass_rate_text,
 )
 
 PROG = "pytest-osmosis"
@@ -228,11 +237,7 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
                 + (f", {progress['pending']} pending" if progress.get("pending") else "")
                 + (f", {progress['resumed']} carried forward" if progress.get("resumed") else ""),
             ),
-            (
-                "Outcomes",
-                f"{progress['passed']} passed, {progress['below_threshold']} below "
-                f"threshold, {progress['failed']} failed, {progress['skipped']} skipped",
-            ),
+            ("Outcomes", outcomes_text(progress)),
             (
                 "Rows",
                 f"{progress.get('sampled_rows') or '?'} selected of "
@@ -268,9 +273,11 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
         [
             (
                 "Pass rate",
-                f"{_pct(results.get('pass_rate', 0))} ({results.get('passed', 0)}/"
-                f"{results.get('completed_samples', 0)} scored, threshold "
-                f"{float(results.get('pass_threshold', config['pass_threshold']))!r})",
+                pass_rate_text(
+                    int(results.get("passed", 0)), int(results.get("completed_samples", 0))
+                )
+                + f", pass_threshold "
+                f"{float(results.get('pass_threshold', config['pass_threshold']))!r}",
             ),
             (
                 "Reward",
@@ -286,19 +293,13 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             ("Error types", ", ".join(f"{k} x{v}" for k, v in info["error_types"].items())),
         ],
     )
-    for title, key in (("Failed rows", "failed_rows"), ("Skipped rows", "skipped_rows")):
+    for word, key in ((ERRORED, "failed_rows"), (SKIPPED, "skipped_rows")):
         entries = info[key]
         if not entries:
             continue
-        lines.extend(["", f"{title} ({len(entries)})"])
+        lines.extend(["", f"{word.capitalize()} {ATTEMPTS} ({len(entries)})"])
         for entry in entries[:50]:
-            source = entry.get("source_row_index")
-            where = f"row {entry['row_index']}" + (
-                f" (source {source})"
-                if isinstance(source, int) and source != entry["row_index"]
-                else ""
-            )
-            text = f"  {where} run {entry['run_index']}"
+            text = f"  row {dataset_row(entry)} run {entry['run_index']}"
             if key == "failed_rows":
                 text += f": error_type={entry.get('error_type') or 'unknown'}"
             if entry.get("rollout_id"):
@@ -313,7 +314,7 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
         lines.extend(
             [
                 "",
-                f"Below threshold: {len(below)} attempt(s) scored under "
+                f"{BELOW_THRESHOLD.capitalize()}: {len(below)} attempt(s) with a reward under "
                 f"{float(config['pass_threshold'])!r}",
             ]
         )
@@ -439,7 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
         "info",
         help="everything about one run",
         allow_abbrev=False,
-        description="Show a run's context, configuration, results and failed rows.",
+        description="Show a run's context, configuration, results and the attempts "
+        "that errored or were skipped.",
     )
     p_info.add_argument(
         "run", metavar="NAME|PATH", help="run name under the root, or its directory"

@@ -8,7 +8,7 @@ or the concurrency, and ``--lf``, ``--deselect`` and ``-k row_7_`` keep working.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,23 +98,13 @@ class EvalItem(pytest.Item):
         session: EvalSession = self.config.stash[SESSION_KEY]
         result = session.run_item(self)
         self.stash[RESULT_KEY] = result
-        where = f"(row {self.source_row_index}, run {self.run_index})"
-        resumed = " [resumed]" if result.get("resumed") else ""
-        status = result["status"]
-        if status == "skipped":
-            reason = f"{result.get('message') or 'sample removed'} {where}{resumed}"
-            raise pytest.skip.Exception(reason, _use_item_location=True)
-        threshold = result["pass_threshold"]
-        if status == "failed" and self.config.option.usepdb and result.get("exception"):
+        outcome, text, detail = pytest_verdict(result, self.source_row_index, self.run_index)
+        if outcome == "skipped":
+            raise pytest.skip.Exception(text, _use_item_location=True)
+        if result["status"] == "failed" and self.config.option.usepdb and result.get("exception"):
             raise result["exception"]  # --pdb: post-mortem in the rollout's own frames
-        if status == "failed":
-            headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
-            raise EvalFailure(f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", ""))
-        reward = result["reward"]
-        if reward < threshold:
-            raise EvalFailure(
-                f"reward {reward:.2f} < pass_threshold {threshold:.2f} {where}{resumed}"
-            )
+        if outcome == "failed":
+            raise EvalFailure(text, detail)
 
     def repr_failure(
         self, excinfo: ExceptionInfo[BaseException], style: Any = None
@@ -155,6 +145,66 @@ def _how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
         f"; to run the other configs, add --continue-on-collection-errors "
         f"or name them: pytest {' '.join(shown[:3])}{more}"
     )
+
+
+def pytest_verdict(
+    result: Mapping[str, Any], source_row: int, run_index: int
+) -> tuple[str, str, str]:
+    """An attempt's result as pytest reports it: (outcome, headline, detail).
+
+    The outcome is pytest's (``passed``, ``failed``: an error or a reward below the
+    threshold, ``skipped``); the headline names the dataset row, as node ids do.
+    """
+    where = f"(row {source_row}, run {run_index})"
+    resumed = " [resumed]" if result.get("resumed") else ""
+    status = result["status"]
+    if status == "skipped":
+        return "skipped", f"{result.get('message') or 'sample removed'} {where}{resumed}", ""
+    if status == "failed":
+        headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
+        return "failed", f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", "")
+    reward, threshold = result["reward"], result["pass_threshold"]
+    if reward < threshold:
+        headline = f"reward {reward:.2f} < pass_threshold {threshold:.2f}"
+        return "failed", f"{headline} {where}{resumed}", ""
+    return "passed", "", ""
+
+
+def junit_properties(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``osmosis_*`` properties of an attempt's JUnit test case."""
+    return [
+        (f"osmosis_{key}", result[key])
+        for key in ("reward", "pass_threshold", "error_type", "tokens")
+        if result.get(key) is not None
+    ]
+
+
+def recorded_reports(
+    nodeid: str, result: Mapping[str, Any], source_row: int, run_index: int
+) -> list[pytest.TestReport]:
+    """Call and teardown reports of an attempt recorded by an earlier session.
+
+    What a replayed item would report, built without running pytest's protocol: a
+    finished run's items are deselected (nothing runs), and these let ``--junitxml``
+    still list its rows with their recorded outcome and duration.
+    """
+    outcome: Any
+    outcome, text, detail = pytest_verdict(result, source_row, run_index)
+    path, _, name = nodeid.rpartition("::")
+    location = (path, 0, name)
+    longrepr: Any = None
+    if outcome == "failed":
+        longrepr = f"{text}\n{detail}".rstrip()
+    elif outcome == "skipped":
+        longrepr = (path, 1, f"Skipped: {text}")
+    duration = float(result.get("duration_ms") or 0.0) / 1000.0
+    properties = junit_properties(result)
+    return [
+        pytest.TestReport(nodeid, location, {}, outcome, longrepr, "call", duration=duration),
+        pytest.TestReport(
+            nodeid, location, {}, "passed", None, "teardown", user_properties=properties
+        ),
+    ]
 
 
 def _backstop_seconds(plan: EvalPlan, config: pytest.Config) -> float | None:

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, pass_rate_text
+
 
 @dataclass(frozen=True)
 class GateOptions:
@@ -57,13 +59,13 @@ def decide(options: GateOptions, runs: list[tuple[str, dict[str, Any]]]) -> Verd
                 bound = wilson_lower_bound(passed, scored)
                 ok = bound >= options.min_pass_rate
                 what = (
-                    f"pass rate {rate:.1%} ({passed}/{scored}), 95% Wilson lower bound "
+                    f"pass rate {pass_rate_text(passed, scored)}, 95% Wilson lower bound "
                     f"{bound:.1%} {'>=' if ok else '<'} {options.min_pass_rate:.1%}"
                 )
             else:
                 ok = rate >= options.min_pass_rate
                 what = (
-                    f"pass rate {rate:.1%} ({passed}/{scored}) "
+                    f"pass rate {pass_rate_text(passed, scored)} "
                     f"{'>=' if ok else '<'} {options.min_pass_rate:.1%}"
                 )
             verdict.reasons.append(f"{name}: {what}")
@@ -72,7 +74,8 @@ def decide(options: GateOptions, runs: list[tuple[str, dict[str, Any]]]) -> Verd
             errors = failed / scored if scored else 0.0
             ok = errors <= options.max_error_rate
             verdict.reasons.append(
-                f"{name}: error rate {errors:.1%} ({failed}/{scored}) "
+                f"{name}: error rate {errors:.1%} "
+                f"({failed} {ERRORED} / {scored} {PASS_RATE_BASIS}) "
                 f"{'<=' if ok else '>'} {options.max_error_rate:.1%}"
             )
             verdict.passed = verdict.passed and ok

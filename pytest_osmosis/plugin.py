@@ -534,12 +534,24 @@ class EvalHooks:
             self._progress().add(result)
 
     def _progress(self) -> Progress:
+        """Progress on the results table's basis: what earlier sessions recorded counts."""
         if self.progress is None:
             from pytest_osmosis.progress import Progress
+            from pytest_osmosis.runs import outcome_of
+            from pytest_osmosis.words import OUTCOMES
 
             reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
-            total = sum(run.pending_at_start for run in self.session.runs.values())
-            self.progress = Progress(reporter, total)
+            total = tokens = 0
+            recorded = dict.fromkeys(OUTCOMES, 0)
+            for run in self.session.runs.values():
+                threshold = run.plan.settings.pass_threshold
+                total += run.pending_at_start if run.to_run is None else run.to_run
+                for key in run.rundir.resumed_keys - run.rerun:
+                    record = run.rundir.records[key]
+                    recorded[outcome_of(record, threshold)] += 1
+                    tokens += int(record.get("tokens") or 0)
+            total += sum(recorded.values())
+            self.progress = Progress(reporter, total, recorded=recorded, recorded_tokens=tokens)
         return self.progress
 
     @pytest.hookimpl(wrapper=True)
@@ -577,11 +589,22 @@ class EvalHooks:
         for item in items:
             if isinstance(item, EvalItem):
                 by_config.setdefault(item.path, []).append(item)
-        finished = {
-            path
-            for path, group in by_config.items()
-            if all(self.session.carried_forward(item) is not None for item in group)
-        }
+        for run in self.session.runs.values():
+            run.to_run = 0  # a config none of whose items were selected runs nothing
+        finished: set[Path] = set()
+        for path, group in by_config.items():
+            plan = group[0].parent.plan
+            if self.session.journal(plan):
+                pending = [item for item in group if self.session.carried_forward(item) is None]
+            else:
+                pending = group  # nothing recorded yet: every selected item runs
+            if not pending:
+                finished.add(path)
+            controller_run = self.session.runs.get(plan.config_path)
+            if controller_run is not None:  # single process: progress counts what runs
+                records = controller_run.rundir.records
+                controller_run.to_run = len(pending)
+                controller_run.rerun = {item.key for item in pending if item.key in records}
         if not finished:
             return
         kept: list[pytest.Item] = []
@@ -591,6 +614,26 @@ class EvalHooks:
             (recorded if done else kept).append(item)
         config.hook.pytest_deselected(items=recorded)
         items[:] = kept
+        workerinput = getattr(config, "workerinput", {})
+        if config.option.xmlpath or workerinput.get("osmosis_junit"):
+            self._keep_recorded_for_junit(config, recorded)
+
+    def _keep_recorded_for_junit(self, config: pytest.Config, recorded: list[pytest.Item]) -> None:
+        """Remember a finished run's deselected items: --junitxml still lists them.
+
+        Only with --junitxml (under xdist the controller writes it: workers send the list).
+        """
+        from pytest_osmosis.collect import EvalItem
+
+        entries = [
+            (item.nodeid, str(item.parent.plan.config_path), *item.key)
+            for item in recorded
+            if isinstance(item, EvalItem)
+        ]
+        if self.session.is_worker:
+            config.workeroutput["osmosis_recorded"] = entries  # type: ignore[attr-defined]
+        else:
+            keep_recorded(self.session, entries)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -643,7 +686,7 @@ class EvalHooks:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Runner process: put the item's result on its report (builtins only: it crosses xdist)."""
         report = yield
-        from pytest_osmosis.collect import RESULT_KEY, EvalItem
+        from pytest_osmosis.collect import RESULT_KEY, EvalItem, junit_properties
 
         if isinstance(item, EvalItem) and call.when == "call" and RESULT_KEY in item.stash:
             result = item.stash[RESULT_KEY]
@@ -651,10 +694,8 @@ class EvalHooks:
                 **{k: v for k, v in result.items() if k != "exception"},
                 "config": str(item.parent.plan.config_path),
             }
-            for key in ("reward", "pass_threshold", "error_type", "tokens"):
-                if result.get(key) is not None:
-                    # The item's list: junitxml reads it from the teardown report.
-                    item.user_properties.append((f"osmosis_{key}", result[key]))
+            # The item's list: junitxml reads it from the teardown report.
+            item.user_properties.extend(junit_properties(result))
         return report
 
     @pytest.hookimpl(tryfirst=True)
@@ -707,12 +748,40 @@ class EvalHooks:
                 interrupted = session.shouldstop or session.shouldfail
                 for run in self.session.runs.values():
                     run.metrics = finalize_run(run, cancelled=bool(interrupted))
+                self._recorded_to_junit(session.config)
                 self._finished_runs_status(session)
                 if self.session.options.report:
                     self._write_reports()
                 self._gate(session)
         finally:
             self.session.close()
+
+    def _recorded_to_junit(self, config: pytest.Config) -> None:
+        """--junitxml lists a finished run's rows with their recorded outcome and duration.
+
+        They were deselected, so nothing ran: their reports go to the JUnit writer alone
+        (before it writes, in its own pytest_sessionfinish), not through pytest's hooks,
+        so the terminal still says they were deselected and nothing else counts them.
+        """
+        try:
+            from _pytest.junitxml import xml_key
+        except ImportError:  # pragma: no cover - pytest moved it; JUnit lists what ran
+            return
+        xml = config.stash.get(xml_key, None)
+        if xml is None:
+            return
+        from pytest_osmosis.collect import recorded_reports
+        from pytest_osmosis.session import resumed_result
+
+        for run in self.session.runs.values():
+            for nodeid, key in run.recorded_items:
+                record = run.rundir.records.get(key)
+                if record is None:
+                    continue
+                result = resumed_result(record, run.plan)
+                source = run.plan.dataset.source_row_index(key[0])
+                for report in recorded_reports(nodeid, result, source, key[1]):
+                    xml.pytest_runtest_logreport(report)
 
     def _finished_runs_status(self, session: pytest.Session) -> None:
         """Runs finished before this session ran nothing: their recorded rows decide."""
@@ -769,12 +838,33 @@ class EvalHooks:
         write_summary(terminalreporter, self.session)
 
 
+def keep_recorded(session: EvalSession, entries: list[tuple[str, str, int, int]]) -> None:
+    """Controller: note (node id, config, row_index, run_index) of deselected recorded items."""
+    for nodeid, config_path, row_index, run_index in entries:
+        run = session.runs.get(Path(config_path))
+        if run is not None:
+            run.recorded_items.append((nodeid, (row_index, run_index)))
+
+
 def run_keys(plan: Any) -> list[tuple[int, int]]:
     return [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
 
 
 def finalize_run(run: Any, *, cancelled: bool) -> dict[str, Any]:
+    """Write the run's snapshots; a finished run that ran nothing keeps its record as it was.
+
+    Rewriting it would give it this session's start and duration (milliseconds for a
+    run that took minutes) and mark every row resumed.
+    """
     plan = run.plan
+    if run.executed == 0:
+        recorded = run.rundir.recorded_metrics() or {}
+        finished = recorded.get("eval_run", {}).get("status") == "finished"
+        if finished and recorded.get("summary", {}).get("total_samples") == len(run.rundir.records):
+            run.log.write("info", "run", "run finished earlier; nothing ran, nothing rewritten")
+            run.log.close()
+            run.rundir.close()
+            return dict(recorded)
     complete = all(key in run.rundir.records for key in run_keys(plan))
     status = "finished" if complete and not cancelled else "incomplete"
     run.log.write("info", "run", f"run {status}", executed=run.executed)
@@ -827,6 +917,7 @@ class XdistControllerHooks:
             and not self._internals_problem()
         )
         node.workerinput["osmosis_prefetch"] = prefetch
+        node.workerinput["osmosis_junit"] = bool(self.session.config.option.xmlpath)
         if prefetch:  # rows run ahead, so a worker's death needs the exact culprit
             if self.blame_dir is None:
                 from pytest_osmosis.blame import make_directory
@@ -842,6 +933,31 @@ class XdistControllerHooks:
         if problem is not None:
             warn_once(self.session.config, problem)
         return problem
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """What the workers will run (every worker collects the same): progress counts it."""
+        runs = self.session.runs
+        if not runs or any(run.to_run is not None for run in runs.values()):
+            return
+        for run in runs.values():
+            run.to_run = 0
+        for nodeid in ids:
+            found = self.session.item_key(nodeid)
+            if found is None:
+                continue
+            run = runs[found[0]]
+            if run.rundir.pending([found[1]]):
+                run.to_run = (run.to_run or 0) + 1
+                if found[1] in run.rundir.records:
+                    run.rerun.add(found[1])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """A worker's list of a finished run's deselected items (for --junitxml)."""
+        entries = getattr(node, "workeroutput", {}).get("osmosis_recorded")
+        if entries and not any(run.recorded_items for run in self.session.runs.values()):
+            keep_recorded(self.session, entries)
 
     def culprit(self, node: Any) -> str | None:
         """The node id whose code the dead worker ``node`` was running, if it said."""

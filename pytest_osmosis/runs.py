@@ -22,11 +22,11 @@ from typing import Any, TypeGuard
 
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.results.metrics import aggregate_metrics
+from pytest_osmosis.words import OUTCOMES
 
 DEFAULT_OUTPUT = Path(".osmosis") / "evals"
 RUN_MARKERS = ("manifest.json", "metrics.json", "index.jsonl", "events.jsonl")
 DEFAULT_PASS_THRESHOLD = 1.0
-OUTCOMES = ("passed", "below_threshold", "failed", "skipped")
 
 _MAX_JSON_BYTES = 64 * 1024 * 1024
 _SELECTOR = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
@@ -259,6 +259,20 @@ def _normalize_row(raw: Mapping[str, Any]) -> dict[str, Any] | None:
     return row
 
 
+def dataset_row(row: Mapping[str, Any]) -> int:
+    """The dataset row a user reads for an index row: its ``source_row_index``.
+
+    ``row_index`` is the position in the selection (what the contract's file names and
+    ``index.jsonl`` use); node ids, progress and every report name the dataset row.
+    ``load_run`` fills the source in from the manifest's selection when the journal has
+    none; a run with neither falls back to ``row_index``.
+    """
+    source = row.get("source_row_index")
+    if isinstance(source, int) and not isinstance(source, bool):
+        return source
+    return int(row["row_index"])
+
+
 def outcome_of(row: Mapping[str, Any], threshold: float) -> str:
     """passed / below_threshold / failed / skipped, the way metrics.json counts them."""
     status = row.get("status")
@@ -267,7 +281,7 @@ def outcome_of(row: Mapping[str, Any], threshold: float) -> str:
     reward = row.get("reward")
     if status == "failed" or status != "success":
         return "failed"
-    if isinstance(reward, float) and reward >= threshold:
+    if _is_number(reward) and reward >= threshold:
         return "passed"
     return "below_threshold"
 

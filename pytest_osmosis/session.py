@@ -67,6 +67,12 @@ class ControllerRun:
     log: RunLog
     started_at: Any
     pending_at_start: int = 0
+    #: Pending work items this session selected to run (after -k, --deselect, ...), and
+    #: those of them an earlier session recorded (re-run by --osmosis-retry-failed).
+    to_run: int | None = None
+    rerun: set[tuple[int, int]] = field(default_factory=set)
+    #: (node id, key) of recorded items a finished run deselected, for --junitxml.
+    recorded_items: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
     executed: int = 0
     rate_limited: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -99,6 +105,8 @@ class EvalSession:
         self._blame_slot: tuple[str, str] | None = None
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
+        self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
+        self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
 
     # -- planning --------------------------------------------------------------------
 
@@ -306,7 +314,7 @@ class EvalSession:
         plan = item.parent.plan
         record = self.carried_forward(item)
         if record is not None:
-            return _resumed_result(record, plan)
+            return resumed_result(record, plan)
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
@@ -328,26 +336,41 @@ class EvalSession:
             self.executor.abandon(item.nodeid)
             return self._backstop_result(item, str(exc), blocker[0] if blocker else None)
 
-    def crashed_result(self, nodeid: str, why: str) -> dict[str, Any] | None:
-        """Controller: the failed result of an item whose xdist worker died under it."""
+    def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
+        """Controller: the run and (row_index, run_index) an eval item's node id names."""
         import re
-        import uuid
 
         match = re.search(r"::row_(\d+)_run_(\d+)$", nodeid)
         if match is None:
             return None
         prefix = nodeid[: match.start()]
-        for path, run in self.runs.items():
-            if not _nodeid_names(self.config, prefix, path):
-                continue
-            source, run_index = int(match.group(1)), int(match.group(2))
-            sources = run.plan.dataset.selected_source_rows
-            if source not in sources:
-                return None
+        if prefix not in self._prefixes:
+            self._prefixes[prefix] = next(
+                (path for path in self.runs if _nodeid_names(self.config, prefix, path)), None
+            )
+        path = self._prefixes[prefix]
+        if path is None:
+            return None
+        if path not in self._positions:
+            sources = self.runs[path].plan.dataset.selected_source_rows
+            self._positions[path] = {source: at for at, source in enumerate(sources)}
+        row_index = self._positions[path].get(int(match.group(1)))
+        if row_index is None:
+            return None
+        return path, (row_index, int(match.group(2)))
+
+    def crashed_result(self, nodeid: str, why: str) -> dict[str, Any] | None:
+        """Controller: the failed result of an item whose xdist worker died under it."""
+        import uuid
+
+        found = self.item_key(nodeid)
+        if found is not None:
+            path, (row_index, run_index) = found
+            run = self.runs[path]
             return {
-                "row_index": sources.index(source),
+                "row_index": row_index,
                 "run_index": run_index,
-                "source_row_index": source,
+                "source_row_index": run.plan.dataset.source_row_index(row_index),
                 "rollout_id": uuid.uuid4().hex,
                 "status": "failed",
                 "duration_ms": 0.0,
@@ -543,7 +566,8 @@ def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:
     return (config.rootpath / prefix).resolve() == path.resolve()
 
 
-def _resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
+def resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
+    """A recorded result as the item that reuses it reports it."""
     threshold = plan.settings.pass_threshold
     reward = record.get("reward")
     status = record["status"]

@@ -38,6 +38,9 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
 
 
 def summary_lines(run: ControllerRun) -> list[str]:
+    from pytest_osmosis.runs import outcome_of
+    from pytest_osmosis.words import OUTCOME_WORDS, outcomes_text, pass_rate_text, summary_counts
+
     metrics = run.metrics
     eval_run: dict[str, Any] = metrics.get("eval_run", {})
     summary: dict[str, Any] = metrics.get("summary", {})
@@ -45,13 +48,11 @@ def summary_lines(run: ControllerRun) -> list[str]:
     lines = [
         f"rollout {eval_run.get('rollout_name')}  model {eval_run.get('model_name')}  "
         f"dataset {eval_run.get('dataset_name')}  status {eval_run.get('status')}",
-        f"outcomes   {summary.get('passed', 0)} passed, "
-        f"{summary.get('graded', 0) - summary.get('passed', 0)} below threshold, "
-        f"{summary.get('failed', 0)} failed, {summary.get('skipped', 0)} skipped "
-        f"of {summary.get('total_samples', 0)}",
-        f"pass rate  {_pct(summary.get('pass_rate', 0))} "
-        f"(pass_threshold {summary.get('pass_threshold')}; "
-        f"{summary.get('passed', 0)}/{summary.get('completed_samples', 0)} scored)",
+        "outcomes   "
+        + outcomes_text(summary_counts(summary), int(summary.get("total_samples", 0))),
+        "pass rate  "
+        + pass_rate_text(int(summary.get("passed", 0)), int(summary.get("completed_samples", 0)))
+        + f", pass_threshold {summary.get('pass_threshold')}",
     ]
     stats = summary.get("reward_stats")
     if stats:
@@ -74,21 +75,31 @@ def summary_lines(run: ControllerRun) -> list[str]:
         lines.append(f"report     {run.report_path}")
     elif run.report_error:
         lines.append(f"report     not written: {run.report_error}")
-    failed = [
-        record
+    threshold = plan.settings.pass_threshold
+    not_passed = [
+        (outcome, record)
         for _, record in sorted(run.rundir.records.items())
-        if record.get("status") == "failed"
+        if (outcome := outcome_of(record, threshold)) in ("below_threshold", "failed")
     ]
-    if failed:
-        lines.append("failed rows:")
-        for record in failed[:20]:
+    if not_passed:
+        lines.append("attempts that did not pass:")
+        for outcome, record in not_passed[:20]:
+            # The dataset row, as node ids and progress name it (not the selection position).
+            row = plan.dataset.source_row_index(record["row_index"])
+            reward = record.get("reward")
+            why = (
+                f"({record.get('error_type') or 'error'})"
+                if outcome == "failed"
+                else f"(reward {reward:.2f})"
+                if isinstance(reward, (int, float))
+                else ""
+            )
             lines.append(
-                f"  row {record['row_index']} run {record['run_index']}: "
-                f"{record.get('error_type', 'below threshold')}  "
+                f"  row {row} run {record['run_index']}: {OUTCOME_WORDS[outcome]} {why}  "
                 f"{plan.run_dir / 'rollout_trials' / record['rollout_id']}"
             )
-        if len(failed) > 20:
-            lines.append(f"  ... and {len(failed) - 20} more (see index.jsonl)")
+        if len(not_passed) > 20:
+            lines.append(f"  ... and {len(not_passed) - 20} more (see index.jsonl)")
     return lines
 
 

@@ -385,7 +385,7 @@ def test_report_markdown_and_compare(workspace: Path, capsys: pytest.CaptureFixt
     assert code == 0
     assert out.startswith("### Osmosis eval: after vs reference-run")
     assert "**Pass rate 50.0%** (was 40.0%): **+10.0 pp**" in out
-    assert "#### Regressed rows (1)\n\n| source row | baseline passes | current passes |" in out
+    assert "#### Regressed rows (1)\n\n| row | baseline passes | current passes |" in out
     assert "| 1 | 2/2 | 1/2 |" in out
     assert "#### Improved rows (2)" in out
     assert "| 0 | 1/2 | 2/2 |" in out and "| 4 | 0/2 | 1/2 |" in out
@@ -402,7 +402,7 @@ def test_report_markdown_and_compare(workspace: Path, capsys: pytest.CaptureFixt
     assert Path(out.strip()).name == "report-vs-reference-run.html"
     assert 'id="comparison"' in html and "Regressed rows (1)" in html
     code, out, _ = run_cli(capsys, "report", "reference-run", "--format", "markdown")
-    assert "#### Failed attempts (4)" in out
+    assert "#### Errored attempts (4)" in out
     assert "| 4 | 0 | agent\\_error |" in out
 
 

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from workspaces import calc_rows, write_workspace
 
-# 3 of 5 scored rows pass (60%); one row is a workflow error (20% error rate).
+# 3 of 5 attempts pass (60%); one row is a workflow error (20% error rate).
 ROWS = calc_rows(
     [
         ("What is 2 + 2?", "4"),
@@ -30,8 +30,16 @@ def workspace(pytester: pytest.Pytester, model_server, monkeypatch: pytest.Monke
 @pytest.mark.parametrize(
     ("args", "code", "line"),
     [
-        (("--osmosis-min-pass-rate", "0.6"), 0, "*pass rate 60.0% (3/5) >= 60.0%*"),
-        (("--osmosis-min-pass-rate", "0.61"), 1, "*pass rate 60.0% (3/5) < 61.0%*"),
+        (
+            ("--osmosis-min-pass-rate", "0.6"),
+            0,
+            "*pass rate 60.0% (3 passed / 5 attempts not skipped) >= 60.0%*",
+        ),
+        (
+            ("--osmosis-min-pass-rate", "0.61"),
+            1,
+            "*pass rate 60.0% (3 passed / 5 attempts not skipped) < 61.0%*",
+        ),
         (
             ("--osmosis-min-pass-rate", "0.2", "--osmosis-gate-bound", "wilson"),
             0,
@@ -42,8 +50,16 @@ def workspace(pytester: pytest.Pytester, model_server, monkeypatch: pytest.Monke
             1,
             "*Wilson lower bound 23.1% < 50.0%*",
         ),
-        (("--osmosis-max-error-rate", "0.2"), 0, "*error rate 20.0% (1/5) <= 20.0%*"),
-        (("--osmosis-max-error-rate", "0.1"), 1, "*error rate 20.0% (1/5) > 10.0%*"),
+        (
+            ("--osmosis-max-error-rate", "0.2"),
+            0,
+            "*error rate 20.0% (1 errored / 5 attempts not skipped) <= 20.0%*",
+        ),
+        (
+            ("--osmosis-max-error-rate", "0.1"),
+            1,
+            "*error rate 20.0% (1 errored / 5 attempts not skipped) > 10.0%*",
+        ),
     ],
 )
 def test_gate_decides_the_exit_status(

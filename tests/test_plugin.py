@@ -381,7 +381,9 @@ def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
     # Nothing runs, not even the preflight; the recorded failures still fail the session.
     assert again.ret == pytest.ExitCode.TESTS_FAILED, again.stdout.str()
     again.stdout.fnmatch_lines(["*already finished: every row is recorded, none ran again*"])
-    again.stdout.fnmatch_lines(["outcomes   1 passed, 1 below threshold, 2 failed, 1 skipped of 5"])
+    again.stdout.fnmatch_lines(
+        ["outcomes   1 passed, 1 below threshold, 2 errored, 1 skipped of 5"]
+    )
     assert model_env.requests_total == before
     assert (pytester.path / ".osmosis" / "evals" / "done" / "events.jsonl").read_text() == journal
     # A finished run where every row passed exits 0, though pytest itself ran no test.

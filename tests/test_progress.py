@@ -62,8 +62,14 @@ def test_every_row_gets_a_line_when_output_is_not_a_terminal() -> None:
     for result in RESULTS:
         progress.add(result)
     assert len(reporter.lines) == 4
-    assert reporter.lines[2].startswith("osmosis: row 2 run 0 failed (agent_error)")
-    assert "3/4 rows done, pass rate 33.3%, 1 failed, 20 tokens" in reporter.lines[2]
+    assert reporter.lines[0].startswith("osmosis: row 0 run 0 passed (reward 1.0)  [1/4 attempts")
+    assert reporter.lines[1].startswith("osmosis: row 1 run 0 below threshold (reward 0.0)")
+    assert reporter.lines[2].startswith("osmosis: row 2 run 0 errored (agent_error)")
+    assert (
+        "[3/4 attempts done: 1 passed, 1 below threshold, 1 errored, 0 skipped; "
+        "pass rate 33.3%; 20 tokens;" in reporter.lines[2]
+    )
+    assert reporter.lines[3].startswith("osmosis: row 3 run 0 skipped  [4/4 attempts done")
     assert "ETA" in reporter.lines[2] and "ETA" not in reporter.lines[3]
 
 
@@ -79,4 +85,4 @@ def test_a_terminal_gets_a_status_line_at_most_every_few_seconds(
         progress.add(result)
     # At 102..116 s: lines when at least 5 s passed since the last one (106, 112).
     assert len(reporter.lines) == 2
-    assert reporter.lines[0].startswith("osmosis: 3/10 rows done")
+    assert reporter.lines[0].startswith("osmosis: 3/10 attempts done: 1 passed,")

@@ -224,7 +224,7 @@ def test_header_cards_show_the_metrics(run_dir: Path) -> None:
         ("pass@2", "60.0%"),
         ("Mean reward", "0.667"),
     ]
-    assert "4 of 10 scored attempts reached reward &ge; 1.0" in cards
+    assert "4 passed / 10 attempts not skipped; reward &ge; 1.0" in cards
     assert "4 passed" in cards and "2 below threshold" in cards and "2 skipped" in cards
 
 

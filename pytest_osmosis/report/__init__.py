@@ -20,7 +20,8 @@ from typing import Any
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.report.compare import compare_runs, comparison_markdown, escape_markdown
 from pytest_osmosis.report.html import render_html
-from pytest_osmosis.runs import load_run, run_info
+from pytest_osmosis.runs import dataset_row, load_run, run_info
+from pytest_osmosis.words import ATTEMPTS, ERRORED, outcomes_text, pass_rate_basis
 
 __all__ = [
     "REPORT_FILENAME",
@@ -85,22 +86,22 @@ def run_markdown(run: Mapping[str, Any], *, max_rows: int = 50) -> str:
     info = run_info(run)
     results, ctx = info["results"], info["context"]
     progress = info["progress"]
+    passed, counted = int(results.get("passed", 0)), int(results.get("completed_samples", 0))
     lines = [
         f"### Osmosis eval: {escape_markdown(info['name'])} ({escape_markdown(info['status'])})",
         "",
         f"**Pass rate {float(results.get('pass_rate', 0)) * 100:.1f}%** "
-        f"({results.get('passed', 0)}/{results.get('completed_samples', 0)} scored attempts "
-        f"reached reward ≥ {float(info['configuration']['pass_threshold'])!r})",
+        f"({pass_rate_basis(passed, counted)}), "
+        f"pass_threshold {float(info['configuration']['pass_threshold'])!r}",
         "",
         "| | |",
         "|---|---|",
         f"| model | {escape_markdown(ctx.get('model'))} |",
         f"| rollout | {escape_markdown(ctx.get('rollout'))} |",
         f"| dataset | {escape_markdown(ctx.get('dataset'))} |",
-        f"| attempts | {progress['done']}"
+        f"| {ATTEMPTS} | {progress['done']}"
         + (f" / {progress['total']}" if progress.get("total") else "")
-        + f": {progress['passed']} passed, {progress['below_threshold']} below threshold, "
-        f"{progress['failed']} failed, {progress['skipped']} skipped |",
+        + f": {outcomes_text(progress)} |",
         f"| tokens | {results.get('tokens_used', 0)} |",
     ]
     points = results.get("pass_at_k") or []
@@ -116,7 +117,7 @@ def run_markdown(run: Mapping[str, Any], *, max_rows: int = 50) -> str:
     if failed:
         lines += [
             "",
-            f"#### Failed attempts ({len(failed)})",
+            f"#### {ERRORED.capitalize()} {ATTEMPTS} ({len(failed)})",
             "",
             "| row | attempt | error type | message |",
             "|---:|---:|---|---|",
@@ -124,7 +125,7 @@ def run_markdown(run: Mapping[str, Any], *, max_rows: int = 50) -> str:
         for row in failed[:max_rows]:
             error_type = escape_markdown(row.get("error_type"))
             message = escape_markdown(str(row.get("error_message", ""))[:200])
-            lines.append(f"| {row['row_index']} | {row['run_index']} | {error_type} | {message} |")
+            lines.append(f"| {dataset_row(row)} | {row['run_index']} | {error_type} | {message} |")
         if len(failed) > max_rows:
             lines.append(f"| … | {len(failed) - max_rows} more | | |")
     return "\n".join(lines) + "\n"

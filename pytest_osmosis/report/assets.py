@@ -103,6 +103,7 @@ JS = r"""
   "use strict";
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var rows = data.rows;
+  var words = data.words || {};
   var byKey = {};
   rows.forEach(function (r) { byKey[r.r + "." + r.n] = r; });
   var table = document.getElementById("rows");
@@ -253,9 +254,9 @@ JS = r"""
     body.textContent = "";
     add(body, el("h3", null, "Row " + r.r + " · attempt " + r.n));
     var status = add(body, el("div"));
-    add(status, el("span", "pill o-" + r.outcome, r.outcome.replace("_", " ")));
+    add(status, el("span", "pill o-" + r.outcome, words[r.outcome] || r.outcome));
     kv(body, [["reward", fmtReward(r.reward)], ["tokens", r.tokens], ["duration", fmtMs(r.dur)],
-              ["source row", r.src], ["status", r.status]]);
+              ["status", r.status]]);
     kv(body, [["rollout", r.rid]]);
     if (r.resumed) add(body, el("div", "muted", "carried forward from an earlier invocation"));
     if (r.err || r.msg) {

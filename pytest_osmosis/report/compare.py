@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_osmosis.report.stats import newcombe_difference, per_row_passes
+from pytest_osmosis.runs import dataset_row
+from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, PASSED, SKIPPED
 
 
 def _inputs(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,18 +45,11 @@ def _side(run: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _key(row: Mapping[str, Any]) -> int:
-    """Rows are matched by their position in the dataset file, so two runs that selected
-    different rows (``--rows``, ``limit``) still line up."""
-    source = row.get("source_row_index")
-    return source if isinstance(source, int) else int(row["row_index"])
-
-
 def compare_runs(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
     """*current* against *baseline* (both from :func:`pytest_osmosis.runs.load_run`).
 
     A row regressed when its share of passing attempts fell, improved when it rose.
-    The pass-rate change is ``current - baseline`` over scored attempts with Newcombe's
+    The pass-rate change is ``current - baseline`` over attempts not skipped, with Newcombe's
     hybrid score interval; it treats attempts as independent, which is optimistic
     when n > 1 and rows differ in difficulty.
     """
@@ -76,8 +71,10 @@ def compare_runs(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> dic
     for label, run in (("current", current), ("baseline", baseline)):
         if run["status"] != "finished":
             warnings.append(f"the {label} run is {run['status']}: some rows are missing")
-    rows_a = [{**row, "row_index": _key(row)} for row in current["rows"]]
-    rows_b = [{**row, "row_index": _key(row)} for row in baseline["rows"]]
+    # Rows are matched by their dataset row, so two runs that selected different rows
+    # (``--rows``, ``limit``) still line up.
+    rows_a = [{**row, "row_index": dataset_row(row)} for row in current["rows"]]
+    rows_b = [{**row, "row_index": dataset_row(row)} for row in baseline["rows"]]
     passes_a, passes_b = per_row_passes(rows_a), per_row_passes(rows_b)
     regressed: list[dict[str, Any]] = []
     improved: list[dict[str, Any]] = []
@@ -174,10 +171,10 @@ def comparison_markdown(comparison: Mapping[str, Any], *, max_rows: int = 50) ->
         ("dataset", "dataset", escape_markdown),
         ("n", "n", _num),
         ("pass threshold", "pass_threshold", _threshold),
-        ("passed / scored", None, None),
+        (f"{PASSED} / {PASS_RATE_BASIS}", None, None),
         ("pass rate", "pass_rate", _pct),
-        ("failed (errors)", "failed", _num),
-        ("skipped", "skipped", _num),
+        (ERRORED, "failed", _num),
+        (SKIPPED, "skipped", _num),
         ("mean reward", "reward_mean", _num),
         ("tokens", "tokens_used", _num),
     ):
@@ -197,7 +194,7 @@ def comparison_markdown(comparison: Mapping[str, Any], *, max_rows: int = 50) ->
         if not entries:
             lines.append("None.")
             continue
-        lines += ["| source row | baseline passes | current passes |", "|---:|---:|---:|"]
+        lines += ["| row | baseline passes | current passes |", "|---:|---:|---:|"]
         for entry in entries[:max_rows]:
             lines.append(
                 f"| {entry['source_row_index']} | "

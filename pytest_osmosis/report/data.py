@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pytest_osmosis.runs import error_messages, list_artifacts, read_trajectory
+from pytest_osmosis.runs import dataset_row, error_messages, list_artifacts, read_trajectory
+from pytest_osmosis.words import OUTCOME_WORDS
 
 MAX_TEXT = 20_000
 MAX_STEPS = 400
@@ -167,13 +168,12 @@ def build_rows(run: Mapping[str, Any], report_dir: Path) -> list[dict[str, Any]]
     for i, row in enumerate(rows):
         record: dict[str, Any] = {
             "i": i,
-            "r": row["row_index"],
+            "r": dataset_row(row),  # the dataset row, as node ids name it
             "n": row["run_index"],
             "outcome": row["outcome"],
             "status": row.get("status", ""),
         }
         for src, dst in (
-            ("source_row_index", "src"),
             ("reward", "reward"),
             ("tokens", "tokens"),
             ("duration_ms", "dur"),
@@ -225,8 +225,7 @@ def build_rows(run: Mapping[str, Any], report_dir: Path) -> list[dict[str, Any]]
             str(x)
             for x in (
                 f"row {record['r']} run {record['n']}",
-                record.get("src", ""),
-                record["outcome"].replace("_", " "),
+                OUTCOME_WORDS.get(record["outcome"], record["outcome"]),
                 record.get("err", ""),
                 record.get("rid", ""),
                 record.get("msg", ""),

@@ -19,18 +19,21 @@ from pytest_osmosis.report.assets import CSS, JS
 from pytest_osmosis.report.data import build_rows
 from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
-from pytest_osmosis.runs import OUTCOMES, format_duration, parse_time, run_info
+from pytest_osmosis.runs import dataset_row, format_duration, parse_time, run_info
+from pytest_osmosis.words import (
+    ERRORED,
+    OUTCOME_WORDS,
+    OUTCOMES,
+    PASS_RATE_BASIS,
+    PASSED,
+    SKIPPED,
+    pass_rate_basis,
+)
 
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
     "img-src data:; base-uri 'none'; form-action 'none'"
 )
-OUTCOME_LABELS = {
-    "passed": "passed",
-    "below_threshold": "below threshold",
-    "failed": "failed",
-    "skipped": "skipped",
-}
 PER_ROW_BARS_MAX = 120
 
 
@@ -108,7 +111,7 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         _card(
             "Pass rate",
             _pct(results.get("pass_rate", 0)),
-            f"{passed} of {scored} scored attempts reached reward &ge; {_e(repr(float(threshold)))}"
+            f"{_e(pass_rate_basis(passed, scored))}; reward &ge; {_e(repr(float(threshold)))}"
             + (f"<br>95% CI {_pct(low)} – {_pct(high)}" if scored else ""),
             "good" if scored and passed == scored else ("bad" if scored and not passed else ""),
         )
@@ -116,13 +119,13 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     total = max(len(rows), 1)
     stack = "".join(
         f'<i class="{o}" style="width:{progress[o] / total * 100:.2f}%" '
-        f'title="{OUTCOME_LABELS[o]}: {progress[o]}"></i>'
+        f'title="{OUTCOME_WORDS[o]}: {progress[o]}"></i>'
         for o in OUTCOMES
         if progress[o]
     )
     legend = "".join(
         f'<span><span class="dot stack-dot {o}" style="background:var(--{_VAR[o]})"></span>'
-        f"{progress[o]} {OUTCOME_LABELS[o]}</span>"
+        f"{progress[o]} {OUTCOME_WORDS[o]}</span>"
         for o in OUTCOMES
     )
     done = f"{progress['done']}" + (f" / {progress['total']}" if progress.get("total") else "")
@@ -203,7 +206,7 @@ def _plots(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     passk_svg = line_chart(
         "pass-at-k", "pass@k against k", curve, x_label="k (attempts)", y_label="pass@k", note=note
     )
-    counts = per_row_passes(rows)
+    counts = per_row_passes(rows, key=dataset_row)
     max_attempts = max((a for _, a in counts.values()), default=0)
     if len(counts) <= PER_ROW_BARS_MAX:
         bars = []
@@ -264,7 +267,9 @@ def _plots(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     flaky = sum(1 for p, a in counts.values() if 0 < p < a)
     return (
         '<section class="plots" id="plots">'
-        + _figure("Reward distribution", f"scored attempts; threshold {threshold!r}", reward_svg)
+        + _figure(
+            "Reward distribution", f"attempts with a reward; threshold {threshold!r}", reward_svg
+        )
         + _figure("pass@k", "chance that at least one of k attempts passes", passk_svg)
         + _figure("Per-row pass count", f"{flaky} flaky row(s); " + per_row_note, per_row)
         + _figure("Duration distribution", "dispatch to result, per attempt", duration_svg)
@@ -278,11 +283,9 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
     filters = (
         '<div class="filters">'
         '<label>outcome <select id="f-outcome"><option value="">all</option>'
-        '<option value="passed">passed</option>'
-        '<option value="below_threshold">below threshold</option>'
-        '<option value="failed">failed (error)</option>'
-        '<option value="not_passed">not passed</option>'
-        '<option value="skipped">skipped</option></select></label>'
+        + "".join(f'<option value="{o}">{OUTCOME_WORDS[o]}</option>' for o in OUTCOMES[:3])
+        + '<option value="not_passed">not passed</option>'
+        f'<option value="skipped">{SKIPPED}</option></select></label>'
         f'<label>error type <select id="f-error"><option value="">any</option>{options}'
         "</select></label>"
         '<label>reward &ge; <input type="number" id="f-min" step="any"></label>'
@@ -311,7 +314,7 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
             f'data-outcome="{_e(r["outcome"])}" data-status="{_e(r["status"])}">'
             f'<td class="num">{r["r"]}</td><td class="num">{r["n"]}</td>'
             f'<td><span class="pill o-{_e(r["outcome"])}">'
-            f"{_e(OUTCOME_LABELS.get(r['outcome'], r['outcome']))}</span></td>"
+            f"{_e(OUTCOME_WORDS.get(r['outcome'], r['outcome']))}</span></td>"
             f'<td class="num">{reward}</td><td class="num">{_e(r.get("tokens", "–"))}</td>'
             f'<td class="num">{format_duration(r.get("dur"))}</td><td>{_e(r.get("err", ""))}</td>'
             f'<td class="mono">{_e(str(r.get("rid", ""))[:12])}</td></tr>'
@@ -338,12 +341,12 @@ def _comparison(comparison: Mapping[str, Any]) -> str:
         ("n", b["n"], a["n"]),
         ("pass threshold", b["pass_threshold"], a["pass_threshold"]),
         (
-            "passed / scored",
+            f"{PASSED} / {PASS_RATE_BASIS}",
             f"{b['passed']}/{b['completed_samples']}",
             f"{a['passed']}/{a['completed_samples']}",
         ),
         ("pass rate", _pct(b["pass_rate"]), _pct(a["pass_rate"])),
-        ("failed (errors)", b["failed"], a["failed"]),
+        (ERRORED, b["failed"], a["failed"]),
         ("mean reward", _fmt3(b["reward_mean"]), _fmt3(a["reward_mean"])),
         ("tokens", b["tokens_used"], a["tokens_used"]),
         ("duration", format_duration(b["duration_ms"]), format_duration(a["duration_ms"])),
@@ -364,7 +367,7 @@ def _comparison(comparison: Mapping[str, Any]) -> str:
         more = f"<p class='muted'>… {len(entries) - 500} more</p>" if len(entries) > 500 else ""
         return (
             f"<h4>{_e(title)} ({len(entries)})</h4><div class='tablewrap'>"
-            f"<table class='cmp' id='{key}'><thead><tr><th>source row</th><th>baseline passes</th>"
+            f"<table class='cmp' id='{key}'><thead><tr><th>row</th><th>baseline passes</th>"
             f"<th>current passes</th></tr></thead><tbody>{items}</tbody></table></div>{more}"
         )
 
@@ -447,8 +450,9 @@ def render_html(
         '<aside id="detail" hidden aria-label="attempt detail">'
         '<button type="button" id="close" title="close (Esc)">close</button>'
         '<div id="detail-body"></div></aside>',
-        f'<script type="application/json" id="report-data">{_json_script({"rows": records})}'
-        "</script>",
+        '<script type="application/json" id="report-data">'
+        + _json_script({"rows": records, "words": OUTCOME_WORDS})
+        + "</script>",
         f"<script>{JS}</script>",
         "</body></html>",
     ]

@@ -6,7 +6,7 @@ Kept dependency-free (no scipy): a report must render wherever the plugin runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pytest_osmosis.results.metrics import pass_at_k
@@ -49,12 +49,16 @@ def newcombe_difference(
 
 
 def per_row_passes(
-    rows: Iterable[Mapping[str, Any]], key: str = "row_index"
+    rows: Iterable[Mapping[str, Any]],
+    key: Callable[[Mapping[str, Any]], Any] = lambda row: row.get("row_index"),
 ) -> dict[int, tuple[int, int]]:
-    """``{row: (passes, attempts)}`` over non-skipped attempts (skips are not attempts)."""
+    """``{row: (passes, attempts)}`` over non-skipped attempts (skips are not attempts).
+
+    *key* names a row (default its selection position; the report passes the dataset row).
+    """
     counts: dict[int, tuple[int, int]] = {}
     for row in rows:
-        index = row.get(key)
+        index = key(row)
         if not isinstance(index, int):
             continue
         passes, attempts = counts.get(index, (0, 0))

@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from html import escape
 
+from pytest_osmosis.words import PASS_RATE_BASIS
+
 WIDTH, HEIGHT = 360, 220
 LEFT, RIGHT, TOP, BOTTOM = 50, 10, 16, 40
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -198,7 +200,7 @@ def line_chart(
 ) -> str:
     """A 0–100% line over integer x (pass@k against k)."""
     if not points:
-        return _empty(name, label, "no scored attempts")
+        return _empty(name, label, f"no {PASS_RATE_BASIS}")
     parts = _open(name, label)
     _y_axis(parts, [0.0, 0.25, 0.5, 0.75, 1.0], 1.0, y_label, pct=True)
     first, last = points[0][0], points[-1][0]

@@ -566,6 +566,14 @@ class RunDirectory:
                 raise RunDirectoryError(f"cannot write snapshots in {self.path}: {exc}") from exc
         return metrics
 
+    def recorded_metrics(self) -> dict[str, Any] | None:
+        """``metrics.json`` as the last refresh wrote it (None when absent or unreadable)."""
+        try:
+            document = json.loads((self.path / METRICS_FILENAME).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return document if isinstance(document, dict) else None
+
     def _project(self, keys: list[WorkKey], *, project_all: bool) -> None:
         """Copy projections for items whose selected attempt or trajectory changed."""
         for key in keys:
