@@ -14,6 +14,7 @@ import asyncio
 import copy
 import functools
 import gc
+import hmac
 import json
 import logging
 import os
@@ -376,8 +377,8 @@ class Bridge:
         """Sum of usage.total_tokens over every call served (preflight excluded)."""
         self.preflight_warning: str | None = None
         """Set when preflight met a non-fatal error (logged, the run goes on)."""
-        self._api_key = secrets.token_hex(16)
-        self._auth = f"Bearer {self._api_key}".encode()
+        self._keys: dict[str, bytes] = {}
+        """Per open rollout: its ``Authorization`` header value; gone when the rollout closes."""
         self._tokens: dict[str, int | None] = {}
         self._calls: dict[str, list[dict[str, int]]] = {}
         self._reasoning: dict[str, dict[str, dict[str, Any]]] = {}
@@ -389,7 +390,7 @@ class Bridge:
         self._runner: web.AppRunner | None = None
         self._base = ""
         self._route_kwargs = dict(route.kwargs)
-        self._secrets = _route_secrets(route) + (self._api_key,)
+        self._secrets = _route_secrets(route)
         self._main = _Target(route, self.backoff)
         # Judge models by the id a request named: resolved once, failures cached too, so a
         # missing key or an unknown id costs one lookup, not one per row.
@@ -414,7 +415,9 @@ class Bridge:
         from aiohttp import web
 
         app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_post("/v1/rollouts/{rollout_id}/chat/completions", self._handle)
+        app.router.add_post(
+            "/v1/rollouts/{rollout_id}/chat/completions", self._handle, expect_handler=self._expect
+        )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
@@ -433,13 +436,19 @@ class Bridge:
         if not rollout_id or "/" in rollout_id:
             raise ValueError(f"rollout id must be one URL path segment, got {rollout_id!r}")
         with self._lock:
+            key = self._keys.get(rollout_id)
+            if key is None:
+                # Unguessable and this rollout's alone: it stops working when the row ends.
+                key = f"Bearer {secrets.token_urlsafe(32)}".encode()
+                self._keys[rollout_id] = key
             self._tokens.setdefault(rollout_id, None)
             self._calls.setdefault(rollout_id, [])
-        return f"{self.base_url}/v1/rollouts/{rollout_id}", self._api_key
+        return f"{self.base_url}/v1/rollouts/{rollout_id}", key.decode()[len("Bearer ") :]
 
     def close_rollout(self, rollout_id: str) -> int | None:
         """Stop serving `rollout_id` and return its token total (None: no usage seen)."""
         with self._lock:
+            self._keys.pop(rollout_id, None)
             self._calls.pop(rollout_id, None)
             self._reasoning.pop(rollout_id, None)
             self._holds.pop(rollout_id, None)
@@ -617,15 +626,35 @@ class Bridge:
 
     # ----------------------------------------------------------------- serving
 
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """The answer to a call that may not be served, decided from its headers alone."""
+        rollout_id = request.match_info.get("rollout_id", "")
+        with self._lock:
+            key = self._keys.get(rollout_id)
+        if key is None:
+            return _json_error(404, f"unknown or finished rollout id {rollout_id[:100]!r}")
+        header = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(header, key):
+            return _json_error(401, "missing or wrong bearer token for the osmosis bridge")
+        return None
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: refuse before the client sends its body."""
+        from aiohttp.web_urldispatcher import _default_expect_handler
+
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        await _default_expect_handler(request)
+        return None
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web
 
-        header = request.headers.get("Authorization", "")
-        if not secrets.compare_digest(header.encode(), self._auth):
-            return _json_error(401, "missing or wrong bearer token for the osmosis bridge")
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
         rollout_id = request.match_info["rollout_id"]
-        if rollout_id not in self._tokens:
-            return _json_error(404, f"unknown or finished rollout id {rollout_id!r}")
         try:
             body = json.loads(await request.read())
             if not isinstance(body, dict):

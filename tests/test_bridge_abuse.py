@@ -1,0 +1,142 @@
+"""The bridge holds the user's model key on a loopback port: what a local process may not do.
+
+Every test here is an abuse case (issue 14 section 2): a caller without the rollout's
+token, a token holder sending what would exhaust or misuse the bridge. Raw sockets show
+what the server does before (or instead of) reading a body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from model_server import ModelServer
+
+from pytest_osmosis.bridge import Bridge, ModelRoute
+
+MODEL = "openai/osmosis-test"
+PATH = "/v1/rollouts/{}/chat/completions"
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class Harness:
+    def __init__(self, loop: Any, bridge: Bridge) -> None:
+        self.loop = loop
+        self.bridge = bridge
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run(coro)
+
+    @property
+    def port(self) -> int:
+        return int(self.bridge.base_url.rsplit(":", 1)[1])
+
+    def post(
+        self, rollout_id: str, body: Any, headers: dict[str, str] | None = None
+    ) -> tuple[int, str]:
+        import aiohttp
+
+        async def go() -> tuple[int, str]:
+            data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+            async with aiohttp.ClientSession() as session:
+                async with session.post(
+                    self.bridge.base_url + PATH.format(rollout_id), data=data, headers=headers or {}
+                ) as resp:
+                    return resp.status, await resp.text()
+
+        result: tuple[int, str] = self.run(go())
+        return result
+
+    def raw(self, head: str, *, until: bytes = b"\r\n\r\n") -> bytes:
+        """Send `head` on a fresh socket; what the server answers, up to `until` or EOF."""
+
+        async def go() -> bytes:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            try:
+                writer.write(head.encode())
+                await writer.drain()
+                received = b""
+                while until not in received:
+                    chunk = await asyncio.wait_for(reader.read(65536), 120)
+                    if not chunk:
+                        break
+                    received += chunk
+                return received
+            finally:
+                writer.close()
+
+        result: bytes = self.run(go())
+        return result
+
+
+@pytest.fixture
+def harness(model_loop: Any, model_server: ModelServer) -> Iterator[Harness]:
+    route = ModelRoute(MODEL, MODEL, {"api_base": model_server.url, "api_key": "sk-test-abuse"})
+    bridge = Bridge(route)
+    model_loop.run(bridge.start())
+    yield Harness(model_loop, bridge)
+    model_loop.run(bridge.close())
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _head(rollout_id: str, key: str, *extra: str) -> str:
+    lines = [
+        f"POST {PATH.format(rollout_id)} HTTP/1.1",
+        "Host: 127.0.0.1",
+        f"Authorization: Bearer {key}",
+        "Content-Type: application/json",
+        *extra,
+    ]
+    return "\r\n".join(lines) + "\r\n\r\n"
+
+
+# ------------------------------------------------------------------ tokens
+
+
+def test_each_rollout_has_its_own_unguessable_token(harness: Harness) -> None:
+    keys = {harness.bridge.open_rollout(f"r{n}")[1] for n in range(50)}
+    assert len(keys) == 50
+    assert all(len(key) >= 40 for key in keys)  # 32 random bytes, url-safe
+    # Asking again for an open rollout gives the same token.
+    assert harness.bridge.open_rollout("r0")[1] in keys
+
+
+def test_another_rollouts_token_is_refused(harness: Harness, model_server: ModelServer) -> None:
+    _, mine = harness.bridge.open_rollout("mine")
+    _, theirs = harness.bridge.open_rollout("theirs")
+    status, text = harness.post("mine", BODY, _auth(theirs))
+    assert status == 401 and "bearer" in json.loads(text)["detail"]
+    assert model_server.requests_total == 0
+    assert harness.post("mine", BODY, _auth(mine))[0] == 200
+
+
+def test_a_closed_rollouts_token_stops_working(harness: Harness, model_server: ModelServer) -> None:
+    _, done = harness.bridge.open_rollout("done")
+    _, live = harness.bridge.open_rollout("live")
+    assert harness.post("done", BODY, _auth(done))[0] == 200
+    harness.bridge.close_rollout("done")
+    # Neither on its own URL nor on a rollout still running.
+    assert harness.post("done", BODY, _auth(done))[0] == 404
+    assert harness.post("live", BODY, _auth(done))[0] == 401
+    assert model_server.requests_total == 1
+    assert harness.post("live", BODY, _auth(live))[0] == 200
+
+
+def test_a_wrong_bearer_is_refused_before_the_body_is_sent(harness: Harness) -> None:
+    """``Expect: 100-continue`` with a wrong token: 401 at once, never "100 Continue"."""
+    harness.bridge.open_rollout("r")
+    answer = harness.raw(_head("r", "wrong", "Content-Length: 100000000", "Expect: 100-continue"))
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+def test_a_wrong_bearer_is_answered_without_waiting_for_the_body(harness: Harness) -> None:
+    """A declared 100 MB body that never comes: the 401 does not wait for it."""
+    harness.bridge.open_rollout("r")
+    answer = harness.raw(_head("r", "wrong", "Content-Length: 100000000"))
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
