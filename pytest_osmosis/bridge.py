@@ -38,6 +38,7 @@ __all__ = [
     "JUDGE_MODEL_HEADER",
     "JUDGE_MODEL_NOT_FOUND",
     "JUDGE_PROVIDER_ERROR",
+    "MAX_BODY_BYTES",
     "Bridge",
     "ModelRoute",
     "resolve_route",
@@ -120,6 +121,10 @@ _CREDENTIAL_HINT = re.compile(r"api[ _-]?key|credential", re.IGNORECASE)
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 _KEY_NAME = re.compile(r"KEY|TOKEN|CREDENTIAL", re.IGNORECASE)
 _SSE_HEARTBEAT_S = 15.0
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""The largest request body the bridge reads (413 above it): a chat call with images fits."""
+_MAX_JSON_DEPTH = 200
+"""Deeper request JSON is refused (400): copying and forwarding it would exhaust the stack."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -414,7 +419,7 @@ class Bridge:
         """Bind 127.0.0.1 on an ephemeral port, on the running loop."""
         from aiohttp import web
 
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post(
             "/v1/rollouts/{rollout_id}/chat/completions", self._handle, expect_handler=self._expect
         )
@@ -645,6 +650,8 @@ class Bridge:
         refused = self._refusal(request)
         if refused is not None:
             return refused
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            return _body_too_large()
         await _default_expect_handler(request)
         return None
 
@@ -656,10 +663,10 @@ class Bridge:
             return refused
         rollout_id = request.match_info["rollout_id"]
         try:
-            body = json.loads(await request.read())
-            if not isinstance(body, dict):
-                raise _BadRequest("request body must be a JSON object")
+            body = _parsed(await _read_body(request))
             call = _forwarded(body)
+        except web.HTTPRequestEntityTooLarge:
+            return _body_too_large()
         except (ValueError, _BadRequest) as exc:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
@@ -888,6 +895,54 @@ def _missing_judge_keys(litellm: Any, route: ModelRoute) -> list[str]:
         return []
     names = report.get("missing_keys") if isinstance(report, dict) else None
     return [str(name) for name in names or [] if _KEY_NAME.search(str(name))]
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The body, refused from its declared length before reading when it is too large."""
+    from aiohttp import web
+
+    if (request.content_length or 0) > MAX_BODY_BYTES:
+        raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length or 0)
+    return await request.read()
+
+
+def _body_too_large() -> web.Response:
+    return _json_error(
+        413, f"request body larger than the bridge's limit of {MAX_BODY_BYTES // 2**20} MiB"
+    )
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
+    """The request JSON, refused (``_BadRequest``) when it is not an object or nests too deep."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        body = None
+        too_deep = True
+    else:
+        too_deep = _deeper_than(body, _MAX_JSON_DEPTH)
+    if too_deep:
+        raise _BadRequest(f"request body nests deeper than {_MAX_JSON_DEPTH} levels")
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    return body
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests deeper than `limit` (iteratively: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _forwarded(body: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from model_server import ModelServer
 
-from pytest_osmosis.bridge import Bridge, ModelRoute
+from pytest_osmosis.bridge import MAX_BODY_BYTES, Bridge, ModelRoute
 
 MODEL = "openai/osmosis-test"
 PATH = "/v1/rollouts/{}/chat/completions"
@@ -140,3 +140,46 @@ def test_a_wrong_bearer_is_answered_without_waiting_for_the_body(harness: Harnes
     harness.bridge.open_rollout("r")
     answer = harness.raw(_head("r", "wrong", "Content-Length: 100000000"))
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+# ------------------------------------------------------------------ bodies
+
+
+def test_a_body_over_the_limit_is_a_one_line_413(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    _, key = harness.bridge.open_rollout("big")
+    text = "x" * (MAX_BODY_BYTES + 1)
+    status, answer = harness.post(
+        "big", {**BODY, "messages": [{"role": "user", "content": text}]}, _auth(key)
+    )
+    detail = json.loads(answer)["detail"]
+    assert status == 413 and detail == "request body larger than the bridge's limit of 32 MiB"
+    assert model_server.requests_total == 0
+    assert harness.post("big", BODY, _auth(key))[0] == 200
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent(harness: Harness) -> None:
+    _, key = harness.bridge.open_rollout("r")
+    length = f"Content-Length: {250 * 2**20}"
+    assert harness.raw(_head("r", key, length)).startswith(b"HTTP/1.1 413")
+    assert harness.raw(_head("r", key, length, "Expect: 100-continue")).startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "[" * 100_000,  # json.loads itself runs out of stack
+        json.dumps({**BODY, "metadata": json.loads("[" * 300 + "]" * 300)}),  # parses, too deep
+    ],
+    ids=["unparseable", "parseable"],
+)
+def test_deeply_nested_json_is_a_one_line_400(
+    harness: Harness, model_server: ModelServer, raw: str
+) -> None:
+    _, key = harness.bridge.open_rollout("deep")
+    status, answer = harness.post("deep", raw, _auth(key))
+    detail = json.loads(answer)["detail"]
+    assert status == 400, answer[:300]
+    assert detail == "bad chat completions request: request body nests deeper than 200 levels"
+    assert model_server.requests_total == 0
