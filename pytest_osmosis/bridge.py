@@ -23,6 +23,7 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ __all__ = [
     "EMBEDDED_MODEL_PATH",
     "JUDGE_MISSING_API_KEY",
     "JUDGE_MODEL_HEADER",
+    "JUDGE_MODEL_NOT_ALLOWED",
     "JUDGE_MODEL_NOT_FOUND",
     "JUDGE_PROVIDER_ERROR",
     "MAX_BODY_BYTES",
@@ -52,6 +54,7 @@ JUDGE_MODEL_HEADER = "X-Osmosis-Judge-Model"
 # ``error.type`` of a failed judge call, so the grader can raise the matching JudgeError.
 JUDGE_MISSING_API_KEY = "judge_missing_api_key"
 JUDGE_MODEL_NOT_FOUND = "judge_model_not_found"
+JUDGE_MODEL_NOT_ALLOWED = "judge_model_not_allowed"
 JUDGE_PROVIDER_ERROR = "judge_provider_error"
 
 # A judge call (`RubricGrader`) is the rubric command's call made through the bridge: only
@@ -153,9 +156,10 @@ class _Target:
 class _JudgeUnavailable(Exception):
     """The judge model named in a request cannot be called; one line, and a kind for clients."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.kind = kind
+        self.status = status
 
 
 def resolve_route(model_path: str) -> ModelRoute:
@@ -165,6 +169,11 @@ def resolve_route(model_path: str) -> ModelRoute:
 
         return embedded_route()
     return ModelRoute(model_path=model_path, litellm_model=model_path, kwargs={})
+
+
+def _model_ids(models: Iterable[str]) -> set[str]:
+    """Model ids as a judge header names them (`Bridge._target` strips the header too)."""
+    return {model.strip() for model in models if model.strip()}
 
 
 def _route_secrets(route: ModelRoute) -> tuple[str, ...]:
@@ -372,8 +381,10 @@ class Bridge:
     and `close_rollout` may be called from any thread.
     """
 
-    def __init__(self, route: ModelRoute) -> None:
+    def __init__(self, route: ModelRoute, judge_models: Iterable[str] = ()) -> None:
         self.route = route
+        self._allowed_judges = _model_ids(judge_models)
+        """Judge models a request's header may name besides the run's (see allow_judge_models)."""
         self.calls = 0
         """Model calls forwarded for rollouts that returned a response."""
         self.errors = 0
@@ -458,6 +469,11 @@ class Bridge:
             self._reasoning.pop(rollout_id, None)
             self._holds.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
+
+    def allow_judge_models(self, models: Iterable[str]) -> None:
+        """Let requests name these judge models: a token holder may not spend on any other."""
+        with self._lock:
+            self._allowed_judges.update(_model_ids(models))
 
     def pop_rate_limited(self, rollout_id: str) -> int:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
@@ -584,6 +600,15 @@ class Bridge:
         model = header.strip()
         if not model or model == self.route.model_path:
             return self._main
+        with self._lock:
+            allowed = model in self._allowed_judges
+        if not allowed:
+            raise _JudgeUnavailable(
+                JUDGE_MODEL_NOT_ALLOWED,
+                f"judge model {model[:200]!r} is not declared by this session: name it as a "
+                "RubricGrader's judge_model or in ini osmosis_judge_models",
+                status=403,
+            )
         known = self._judges.get(model)
         if known is None:
             if self._judge_lock is None:
@@ -604,7 +629,7 @@ class Bridge:
                     self._judges[model] = known
         if isinstance(known, _JudgeUnavailable):
             # A fresh exception each time: re-raising one instance would grow its traceback.
-            raise _JudgeUnavailable(known.kind, str(known))
+            raise _JudgeUnavailable(known.kind, str(known), known.status)
         return known
 
     def _failure(self, exc: BaseException, target: _Target) -> tuple[int, str, str]:
@@ -690,7 +715,7 @@ class Bridge:
         try:
             target = await self._target(request.headers.get(JUDGE_MODEL_HEADER, ""))
         except _JudgeUnavailable as exc:
-            return _json_error(400, str(exc), kind=exc.kind)
+            return _json_error(exc.status, str(exc), kind=exc.kind)
         if body.get("stream"):
             return await self._stream(request, rollout_id, call, echo, target)
         try:

@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 from model_server import ModelServer
 
-from pytest_osmosis.bridge import MAX_BODY_BYTES, Bridge, ModelRoute
+from pytest_osmosis.bridge import (
+    JUDGE_MODEL_HEADER,
+    JUDGE_MODEL_NOT_ALLOWED,
+    MAX_BODY_BYTES,
+    Bridge,
+    ModelRoute,
+)
 
 MODEL = "openai/osmosis-test"
 PATH = "/v1/rollouts/{}/chat/completions"
@@ -183,3 +189,32 @@ def test_deeply_nested_json_is_a_one_line_400(
     assert status == 400, answer[:300]
     assert detail == "bad chat completions request: request body nests deeper than 200 levels"
     assert model_server.requests_total == 0
+
+
+# ------------------------------------------------------------------ judge models
+
+
+def test_a_judge_model_the_session_did_not_declare_is_a_403_naming_it(
+    harness: Harness, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in model_server.env().items():
+        monkeypatch.setenv(name, value)
+    harness.bridge.allow_judge_models(["openai/declared-judge"])
+    _, key = harness.bridge.open_rollout("j")
+
+    def ask(judge: str) -> tuple[int, Any]:
+        headers = {**_auth(key), JUDGE_MODEL_HEADER: judge}
+        status, text = harness.post("j", BODY, headers)
+        return status, json.loads(text)
+
+    status, answer = ask("openai/gpt-expensive")
+    assert status == 403 and answer["error"]["type"] == JUDGE_MODEL_NOT_ALLOWED
+    assert answer["detail"] == (
+        "judge model 'openai/gpt-expensive' is not declared by this session: "
+        "name it as a RubricGrader's judge_model or in ini osmosis_judge_models"
+    )
+    assert model_server.requests_total == 0
+    # Declared judges and the run's own model are served.
+    assert ask("openai/declared-judge")[0] == 200
+    assert ask(MODEL)[0] == 200
+    assert [body["model"] for body in model_server.bodies] == ["declared-judge", "osmosis-test"]
