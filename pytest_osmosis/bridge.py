@@ -127,6 +127,11 @@ _SSE_HEARTBEAT_S = 15.0
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """The largest request body the bridge reads (413 above it): a chat call with images fits."""
 _MAX_JSON_DEPTH = 200
+IDLE_TIMEOUT_S = 5.0
+"""A connection that has sent no complete request headers this long is closed (also between
+requests): an idle local client cannot hold the bridge's file descriptors."""
+BODY_TIMEOUT_S = 60.0
+"""A body not received within this long is answered 408 (a slow client, not a slow model)."""
 """Deeper request JSON is refused (400): copying and forwarding it would exhaust the stack."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -404,6 +409,11 @@ class Bridge:
         """Back-off of the run's model; each judge model has its own."""
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._unserved: set[Any] = set()
+        """Connections accepted that have not sent a complete request yet (see _reap)."""
+        self.max_connections = _connection_cap()
+        """Connections served at once; more are answered 503 (the process's fds are bounded)."""
         self._base = ""
         self._route_kwargs = dict(route.kwargs)
         self._secrets = _route_secrets(route)
@@ -434,15 +444,58 @@ class Bridge:
         app.router.add_post(
             "/v1/rollouts/{rollout_id}/chat/completions", self._handle, expect_handler=self._expect
         )
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        unserved = self._unserved
+
+        @web.middleware
+        async def seen(request: web.Request, handler: Any) -> web.StreamResponse:
+            """This connection has sent a complete request: it is not idle (see _reap)."""
+            unserved.discard(request.protocol)
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app.middlewares.append(seen)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=IDLE_TIMEOUT_S
+        )
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
+        loop = asyncio.get_running_loop()
+        server = runner.server
+        assert server is not None
+
+        def accept() -> asyncio.BaseProtocol:
+            """A connection beyond the bound is answered 503 and closed, never queued."""
+            if len(server.connections) >= self.max_connections:
+                return _Busy()
+            handler = server()
+            self._unserved.add(handler)
+            due = loop.time() + IDLE_TIMEOUT_S
+            loop.call_at(due, self._reap, handler, due)
+            return handler
+
+        self._server = await loop.create_server(accept, "127.0.0.1", 0, backlog=1024)
         self._runner = runner
-        self._base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        self._base = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def _reap(self, handler: Any, due: float) -> None:
+        """Close a connection that sent no complete request within IDLE_TIMEOUT_S."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - due > 1.0:
+            # The loop itself was blocked (a row's code): give the client its time again.
+            due = loop.time() + IDLE_TIMEOUT_S
+            loop.call_at(due, self._reap, handler, due)
+            return
+        if handler not in self._unserved:
+            return
+        self._unserved.discard(handler)
+        transport = handler.transport
+        if transport is not None:
+            transport.close()
 
     async def close(self) -> None:
         """Stop listening; the embedded model (if any) lives on for the process."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -692,6 +745,10 @@ class Bridge:
             call = _forwarded(body)
         except web.HTTPRequestEntityTooLarge:
             return _body_too_large()
+        except _SlowBody:
+            response = _json_error(408, f"request body not received within {BODY_TIMEOUT_S:g} s")
+            response.force_close()
+            return response
         except (ValueError, _BadRequest) as exc:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
@@ -928,7 +985,40 @@ async def _read_body(request: web.Request) -> bytes:
 
     if (request.content_length or 0) > MAX_BODY_BYTES:
         raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length or 0)
-    return await request.read()
+    try:
+        return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise _SlowBody from None
+
+
+class _SlowBody(Exception):
+    """The client did not send its body within BODY_TIMEOUT_S (answered 408)."""
+
+
+class _Busy(asyncio.Protocol):
+    """A connection over `Bridge.max_connections`: one 503, then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        detail = b"the osmosis bridge is serving its maximum number of connections"
+        transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(detail), detail)
+        )
+        transport.close()
+
+
+def _connection_cap() -> int:
+    """Half the process's file descriptors (the rest are the session's own), 64 at least."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 512
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 4096
+    return max(64, min(4096, soft // 2))
 
 
 def _body_too_large() -> web.Response:

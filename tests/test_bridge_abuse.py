@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from model_server import ModelServer
 
+import pytest_osmosis.bridge as bridge_module
 from pytest_osmosis.bridge import (
     JUDGE_MODEL_HEADER,
     JUDGE_MODEL_NOT_ALLOWED,
@@ -218,3 +219,83 @@ def test_a_judge_model_the_session_did_not_declare_is_a_403_naming_it(
     assert ask("openai/declared-judge")[0] == 200
     assert ask(MODEL)[0] == 200
     assert [body["model"] for body in model_server.bodies] == ["declared-judge", "osmosis-test"]
+
+
+# ------------------------------------------------------------------ connections
+
+
+async def _idle(port: int, count: int, first: bytes = b"") -> list[Any]:
+    """`count` connections that send `first` (or nothing) and then wait."""
+    opened = []
+    for _ in range(count):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if first:
+            writer.write(first)
+        opened.append((reader, writer))
+    return opened
+
+
+async def _closed_by_server(opened: list[Any]) -> list[bytes]:
+    """What each connection received before the server closed it (generous bound: it must)."""
+
+    async def until_eof(reader: asyncio.StreamReader) -> bytes:
+        return await asyncio.wait_for(reader.read(), 120)
+
+    try:
+        return list(await asyncio.gather(*(until_eof(reader) for reader, _ in opened)))
+    finally:
+        for _, writer in opened:
+            writer.close()
+
+
+def test_idle_connections_are_closed_and_do_not_stop_a_legit_call(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    _, key = harness.bridge.open_rollout("legit")
+    opened = harness.run(_idle(harness.port, 200))
+    assert harness.post("legit", BODY, _auth(key))[0] == 200
+    assert harness.run(_closed_by_server(opened)) == [b""] * 200
+    assert harness.post("legit", BODY, _auth(key))[0] == 200
+
+
+def test_a_client_sending_its_headers_slowly_is_closed(harness: Harness) -> None:
+    harness.bridge.open_rollout("r")
+    partial = f"POST {PATH.format('r')} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthori".encode()
+    opened = harness.run(_idle(harness.port, 20, partial))
+    assert harness.run(_closed_by_server(opened)) == [b""] * 20
+
+
+def test_a_body_that_never_arrives_is_a_408(
+    harness: Harness, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bridge_module, "BODY_TIMEOUT_S", 0.5)  # the client is the slow one
+    _, key = harness.bridge.open_rollout("r")
+    opened = harness.run(
+        _idle(harness.port, 1, (_head("r", key, "Content-Length: 1000") + "{").encode())
+    )
+    (answer,) = harness.run(_closed_by_server(opened))
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request body not received within 0.5 s" in answer
+    assert model_server.requests_total == 0
+
+
+def test_connections_over_the_bound_are_a_503_and_closed(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    harness.bridge.max_connections = 8
+    _, key = harness.bridge.open_rollout("r")
+    opened = harness.run(_idle(harness.port, 8))
+
+    async def registered() -> None:
+        # The server counts a connection once its loop has accepted it.
+        runner = harness.bridge._runner
+        assert runner is not None and runner.server is not None
+        while len(runner.server.connections) < 8:
+            await asyncio.sleep(0.01)
+
+    harness.run(asyncio.wait_for(registered(), 120))
+    (busy,) = harness.run(_closed_by_server(harness.run(_idle(harness.port, 1))))
+    assert busy.startswith(b"HTTP/1.1 503") and b"maximum number of connections" in busy
+    # Once the idle ones are closed, the bridge serves again.
+    assert harness.run(_closed_by_server(opened)) == [b""] * 8
+    assert harness.post("r", BODY, _auth(key))[0] == 200
