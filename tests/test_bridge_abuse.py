@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from model_server import ModelServer
+from workspaces import calc_rows, write_workspace
 
 import pytest_osmosis.bridge as bridge_module
 from pytest_osmosis.bridge import (
@@ -299,3 +300,63 @@ def test_connections_over_the_bound_are_a_503_and_closed(
     # Once the idle ones are closed, the bridge serves again.
     assert harness.run(_closed_by_server(opened)) == [b""] * 8
     assert harness.post("r", BODY, _auth(key))[0] == 200
+
+
+JUDGING_ROLLOUT = '''
+import httpx
+
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend, get_rollout_context
+
+
+class Echo(AgentWorkflow):
+    async def run(self, ctx):
+        return [*ctx.prompt, {"role": "assistant", "content": "4"}]
+
+
+class OwnJudge(Grader):
+    """A hand-written grader asking its own judge model through the bridge."""
+
+    async def grade(self, ctx):
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=60) as client:
+            response = await client.post(
+                rollout.chat_completions_url + "/chat/completions",
+                headers={
+                    "Authorization": f"Bearer {rollout.api_key}",
+                    "X-Osmosis-Judge-Model": "openai/listed-judge",
+                },
+                json={"model": "judge", "messages": [{"role": "user", "content": "hi"}]},
+            )
+        if response.status_code != 200:
+            raise RuntimeError(response.json()["detail"])
+        ctx.sample.reward = 1.0
+
+
+backend = LocalBackend(workflow=Echo, grader=OwnJudge)
+'''
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["ini-listed", "undeclared"])
+def test_a_session_reaches_only_the_judges_it_declares(
+    pytester: pytest.Pytester,
+    model_server: ModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    listed: bool,
+) -> None:
+    for name, value in model_server.env().items():
+        monkeypatch.setenv(name, value)
+    rows = calc_rows([("What is 2 + 2?", "4")])
+    write_workspace(pytester.path, rows=rows, rollout_source=JUDGING_ROLLOUT)
+    if listed:
+        pytester.makeini("[pytest]\nosmosis_judge_models =\n    openai/listed-judge\n")
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    judged = [b for b in model_server.bodies if b["model"] == "listed-judge"]
+    if listed:
+        result.assert_outcomes(passed=1)
+        assert len(judged) == 1
+    else:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(
+            ["*judge model 'openai/listed-judge' is not declared by this session*"]
+        )
+        assert judged == []
