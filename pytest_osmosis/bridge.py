@@ -14,6 +14,7 @@ import asyncio
 import copy
 import functools
 import gc
+import hmac
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ import secrets
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +37,10 @@ __all__ = [
     "EMBEDDED_MODEL_PATH",
     "JUDGE_MISSING_API_KEY",
     "JUDGE_MODEL_HEADER",
+    "JUDGE_MODEL_NOT_ALLOWED",
     "JUDGE_MODEL_NOT_FOUND",
     "JUDGE_PROVIDER_ERROR",
+    "MAX_BODY_BYTES",
     "Bridge",
     "ModelRoute",
     "resolve_route",
@@ -50,6 +54,7 @@ JUDGE_MODEL_HEADER = "X-Osmosis-Judge-Model"
 # ``error.type`` of a failed judge call, so the grader can raise the matching JudgeError.
 JUDGE_MISSING_API_KEY = "judge_missing_api_key"
 JUDGE_MODEL_NOT_FOUND = "judge_model_not_found"
+JUDGE_MODEL_NOT_ALLOWED = "judge_model_not_allowed"
 JUDGE_PROVIDER_ERROR = "judge_provider_error"
 
 # A judge call (`RubricGrader`) is the rubric command's call made through the bridge: only
@@ -119,6 +124,15 @@ _CREDENTIAL_HINT = re.compile(r"api[ _-]?key|credential", re.IGNORECASE)
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 _KEY_NAME = re.compile(r"KEY|TOKEN|CREDENTIAL", re.IGNORECASE)
 _SSE_HEARTBEAT_S = 15.0
+MAX_BODY_BYTES = 32 * 1024 * 1024
+"""The largest request body the bridge reads (413 above it): a chat call with images fits."""
+_MAX_JSON_DEPTH = 200
+IDLE_TIMEOUT_S = 5.0
+"""A connection that has sent no complete request headers this long is closed (also between
+requests): an idle local client cannot hold the bridge's file descriptors."""
+BODY_TIMEOUT_S = 60.0
+"""A body not received within this long is answered 408 (a slow client, not a slow model)."""
+"""Deeper request JSON is refused (400): copying and forwarding it would exhaust the stack."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -147,9 +161,10 @@ class _Target:
 class _JudgeUnavailable(Exception):
     """The judge model named in a request cannot be called; one line, and a kind for clients."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.kind = kind
+        self.status = status
 
 
 def resolve_route(model_path: str) -> ModelRoute:
@@ -159,6 +174,11 @@ def resolve_route(model_path: str) -> ModelRoute:
 
         return embedded_route()
     return ModelRoute(model_path=model_path, litellm_model=model_path, kwargs={})
+
+
+def _model_ids(models: Iterable[str]) -> set[str]:
+    """Model ids as a judge header names them (`Bridge._target` strips the header too)."""
+    return {model.strip() for model in models if model.strip()}
 
 
 def _route_secrets(route: ModelRoute) -> tuple[str, ...]:
@@ -373,8 +393,10 @@ class Bridge:
     and `close_rollout` may be called from any thread.
     """
 
-    def __init__(self, route: ModelRoute) -> None:
+    def __init__(self, route: ModelRoute, judge_models: Iterable[str] = ()) -> None:
         self.route = route
+        self._allowed_judges = _model_ids(judge_models)
+        """Judge models a request's header may name besides the run's (see allow_judge_models)."""
         self.calls = 0
         """Model calls forwarded for rollouts that returned a response."""
         self.errors = 0
@@ -383,8 +405,8 @@ class Bridge:
         """Sum of usage.total_tokens over every call served (preflight excluded)."""
         self.preflight_warning: str | None = None
         """Set when preflight met a non-fatal error (logged, the run goes on)."""
-        self._api_key = secrets.token_hex(16)
-        self._auth = f"Bearer {self._api_key}".encode()
+        self._keys: dict[str, bytes] = {}
+        """Per open rollout: its ``Authorization`` header value; gone when the rollout closes."""
         self._tokens: dict[str, int | None] = {}
         self._calls: dict[str, list[dict[str, int]]] = {}
         self._reasoning: dict[str, dict[str, dict[str, Any]]] = {}
@@ -394,9 +416,14 @@ class Bridge:
         """Back-off of the run's model; each judge model has its own."""
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._unserved: set[Any] = set()
+        """Connections accepted that have not sent a complete request yet (see _reap)."""
+        self.max_connections = _connection_cap()
+        """Connections served at once; more are answered 503 (the process's fds are bounded)."""
         self._base = ""
         self._route_kwargs = dict(route.kwargs)
-        self._secrets = _route_secrets(route) + (self._api_key,)
+        self._secrets = _route_secrets(route)
         self._main = _Target(route, self.backoff)
         # Judge models by the id a request named: resolved once, failures cached too, so a
         # missing key or an unknown id costs one lookup, not one per row.
@@ -416,17 +443,62 @@ class Bridge:
         """Bind 127.0.0.1 on an ephemeral port, on the running loop."""
         from aiohttp import web
 
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_post("/v1/rollouts/{rollout_id}/chat/completions", self._handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post(
+            "/v1/rollouts/{rollout_id}/chat/completions", self._handle, expect_handler=self._expect
+        )
+        unserved = self._unserved
+
+        @web.middleware
+        async def seen(request: web.Request, handler: Any) -> web.StreamResponse:
+            """This connection has sent a complete request: it is not idle (see _reap)."""
+            unserved.discard(request.protocol)
+            response: web.StreamResponse = await handler(request)
+            return response
+
+        app.middlewares.append(seen)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, keepalive_timeout=IDLE_TIMEOUT_S
+        )
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
+        loop = asyncio.get_running_loop()
+        server = runner.server
+        assert server is not None
+
+        def accept() -> asyncio.BaseProtocol:
+            """A connection beyond the bound is answered 503 and closed, never queued."""
+            if len(server.connections) >= self.max_connections:
+                return _Busy()
+            handler = server()
+            self._unserved.add(handler)
+            due = loop.time() + IDLE_TIMEOUT_S
+            loop.call_at(due, self._reap, handler, due)
+            return handler
+
+        self._server = await loop.create_server(accept, "127.0.0.1", 0, backlog=1024)
         self._runner = runner
-        self._base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        self._base = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def _reap(self, handler: Any, due: float) -> None:
+        """Close a connection that sent no complete request within IDLE_TIMEOUT_S."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - due > 1.0:
+            # The loop itself was blocked (a row's code): give the client its time again.
+            due = loop.time() + IDLE_TIMEOUT_S
+            loop.call_at(due, self._reap, handler, due)
+            return
+        if handler not in self._unserved:
+            return
+        self._unserved.discard(handler)
+        transport = handler.transport
+        if transport is not None:
+            transport.close()
 
     async def close(self) -> None:
         """Stop listening; the embedded model (if any) lives on for the process."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -436,16 +508,27 @@ class Bridge:
         if not rollout_id or "/" in rollout_id:
             raise ValueError(f"rollout id must be one URL path segment, got {rollout_id!r}")
         with self._lock:
+            key = self._keys.get(rollout_id)
+            if key is None:
+                # Unguessable and this rollout's alone: it stops working when the row ends.
+                key = f"Bearer {secrets.token_urlsafe(32)}".encode()
+                self._keys[rollout_id] = key
             self._tokens.setdefault(rollout_id, None)
             self._calls.setdefault(rollout_id, [])
-        return f"{self.base_url}/v1/rollouts/{rollout_id}", self._api_key
+        return f"{self.base_url}/v1/rollouts/{rollout_id}", key.decode()[len("Bearer ") :]
 
     def close_rollout(self, rollout_id: str) -> int | None:
         """Stop serving `rollout_id` and return its token total (None: no usage seen)."""
         with self._lock:
+            self._keys.pop(rollout_id, None)
             self._calls.pop(rollout_id, None)
             self._reasoning.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
+
+    def allow_judge_models(self, models: Iterable[str]) -> None:
+        """Let requests name these judge models: a token holder may not spend on any other."""
+        with self._lock:
+            self._allowed_judges.update(_model_ids(models))
 
     def pop_rate_limited(self, rollout_id: str) -> int:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
@@ -535,6 +618,15 @@ class Bridge:
         model = header.strip()
         if not model or model == self.route.model_path:
             return self._main
+        with self._lock:
+            allowed = model in self._allowed_judges
+        if not allowed:
+            raise _JudgeUnavailable(
+                JUDGE_MODEL_NOT_ALLOWED,
+                f"judge model {model[:200]!r} is not declared by this session: name it as a "
+                "RubricGrader's judge_model or in ini osmosis_judge_models",
+                status=403,
+            )
         known = self._judges.get(model)
         if known is None:
             if self._judge_lock is None:
@@ -555,7 +647,7 @@ class Bridge:
                     self._judges[model] = known
         if isinstance(known, _JudgeUnavailable):
             # A fresh exception each time: re-raising one instance would grow its traceback.
-            raise _JudgeUnavailable(known.kind, str(known))
+            raise _JudgeUnavailable(known.kind, str(known), known.status)
         return known
 
     def _failure(self, exc: BaseException, target: _Target) -> tuple[int, str, str]:
@@ -582,20 +674,46 @@ class Bridge:
 
     # ----------------------------------------------------------------- serving
 
+    def _refusal(self, request: web.Request) -> web.Response | None:
+        """The answer to a call that may not be served, decided from its headers alone."""
+        rollout_id = request.match_info.get("rollout_id", "")
+        with self._lock:
+            key = self._keys.get(rollout_id)
+        if key is None:
+            return _json_error(404, f"unknown or finished rollout id {rollout_id[:100]!r}")
+        header = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(header, key):
+            return _json_error(401, "missing or wrong bearer token for the osmosis bridge")
+        return None
+
+    async def _expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue``: refuse before the client sends its body."""
+        from aiohttp.web_urldispatcher import _default_expect_handler
+
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            return _body_too_large()
+        await _default_expect_handler(request)
+        return None
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web
 
-        header = request.headers.get("Authorization", "")
-        if not secrets.compare_digest(header.encode(), self._auth):
-            return _json_error(401, "missing or wrong bearer token for the osmosis bridge")
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
         rollout_id = request.match_info["rollout_id"]
-        if rollout_id not in self._tokens:
-            return _json_error(404, f"unknown or finished rollout id {rollout_id!r}")
         try:
-            body = json.loads(await request.read())
-            if not isinstance(body, dict):
-                raise _BadRequest("request body must be a JSON object")
+            body = _parsed(await _read_body(request))
             call = _forwarded(body)
+        except web.HTTPRequestEntityTooLarge:
+            return _body_too_large()
+        except _SlowBody:
+            response = _json_error(408, f"request body not received within {BODY_TIMEOUT_S:g} s")
+            response.force_close()
+            return response
         except (ValueError, _BadRequest) as exc:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
@@ -607,7 +725,7 @@ class Bridge:
         try:
             target = await self._target(request.headers.get(JUDGE_MODEL_HEADER, ""))
         except _JudgeUnavailable as exc:
-            return _json_error(400, str(exc), kind=exc.kind)
+            return _json_error(exc.status, str(exc), kind=exc.kind)
         if body.get("stream"):
             return await self._stream(request, rollout_id, call, echo, target)
         try:
@@ -812,6 +930,87 @@ def _missing_judge_keys(litellm: Any, route: ModelRoute) -> list[str]:
         return []
     names = report.get("missing_keys") if isinstance(report, dict) else None
     return [str(name) for name in names or [] if _KEY_NAME.search(str(name))]
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The body, refused from its declared length before reading when it is too large."""
+    from aiohttp import web
+
+    if (request.content_length or 0) > MAX_BODY_BYTES:
+        raise web.HTTPRequestEntityTooLarge(MAX_BODY_BYTES, request.content_length or 0)
+    try:
+        return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise _SlowBody from None
+
+
+class _SlowBody(Exception):
+    """The client did not send its body within BODY_TIMEOUT_S (answered 408)."""
+
+
+class _Busy(asyncio.Protocol):
+    """A connection over `Bridge.max_connections`: one 503, then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        detail = b"the osmosis bridge is serving its maximum number of connections"
+        transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(detail), detail)
+        )
+        transport.close()
+
+
+def _connection_cap() -> int:
+    """Half the process's file descriptors (the rest are the session's own), 64 at least."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 512
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 4096
+    return max(64, min(4096, soft // 2))
+
+
+def _body_too_large() -> web.Response:
+    return _json_error(
+        413, f"request body larger than the bridge's limit of {MAX_BODY_BYTES // 2**20} MiB"
+    )
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
+    """The request JSON, refused (``_BadRequest``) when it is not an object or nests too deep."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        body = None
+        too_deep = True
+    else:
+        too_deep = _deeper_than(body, _MAX_JSON_DEPTH)
+    if too_deep:
+        raise _BadRequest(f"request body nests deeper than {_MAX_JSON_DEPTH} levels")
+    if not isinstance(body, dict):
+        raise _BadRequest("request body must be a JSON object")
+    return body
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests deeper than `limit` (iteratively: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _forwarded(body: dict[str, Any]) -> dict[str, Any]:

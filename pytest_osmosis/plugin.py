@@ -236,6 +236,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="30",
     )
     parser.addini(
+        "osmosis_judge_models",
+        "judge models (one per line) a rollout's grader may reach through the bridge, "
+        "besides a RubricGrader's judge_model",
+        type="linelist",
+        default=[],
+    )
+    parser.addini(
         "osmosis_main_timeout",
         "seconds an entrypoint's main() may take to build its LocalBackend",
         default="30",

@@ -59,6 +59,27 @@ _BRIDGE_ERRORS: Mapping[str, type[JudgeError]] = {
 }
 
 _BRIDGE_PLACEHOLDER_MODEL = "openai/osmosis-rollout"
+
+
+def _configured(cls: type[Any], config: Any, name: str, settings: Mapping[str, Any]) -> Any:
+    """Keyword argument, else a field of the grader config, else the class attribute."""
+    if settings.get(name) is not None:
+        return settings[name]
+    from_config = getattr(config, name, None) if config is not None else None
+    if from_config is not None:
+        return from_config
+    return getattr(cls, name)
+
+
+def declared_judge_model(grader_cls: type[Any] | None, grader_config: Any) -> str | None:
+    """The judge a rollout's `RubricGrader` names (its config, else its class): the session
+    lets the bridge reach only declared judges. A judge passed as a keyword is not seen here."""
+    if not isinstance(grader_cls, type) or not issubclass(grader_cls, RubricGrader):
+        return None
+    model = _configured(grader_cls, grader_config, "judge_model", {})
+    return model.strip() if isinstance(model, str) and model.strip() else None
+
+
 _SETTINGS = (
     "rubric",
     "judge_model",
@@ -149,13 +170,7 @@ class RubricGrader(Grader):
         self.threshold: float | None = float(threshold) if threshold is not None else None
 
     def _setting(self, name: str, settings: Mapping[str, Any]) -> Any:
-        """Keyword argument, else a field of the grader config, else the class attribute."""
-        if settings.get(name) is not None:
-            return settings[name]
-        from_config = getattr(self.config, name, None) if self.config is not None else None
-        if from_config is not None:
-            return from_config
-        return getattr(type(self), name)
+        return _configured(type(self), self.config, name, settings)
 
     @classmethod
     def configured(cls, **settings: Any) -> type[RubricGrader]:
@@ -178,9 +193,7 @@ class RubricGrader(Grader):
             raise JudgeError("RubricGrader: the rollout produced no sample to grade")
         answer, question = _final_exchange(list(sample.messages))
         if not answer:
-            raise JudgeError(
-                "RubricGrader: the sample has no assistant message with text to judge"
-            )
+            raise JudgeError("RubricGrader: the sample has no assistant message with text to judge")
         artifact = ctx.artifacts_dir
         try:
             verdict = await self._ask(

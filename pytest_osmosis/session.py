@@ -434,6 +434,7 @@ class EvalSession:
             metadata=row.metadata,
         )
         bridge = await self.bridge(plan.settings.model_path)
+        bridge.allow_judge_models(self._judge_models(rollout))
         run_dir = plan.run_dir
 
         def save_trajectory(
@@ -470,6 +471,14 @@ class EvalSession:
             write_trajectory=save_trajectory,
         )
         return result
+
+    def _judge_models(self, rollout: LoadedRollout) -> list[str]:
+        """Judge models a rollout's calls may name: its grader's, ini osmosis_judge_models."""
+        from pytest_osmosis.rubric_grader import declared_judge_model
+
+        declared = declared_judge_model(rollout.grader_cls, rollout.grader_config)
+        listed = [str(model) for model in self.config.getini("osmosis_judge_models")]
+        return listed + ([declared] if declared else [])
 
     async def bridge(self, model_path: str) -> Bridge:
         """The loopback bridge for ``model_path``, started on first use in this process."""

@@ -569,6 +569,10 @@ def judged(harness: Harness, model_server: ModelServer, monkeypatch: pytest.Monk
         return resolve_route(model_path)
 
     monkeypatch.setattr(bridge_module, "resolve_route", counting)
+    # What a session declares (a RubricGrader's judge_model, ini osmosis_judge_models).
+    harness.bridge.allow_judge_models(
+        [JUDGE, "anthropic/claude-sonnet-4-5", "groq/llama-3.1-8b", "no-such-model-family"]
+    )
     _, key = harness.bridge.open_rollout("j")
 
     def post(body: dict[str, Any], judge: str | None = JUDGE) -> tuple[int, Any]:
