@@ -161,7 +161,7 @@ def test_exits_interrupts_stops_and_own_cancels_are_one_failed_row_each(
     again = run_session(pytester, "escapes")
     assert again.ret == 1, again.stdout.str()  # the recorded failures still count
     again.assert_outcomes(deselected=len(behaviours))
-    again.stdout.fnmatch_lines(["*already finished*", "*3 passed, 0 below threshold, 9 failed*"])
+    again.stdout.fnmatch_lines(["*already finished*", "*3 passed, 0 below threshold, 9 errored*"])
 
 
 def test_a_rollouts_own_cancelled_error_is_one_recorded_failure(
