@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -387,10 +388,11 @@ class EvalSession:
         """pytest-timeout fired while this item waited: its own code blocked the event loop."""
         import uuid
 
-        message = why.split(" from pytest-timeout")[0].rstrip(".")
-        message = f"backstop {message[0].lower()}{message[1:]}: " + (
-            blocker or "the event loop did not answer"
-        )
+        # pytest-timeout words it "Timeout >10.0s" (2.3) or "Timeout (>10.0s) from
+        # pytest-timeout." (2.4): the headline is ours, the same on every version.
+        limit = re.search(r">\s*([0-9.]+)\s*s", why)
+        message = f"backstop timeout (>{limit.group(1)}s): " if limit else "backstop timeout: "
+        message += blocker or "the event loop did not answer"
         return {
             "row_index": item.row_index,
             "run_index": item.run_index,
