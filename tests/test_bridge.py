@@ -235,6 +235,23 @@ WEATHER = [
 ]
 
 
+# LiteLLM 1.108.0's Responses API imports the optional `mcp` package (found by the floors CI
+# lane): there, an openai/* call at OpenAI fails and the preflight stops the session in one
+# line. Known gap at our floor, listed in docs/sdk-call-routes.md.
+def _responses_api_runs() -> bool:
+    import importlib.metadata
+    import importlib.util
+
+    version = tuple(int(p) for p in importlib.metadata.version("litellm").split(".")[:2])
+    return version >= (1, 109) or importlib.util.find_spec("mcp") is not None
+
+
+needs_responses_api = pytest.mark.skipif(
+    not _responses_api_runs(), reason="litellm 1.108 without mcp cannot call the Responses API"
+)
+
+
+@needs_responses_api
 def test_responses_route_translates_the_call_and_its_answer(
     at_openai: Harness, model_server: ModelServer
 ) -> None:
@@ -274,6 +291,7 @@ def test_responses_route_translates_the_call_and_its_answer(
     assert at_openai.bridge.close_rollout("r") == expected
 
 
+@needs_responses_api
 def test_responses_route_carries_tool_calls_both_ways(
     at_openai: Harness, model_server: ModelServer
 ) -> None:
@@ -322,6 +340,7 @@ def test_responses_route_carries_tool_calls_both_ways(
     )
 
 
+@needs_responses_api
 def test_responses_route_streams_one_chunk_and_reports_a_cut_answer(
     at_openai: Harness, model_server: ModelServer
 ) -> None:
