@@ -10,7 +10,7 @@ import gc
 import math
 import os
 import shlex
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_osmosis.progress import Progress
+    from pytest_osmosis.controller import Controller, RecordedEntry
     from pytest_osmosis.session import EvalSession
 
 
@@ -478,9 +478,31 @@ def pytest_configure(config: pytest.Config) -> None:
     from pytest_osmosis.secrets import install_redaction
 
     install_redaction(config)
-    config.pluginmanager.register(EvalHooks(session), "osmosis-eval-hooks")
-    if config.pluginmanager.hasplugin("xdist") and not session.is_worker:
-        config.pluginmanager.register(XdistControllerHooks(session), "osmosis-xdist")
+    register_roles(config, session)
+
+
+def register_roles(config: pytest.Config, session: EvalSession) -> None:
+    """Each process registers the hooks of the roles it plays, so no hook asks which it is.
+
+    A single process is controller and runner; under xdist the controller plays the
+    controller role (and shards rows across workers), each worker the worker role.
+    """
+    from functools import partial
+
+    keep: Callable[[list[RecordedEntry]], None]
+    if session.is_worker:
+        keep = partial(WorkerHooks.send_recorded, config)
+        config.pluginmanager.register(WorkerHooks(session), "osmosis-worker")
+    else:
+        from pytest_osmosis.controller import Controller
+
+        controller = Controller(session)
+        keep = controller.keep_recorded
+        config.pluginmanager.register(ControllerHooks(controller), "osmosis-controller")
+        if config.pluginmanager.hasplugin("xdist"):
+            xdist_hooks = XdistControllerHooks(session, controller)
+            config.pluginmanager.register(xdist_hooks, "osmosis-xdist")
+    config.pluginmanager.register(EvalHooks(session, keep), "osmosis-eval-hooks")
 
 
 def _gate_options(plain: Any) -> Any:
@@ -526,40 +548,13 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 
 class EvalHooks:
-    """Hooks active only in an eval session (every process)."""
+    """Hooks of every process in an eval session: collection and the item's report."""
 
-    def __init__(self, session: EvalSession) -> None:
+    def __init__(
+        self, session: EvalSession, keep_recorded: Callable[[list[RecordedEntry]], None]
+    ) -> None:
         self.session = session
-        self.progress: Progress | None = None
-        self._last_result: dict[str, Any] | None = None
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        """Controller or single process: progress, after pytest has shown the row's letter."""
-        if self._last_result is not None:
-            result, self._last_result = self._last_result, None
-            self._progress().add(result)
-
-    def _progress(self) -> Progress:
-        """Progress on the results table's basis: what earlier sessions recorded counts."""
-        if self.progress is None:
-            from pytest_osmosis.progress import Progress
-            from pytest_osmosis.runs import outcome_of
-            from pytest_osmosis.words import OUTCOMES
-
-            reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
-            total = tokens = 0
-            recorded = dict.fromkeys(OUTCOMES, 0)
-            for run in self.session.runs.values():
-                threshold = run.plan.settings.pass_threshold
-                total += run.pending_at_start if run.to_run is None else run.to_run
-                for key in run.rundir.resumed_keys - run.rerun:
-                    record = run.rundir.records[key]
-                    recorded[outcome_of(record, threshold)] += 1
-                    tokens += int(record.get("tokens") or 0)
-            total += sum(recorded.values())
-            self.progress = Progress(reporter, total, recorded=recorded, recorded_tokens=tokens)
-        return self.progress
+        self.keep_recorded = keep_recorded  # the role's: the controller, or a worker's output
 
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
@@ -621,71 +616,15 @@ class EvalHooks:
             (recorded if done else kept).append(item)
         config.hook.pytest_deselected(items=recorded)
         items[:] = kept
-        workerinput = getattr(config, "workerinput", {})
-        if config.option.xmlpath or workerinput.get("osmosis_junit"):
-            self._keep_recorded_for_junit(config, recorded)
-
-    def _keep_recorded_for_junit(self, config: pytest.Config, recorded: list[pytest.Item]) -> None:
-        """Remember a finished run's deselected items: --junitxml still lists them.
-
-        Only with --junitxml (under xdist the controller writes it: workers send the list).
-        """
-        from pytest_osmosis.collect import EvalItem
-
-        entries = [
-            (item.nodeid, str(item.parent.plan.config_path), *item.key)
-            for item in recorded
-            if isinstance(item, EvalItem)
-        ]
-        if self.session.is_worker:
-            config.workeroutput["osmosis_recorded"] = entries  # type: ignore[attr-defined]
-        else:
-            keep_recorded(self.session, entries)
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """Controller or single process: check our dependencies, open run directories and
-        check the models, all before any row starts (a failure is one line, exit 4)."""
-        if self.session.is_worker:
-            workerinput: dict[str, Any] = session.config.workerinput  # type: ignore[attr-defined]
-            self.session.set_worker_input(workerinput)
-            return
-        from pytest_osmosis.errors import OsmosisError
-        from pytest_osmosis.preflight import check_dependencies
-
-        problem = check_dependencies(getattr(session.config, "cache", None))
-        if problem is not None:
-            raise pytest.UsageError(problem)
-        if session.config.option.collectonly:
-            return
-        from pytest_osmosis.discover import find_eval_configs
-
-        named = _named_paths(session.config)
-        if self.session.collect_all:
-            configs = find_eval_configs(session.config, named)
-        else:
-            configs = [p for p in named if is_eval_config(p) and p.is_file()]
-        try:
-            self.session.open_runs(configs)
-        except OsmosisError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        models = [
-            run.plan.settings.model_path
-            for run in self.session.runs.values()
-            if run.rundir.pending(run_keys(run.plan))
-        ]
-        if not models:
-            return
-        # xdist's controller runs no rows (no LiteLLM here): its workers start once the
-        # model is known good, and each imports LiteLLM before its first row.
-        controller = session.config.pluginmanager.has_plugin("dsession")
-        try:
-            self.session.preflight(models, in_process=not controller)
-        except OsmosisError as exc:
-            # pytest_sessionfinish does not run after a usage error: nothing is recorded.
-            self.session.abandon_runs()
-            self.session.close()
-            raise pytest.UsageError(str(exc)) from None
+        if config.option.xmlpath or getattr(config, "workerinput", {}).get("osmosis_junit"):
+            # --junitxml still lists them (under xdist the controller writes it).
+            self.keep_recorded(
+                [
+                    (item.nodeid, str(item.parent.plan.config_path), *item.key)
+                    for item in recorded
+                    if isinstance(item, EvalItem)
+                ]
+            )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -705,197 +644,61 @@ class EvalHooks:
             item.user_properties.extend(junit_properties(result))
         return report
 
+
+class ControllerHooks:
+    """The controller role's hooks (a single process, or xdist's controller): one call each."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.controller.start(session)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Controller or single process: journal the result before anything reports it."""
-        if self.session.is_worker:
-            return
-        result = getattr(report, "osmosis", None)
-        if result is None and report.failed and str(report.when) == "???":
-            # xdist lost the worker running this item (os._exit, a segfault, OOM kill).
-            result = self.session.crashed_result(report.nodeid, str(report.longrepr))
-            if result is not None:
-                report.osmosis = result  # type: ignore[attr-defined]
-        if result is None:
-            return
-        run = self.session.runs.get(Path(result["config"]))
-        if run is None or result.get("resumed"):
-            return
-        run.rundir.append(result)
-        run.executed += 1
-        run.rate_limited += int(result.get("rate_limited") or 0)
-        self._last_result = result
-        details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
-        if result.get("reward") is not None:
-            details["reward"] = result["reward"]
-        if result.get("error_type"):
-            details["error_type"] = result["error_type"]
-        run.log.write("info", "result", "work item finished", **details)
-        if result.get("trajectory_problem"):
-            where = f"row {result.get('source_row_index')} run {result['run_index']}"
-            problem = f"{where}: {result['trajectory_problem']}"
-            run.log.warning("result", problem, rollout_id=result["rollout_id"])
-        self.session.config.hook.pytest_osmosis_row_result(
-            config=self.session.config, result=result
-        )
-        if result.get("detail"):
-            run.log.write(
-                "error",
-                "result",
-                result.get("message", ""),
-                rollout_id=result["rollout_id"],
-                detail=result["detail"],
-            )
+        self.controller.record(report)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        self.controller.after_report()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Controller or single process: write the final snapshot, then apply the gate."""
-        try:
-            if not self.session.is_worker:
-                interrupted = session.shouldstop or session.shouldfail
-                for run in self.session.runs.values():
-                    run.metrics = finalize_run(run, cancelled=bool(interrupted))
-                self._recorded_to_junit(session.config)
-                self._finished_runs_status(session)
-                if self.session.options.report:
-                    self._write_reports()
-                self._gate(session)
-        finally:
-            self.session.close()
-
-    def _recorded_to_junit(self, config: pytest.Config) -> None:
-        """--junitxml lists a finished run's rows with their recorded outcome and duration.
-
-        They were deselected, so nothing ran: their reports go to the JUnit writer alone
-        (before it writes, in its own pytest_sessionfinish), not through pytest's hooks,
-        so the terminal still says they were deselected and nothing else counts them.
-        """
-        try:
-            from _pytest.junitxml import xml_key
-        except ImportError:  # pragma: no cover - pytest moved it; JUnit lists what ran
-            return
-        xml = config.stash.get(xml_key, None)
-        if xml is None:
-            return
-        from pytest_osmosis.collect import recorded_reports
-        from pytest_osmosis.session import resumed_result
-
-        for run in self.session.runs.values():
-            for nodeid, key in run.recorded_items:
-                record = run.rundir.records.get(key)
-                if record is None:
-                    continue
-                result = resumed_result(record, run.plan)
-                source = run.plan.dataset.source_row_index(key[0])
-                for report in recorded_reports(nodeid, result, source, key[1]):
-                    xml.pytest_runtest_logreport(report)
-
-    def _finished_runs_status(self, session: pytest.Session) -> None:
-        """Runs finished before this session ran nothing: their recorded rows decide."""
-        finished = [run for run in self.session.runs.values() if run.pending_at_start == 0]
-        if not finished or session.exitstatus not in (
-            pytest.ExitCode.OK,
-            pytest.ExitCode.NO_TESTS_COLLECTED,
-        ):
-            return
-        summaries = [run.metrics.get("summary", {}) for run in finished]
-        failed = any(
-            s.get("failed", 0) or s.get("graded", 0) > s.get("passed", 0) for s in summaries
-        )
-        if failed:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        elif len(finished) == len(self.session.runs):
-            session.exitstatus = pytest.ExitCode.OK  # "no tests ran": nothing was left to run
-
-    def _write_reports(self) -> None:
-        from pytest_osmosis.errors import OsmosisError
-        from pytest_osmosis.report import write_report_for_run
-
-        for run in self.session.runs.values():
-            try:
-                run.report_path = write_report_for_run(run.plan.run_dir)
-            except OsmosisError as exc:
-                run.report_error = str(exc)
-
-    def _gate(self, session: pytest.Session) -> None:
-        from pytest_osmosis.gate import Verdict, decide
-
-        gate = self.session.options.gate
-        if not gate.active or not self.session.runs:
-            return
-        if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
-            return  # interrupted, usage or internal errors keep their own exit status
-        runs = [(run.plan.run_name, run.metrics) for run in self.session.runs.values()]
-        verdict = decide(gate, runs)
-        override = session.config.hook.pytest_osmosis_gate(
-            config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
-        )
-        if override is not None:
-            verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
-        self.session.verdict = verdict
-        session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
+        self.controller.finish(session)
 
     def pytest_terminal_summary(
         self, terminalreporter: Any, exitstatus: int, config: pytest.Config
     ) -> None:
-        if self.session.is_worker:
-            return
-        from pytest_osmosis.summary import write_summary
-
-        write_summary(terminalreporter, self.session)
+        self.controller.summary(terminalreporter)
 
 
-def keep_recorded(session: EvalSession, entries: list[tuple[str, str, int, int]]) -> None:
-    """Controller: note (node id, config, row_index, run_index) of deselected recorded items."""
-    for nodeid, config_path, row_index, run_index in entries:
-        run = session.runs.get(Path(config_path))
-        if run is not None:
-            run.recorded_items.append((nodeid, (row_index, run_index)))
+class WorkerHooks:
+    """An xdist worker's hooks: take the controller's decisions, close at the end."""
 
+    def __init__(self, session: EvalSession) -> None:
+        self.session = session
 
-def run_keys(plan: Any) -> list[tuple[int, int]]:
-    return [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session.set_worker_input(session.config.workerinput)  # type: ignore[attr-defined]
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        self.session.close()
 
-def finalize_run(run: Any, *, cancelled: bool) -> dict[str, Any]:
-    """Write the run's snapshots; a finished run that ran nothing keeps its record as it was.
-
-    Rewriting it would give it this session's start and duration (milliseconds for a
-    run that took minutes) and mark every row resumed.
-    """
-    plan = run.plan
-    if run.executed == 0:
-        recorded = run.rundir.recorded_metrics() or {}
-        finished = recorded.get("eval_run", {}).get("status") == "finished"
-        if finished and recorded.get("summary", {}).get("total_samples") == len(run.rundir.records):
-            run.log.write("info", "run", "run finished earlier; nothing ran, nothing rewritten")
-            run.log.close()
-            run.rundir.close()
-            return dict(recorded)
-    complete = all(key in run.rundir.records for key in run_keys(plan))
-    status = "finished" if complete and not cancelled else "incomplete"
-    run.log.write("info", "run", f"run {status}", executed=run.executed)
-    result: dict[str, Any] = run.rundir.refresh(
-        status=status,
-        total_dataset_rows=plan.dataset.total_dataset_rows,
-        sampled_rows=len(plan.dataset),
-        n=plan.settings.n,
-        pass_threshold=plan.settings.pass_threshold,
-        dataset_name=plan.config.experiment.dataset,
-        model_path=plan.settings.model_path,
-        rollout_name=plan.config.experiment.rollout,
-        started_at=run.started_at,
-    )
-    run.log.close()
-    run.rundir.close()
-    return result
+    @staticmethod
+    def send_recorded(config: pytest.Config, entries: list[RecordedEntry]) -> None:
+        """A finished run's deselected items go to the controller (which writes --junitxml)."""
+        config.workeroutput["osmosis_recorded"] = entries  # type: ignore[attr-defined]
 
 
 class XdistControllerHooks:
     """xdist controller only: shard the rows across workers and tell them where to write."""
 
-    def __init__(self, session: EvalSession) -> None:
+    def __init__(self, session: EvalSession, controller: Controller) -> None:
         self.session = session
+        self.controller = controller
         self.blame_dir: str | None = None  # where workers say which row runs (blame.py)
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -964,7 +767,7 @@ class XdistControllerHooks:
         """A worker's list of a finished run's deselected items (for --junitxml)."""
         entries = getattr(node, "workeroutput", {}).get("osmosis_recorded")
         if entries and not any(run.recorded_items for run in self.session.runs.values()):
-            keep_recorded(self.session, entries)
+            self.controller.keep_recorded(entries)
 
     def culprit(self, node: Any) -> str | None:
         """The node id whose code the dead worker ``node`` was running, if it said."""

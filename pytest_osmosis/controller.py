@@ -1,0 +1,285 @@
+"""The controller role: the process that owns the run directories and decides the exit status.
+
+Without xdist the one process is the controller (and runs the rows too); under xdist it is
+the process that starts the workers and never runs a row. Everything the controller does
+is a method here: check and open runs before any row (``start``), journal each result
+before anything reports it (``record``), show progress (``after_report``), and write the
+final snapshots, reports, the gate and the results table (``finish``, ``summary``). The
+hooks in plugin.py are one call each into this object, registered only where this role
+is played (as xdist registers ``DSession`` on its controller alone).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_osmosis.progress import Progress
+    from pytest_osmosis.session import ControllerRun, EvalSession
+
+#: (node id, config path, row_index, run_index) of a recorded item a finished run deselected.
+RecordedEntry = tuple[str, str, int, int]
+
+
+class Controller:
+    """Journal, progress, finished-run exit status, reports and gate of one session."""
+
+    def __init__(self, session: EvalSession) -> None:
+        self.session = session
+        self.progress: Progress | None = None
+        self._last_result: dict[str, Any] | None = None
+
+    # -- before any row -------------------------------------------------------------
+
+    def start(self, session: pytest.Session) -> None:
+        """Check our dependencies, open run directories and check the models, all before
+        any row starts (a failure is one line, exit 4)."""
+        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.plugin import _named_paths, is_eval_config
+        from pytest_osmosis.preflight import check_dependencies
+
+        problem = check_dependencies(getattr(session.config, "cache", None))
+        if problem is not None:
+            raise pytest.UsageError(problem)
+        if session.config.option.collectonly:
+            return
+        from pytest_osmosis.discover import find_eval_configs
+
+        named = _named_paths(session.config)
+        if self.session.collect_all:
+            configs = find_eval_configs(session.config, named)
+        else:
+            configs = [p for p in named if is_eval_config(p) and p.is_file()]
+        try:
+            self.session.open_runs(configs)
+        except OsmosisError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        models = [
+            run.plan.settings.model_path
+            for run in self.session.runs.values()
+            if run.rundir.pending(run_keys(run.plan))
+        ]
+        if not models:
+            return
+        # xdist's controller runs no rows (no LiteLLM here): its workers start once the
+        # model is known good, and each imports LiteLLM before its first row.
+        controller = session.config.pluginmanager.has_plugin("dsession")
+        try:
+            self.session.preflight(models, in_process=not controller)
+        except OsmosisError as exc:
+            # pytest_sessionfinish does not run after a usage error: nothing is recorded.
+            self.session.abandon_runs()
+            self.session.close()
+            raise pytest.UsageError(str(exc)) from None
+
+    def keep_recorded(self, entries: list[RecordedEntry]) -> None:
+        """Note the recorded items a finished run deselected: --junitxml still lists them."""
+        for nodeid, config_path, row_index, run_index in entries:
+            run = self.session.runs.get(Path(config_path))
+            if run is not None:
+                run.recorded_items.append((nodeid, (row_index, run_index)))
+
+    # -- each row -------------------------------------------------------------------
+
+    def record(self, report: pytest.TestReport) -> None:
+        """Journal the result a report carries, before anything reports it."""
+        result = getattr(report, "osmosis", None)
+        if result is None and report.failed and str(report.when) == "???":
+            # xdist lost the worker running this item (os._exit, a segfault, OOM kill).
+            result = self.session.crashed_result(report.nodeid, str(report.longrepr))
+            if result is not None:
+                report.osmosis = result  # type: ignore[attr-defined]
+        if result is None:
+            return
+        run = self.session.runs.get(Path(result["config"]))
+        if run is None or result.get("resumed"):
+            return
+        run.rundir.append(result)
+        run.executed += 1
+        run.rate_limited += int(result.get("rate_limited") or 0)
+        self._last_result = result
+        details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
+        if result.get("reward") is not None:
+            details["reward"] = result["reward"]
+        if result.get("error_type"):
+            details["error_type"] = result["error_type"]
+        run.log.write("info", "result", "work item finished", **details)
+        if result.get("trajectory_problem"):
+            where = f"row {result.get('source_row_index')} run {result['run_index']}"
+            problem = f"{where}: {result['trajectory_problem']}"
+            run.log.warning("result", problem, rollout_id=result["rollout_id"])
+        self.session.config.hook.pytest_osmosis_row_result(
+            config=self.session.config, result=result
+        )
+        if result.get("detail"):
+            run.log.write(
+                "error",
+                "result",
+                result.get("message", ""),
+                rollout_id=result["rollout_id"],
+                detail=result["detail"],
+            )
+
+    def after_report(self) -> None:
+        """Progress, after pytest has shown the row's letter."""
+        if self._last_result is not None:
+            result, self._last_result = self._last_result, None
+            self._progress().add(result)
+
+    def _progress(self) -> Progress:
+        """Progress on the results table's basis: what earlier sessions recorded counts."""
+        if self.progress is None:
+            from pytest_osmosis.progress import Progress
+            from pytest_osmosis.runs import outcome_of
+            from pytest_osmosis.words import OUTCOMES
+
+            reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
+            total = tokens = 0
+            recorded = dict.fromkeys(OUTCOMES, 0)
+            for run in self.session.runs.values():
+                threshold = run.plan.settings.pass_threshold
+                total += run.pending_at_start if run.to_run is None else run.to_run
+                for key in run.rundir.resumed_keys - run.rerun:
+                    record = run.rundir.records[key]
+                    recorded[outcome_of(record, threshold)] += 1
+                    tokens += int(record.get("tokens") or 0)
+            total += sum(recorded.values())
+            self.progress = Progress(reporter, total, recorded=recorded, recorded_tokens=tokens)
+        return self.progress
+
+    # -- the end --------------------------------------------------------------------
+
+    def finish(self, session: pytest.Session) -> None:
+        """Write the final snapshot, then apply the gate; the session is closed either way."""
+        try:
+            interrupted = session.shouldstop or session.shouldfail
+            for run in self.session.runs.values():
+                run.metrics = finalize_run(run, cancelled=bool(interrupted))
+            self._recorded_to_junit(session.config)
+            self._finished_runs_status(session)
+            if self.session.options.report:
+                self._write_reports()
+            self._gate(session)
+        finally:
+            self.session.close()
+
+    def summary(self, terminalreporter: Any) -> None:
+        from pytest_osmosis.summary import write_summary
+
+        write_summary(terminalreporter, self.session)
+
+    def _recorded_to_junit(self, config: pytest.Config) -> None:
+        """--junitxml lists a finished run's rows with their recorded outcome and duration.
+
+        They were deselected, so nothing ran: their reports go to the JUnit writer alone
+        (before it writes, in its own pytest_sessionfinish), not through pytest's hooks,
+        so the terminal still says they were deselected and nothing else counts them.
+        """
+        try:
+            from _pytest.junitxml import xml_key
+        except ImportError:  # pragma: no cover - pytest moved it; JUnit lists what ran
+            return
+        xml = config.stash.get(xml_key, None)
+        if xml is None:
+            return
+        from pytest_osmosis.collect import recorded_reports
+        from pytest_osmosis.session import resumed_result
+
+        for run in self.session.runs.values():
+            for nodeid, key in run.recorded_items:
+                record = run.rundir.records.get(key)
+                if record is None:
+                    continue
+                result = resumed_result(record, run.plan)
+                source = run.plan.dataset.source_row_index(key[0])
+                for report in recorded_reports(nodeid, result, source, key[1]):
+                    xml.pytest_runtest_logreport(report)
+
+    def _finished_runs_status(self, session: pytest.Session) -> None:
+        """Runs finished before this session ran nothing: their recorded rows decide."""
+        finished = [run for run in self.session.runs.values() if run.pending_at_start == 0]
+        if not finished or session.exitstatus not in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            return
+        summaries = [run.metrics.get("summary", {}) for run in finished]
+        failed = any(
+            s.get("failed", 0) or s.get("graded", 0) > s.get("passed", 0) for s in summaries
+        )
+        if failed:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        elif len(finished) == len(self.session.runs):
+            session.exitstatus = pytest.ExitCode.OK  # "no tests ran": nothing was left to run
+
+    def _write_reports(self) -> None:
+        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.report import write_report_for_run
+
+        for run in self.session.runs.values():
+            try:
+                run.report_path = write_report_for_run(run.plan.run_dir)
+            except OsmosisError as exc:
+                run.report_error = str(exc)
+
+    def _gate(self, session: pytest.Session) -> None:
+        from pytest_osmosis.gate import Verdict, decide
+
+        gate = self.session.options.gate
+        if not gate.active or not self.session.runs:
+            return
+        if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+            return  # interrupted, usage or internal errors keep their own exit status
+        runs = [(run.plan.run_name, run.metrics) for run in self.session.runs.values()]
+        verdict = decide(gate, runs)
+        override = session.config.hook.pytest_osmosis_gate(
+            config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
+        )
+        if override is not None:
+            verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
+        self.session.verdict = verdict
+        session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
+
+
+def run_keys(plan: Any) -> list[tuple[int, int]]:
+    """Every (row_index, run_index) of a plan: its selected rows times its attempts."""
+    return [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+
+
+def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
+    """Write the run's snapshots; a finished run that ran nothing keeps its record as it was.
+
+    Rewriting it would give it this session's start and duration (milliseconds for a
+    run that took minutes) and mark every row resumed.
+    """
+    plan = run.plan
+    if run.executed == 0:
+        recorded = run.rundir.recorded_metrics() or {}
+        finished = recorded.get("eval_run", {}).get("status") == "finished"
+        if finished and recorded.get("summary", {}).get("total_samples") == len(run.rundir.records):
+            run.log.write("info", "run", "run finished earlier; nothing ran, nothing rewritten")
+            run.log.close()
+            run.rundir.close()
+            return dict(recorded)
+    complete = all(key in run.rundir.records for key in run_keys(plan))
+    status: Literal["finished", "incomplete"] = (
+        "finished" if complete and not cancelled else "incomplete"
+    )
+    run.log.write("info", "run", f"run {status}", executed=run.executed)
+    result: dict[str, Any] = run.rundir.refresh(
+        status=status,
+        total_dataset_rows=plan.dataset.total_dataset_rows,
+        sampled_rows=len(plan.dataset),
+        n=plan.settings.n,
+        pass_threshold=plan.settings.pass_threshold,
+        dataset_name=plan.config.experiment.dataset,
+        model_path=plan.settings.model_path,
+        rollout_name=plan.config.experiment.rollout,
+        started_at=run.started_at,
+    )
+    run.log.close()
+    run.rundir.close()
+    return result
