@@ -20,8 +20,14 @@ CONTRACT = DOCS / "contract.md"
 HOW_IT_WORKS = DOCS / "how-it-works.md"
 
 #: ``contract §3``, ``contract §6–§7``, ``contract §3, §7.1``: every § of the run counts.
-_CITATION = re.compile(r"contract\s+§\d+(?:\.\d+)*(?:\s*(?:,|–|-|and)\s*§\d+(?:\.\d+)*)*")
+_CITATION = re.compile(
+    r"contract\s+§\d+(?:\.\d+)*(?:\s*(?:,|–|-|and)\s*§\d+(?:\.\d+)*)*", re.IGNORECASE
+)
 _SECTION = re.compile(r"§(\d+(?:\.\d+)*)")
+#: A bare ``(§3.2)`` in the package or the tests cites the contract too, unless it follows
+#: another document's name (``issue 4 §7``, ``design.md §3``).
+_BARE = re.compile(r"(?<!§)(?<![\d.])§(\d+(?:\.\d+)*)")
+_OTHER_DOCUMENT = re.compile(r"(?:issue\s+\d+|\.md`*|spec)\s*$", re.IGNORECASE)
 _HEADING = re.compile(r"^#{2,4}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 _APPENDIX = re.compile(r"\bAppendix ([A-Z])\b")
 _APPENDIX_HEADING = re.compile(r"^#{2,4}\s+Appendix ([A-Z])\b", re.MULTILINE)
@@ -53,6 +59,19 @@ def test_every_contract_citation_is_a_section_of_docs_contract_md() -> None:
     assert len(cited) >= 10, f"the citation pattern found too little: {sorted(cited)}"
     missing = {number: files for number, files in cited.items() if number not in headings}
     assert not missing, f"cited but not a heading of docs/contract.md: {missing}"
+
+
+def test_every_bare_section_sign_is_a_section_of_docs_contract_md() -> None:
+    headings = set(_HEADING.findall(CONTRACT.read_text(encoding="utf-8")))
+    missing: dict[str, list[str]] = {}
+    for path in _sources():
+        text = path.read_text(encoding="utf-8")
+        for match in _BARE.finditer(text):
+            before = text[max(0, match.start() - 16) : match.start()]
+            if _OTHER_DOCUMENT.search(before) or match.group(1) in headings:
+                continue
+            missing.setdefault(match.group(1), []).append(str(path.relative_to(ROOT)))
+    assert not missing, f"§ cited but not a heading of docs/contract.md: {missing}"
 
 
 def test_every_appendix_the_code_cites_exists() -> None:
