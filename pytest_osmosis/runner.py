@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_osmosis.executor import LoopStopped
+from pytest_osmosis.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.loader import LoadedRollout
 
 logger = logging.getLogger(__name__)
@@ -257,12 +257,15 @@ async def _phase(
     """Run one phase in its own task so its budget can cancel it without touching ours.
 
     No start-up wait falls inside a phase (the session has checked the model and imported
-    LiteLLM before any row starts), so its budget is plain elapsed time.
+    LiteLLM before any row starts), so its budget is elapsed time less the time other
+    rows' synchronous code held the loop (see ``executor.LoopWatch``): only the blocker
+    is charged for a block.
     """
     started = time.monotonic()
+    owner = object()  # this phase, as the loop watch knows it
 
     def used() -> float:
-        return time.monotonic() - started
+        return time.monotonic() - started - stalled_by_others(owner, started)
 
     ours = False  # whether a cancel the phase sees is ours (budget, session) or its own
 
@@ -281,7 +284,7 @@ async def _phase(
         except LoopStopped as exc:
             raise _Escaped(f"{name} stopped the session's event loop (loop.stop())") from exc
 
-    task = asyncio.ensure_future(guarded())
+    task = start_owned(owner, guarded())
     done: set[asyncio.Future[Any]] = set()
     try:
         while task not in done:

@@ -316,3 +316,66 @@ def test_a_429_storm_slows_the_run_but_fails_no_row(pytester: pytest.Pytester, m
     result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines(["rate limit * calls answered 429, retried after back-off"])
     assert model_server.requests_total >= 8 + 41
+
+
+ONE_BLOCKS_SEVEN_AWAIT = '''
+import asyncio
+import time
+
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+
+WAITING = []
+RELEASED = []
+
+
+class OneBlocks(AgentWorkflow):
+    async def run(self, ctx):
+        if "block" in ctx.prompt[-1]["content"]:
+            while len(WAITING) < 7:  # every other row is in flight, awaiting the blocker
+                await asyncio.sleep(0.01)
+            time.sleep(5.5)  # synchronous: holds the loop past its own 4 s budget
+            for event in WAITING:
+                event.set()
+        else:
+            event = asyncio.Event()
+            WAITING.append(event)
+            await event.wait()  # only awaits; the loop is blocked while it waits
+        return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
+
+
+class Always(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+backend = LocalBackend(workflow=OneBlocks, grader=Always)
+'''
+
+
+def test_only_the_row_blocking_the_loop_is_charged_for_the_block(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """Eight in flight, one holds the loop 5.5 s past its 4 s budget: it alone times out.
+
+    The seven others await an event the blocker sets after blocking, so each waited through
+    the whole block; their budgets leave it out (what they used themselves is a few
+    milliseconds of their 4 s, even on a loaded machine).
+    """
+    rows = calc_rows([("please block", "x")] + [(f"await {i}", "x") for i in range(7)])
+    write_workspace(
+        pytester.path,
+        rows=rows,
+        rollout_source=ONE_BLOCKS_SEVEN_AWAIT,
+        evaluation={"agent_workflow_timeout_s": 4, "grader_timeout_s": 3},
+    )
+    result = pytester.runpytest(
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "b",
+        "--osmosis-concurrency", "8",
+    )
+    result.assert_outcomes(passed=7, failed=1)
+    records = {r["row_index"]: r for r in read_index(pytester.path / ".osmosis" / "evals" / "b")}
+    assert records[0]["error_type"] == "workflow_timeout", records[0]
+    result.stdout.fnmatch_lines(
+        ["workflow_timeout: workflow timeout after 4 s (it blocked the event loop) (row 0, run 0)"]
+    )
+    assert all(records[i]["status"] == "success" for i in range(1, 8)), records
