@@ -30,6 +30,39 @@ class LoopStopped(RuntimeError):
     """Raised into code that calls ``stop()`` on the session's loop: only the session may."""
 
 
+class BackstopExpired(Exception):
+    """An item's backstop fired while the main thread waited for its result."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"backstop timeout (>{seconds}s)")
+        self.seconds = seconds
+
+
+def arm_backstop(seconds: float) -> Callable[[], None] | None:
+    """Raise :class:`BackstopExpired` in the main thread after ``seconds``; returns the cancel.
+
+    The timer behind pytest-timeout's ``pytest_timeout_set_timer`` hook for eval items: the
+    main thread only ever waits in ``Future.result()``, so the signal lands there. None
+    where there is no SIGALRM or this is not the main thread (pytest-timeout decides then).
+    """
+    import signal
+
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def expired(signum: int, frame: Any) -> None:
+        raise BackstopExpired(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    def cancel() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    return cancel
+
+
 _OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "osmosis_owner", default=None
 )

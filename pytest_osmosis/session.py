@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import warnings
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ import pytest
 
 from pytest_osmosis import blame
 from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
-from pytest_osmosis.executor import Executor
+from pytest_osmosis.executor import BackstopExpired, Executor
 from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.plan import (
     EvalPlan,
@@ -319,9 +318,7 @@ class EvalSession:
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
-        except pytest.fail.Exception as exc:
-            if not str(exc).startswith("Timeout"):
-                raise
+        except BackstopExpired as exc:
             blocker = self.executor.blocker()
             if blocker is None and self.executor.responsive():
                 # Nothing blocks the loop: the row runs on under its own budgets.
@@ -335,7 +332,7 @@ class EvalSession:
                 )
                 return dict(self.executor.result(item.nodeid, factory))
             self.executor.abandon(item.nodeid)
-            return self._backstop_result(item, str(exc), blocker[0] if blocker else None)
+            return self._backstop_result(item, exc, blocker[0] if blocker else None)
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
@@ -384,15 +381,13 @@ class EvalSession:
             }
         return None
 
-    def _backstop_result(self, item: EvalItem, why: str, blocker: str | None) -> dict[str, Any]:
-        """pytest-timeout fired while this item waited: its own code blocked the event loop."""
+    def _backstop_result(
+        self, item: EvalItem, expired: BackstopExpired, blocker: str | None
+    ) -> dict[str, Any]:
+        """The backstop fired while this item waited: its own code blocked the event loop."""
         import uuid
 
-        # pytest-timeout words it "Timeout >10.0s" (2.3) or "Timeout (>10.0s) from
-        # pytest-timeout." (2.4): the headline is ours, the same on every version.
-        limit = re.search(r">\s*([0-9.]+)\s*s", why)
-        message = f"backstop timeout (>{limit.group(1)}s): " if limit else "backstop timeout: "
-        message += blocker or "the event loop did not answer"
+        message = f"{expired}: {blocker or 'the event loop did not answer'}"
         return {
             "row_index": item.row_index,
             "run_index": item.run_index,
