@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import contextvars
 import logging
+import os
 import sys
 import threading
 import time
@@ -28,6 +29,49 @@ logger = logging.getLogger(__name__)
 
 class LoopStopped(RuntimeError):
     """Raised into code that calls ``stop()`` on the session's loop: only the session may."""
+
+
+FDS_PER_ROW = 4
+"""File descriptors one row in flight may hold: its client's socket to the bridge, the
+bridge's end of it, the bridge's connection to the provider, and one for the rollout's own."""
+
+_FD_RESERVE = 64  # the session's own: journals, logs, LiteLLM's files, pytest's capture
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft open-files limit to the hard limit (what ``ulimit -n`` allows anyway)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            for target in (hard, 1 << 20, 10240):  # macOS refuses "unlimited" as a soft limit
+                if target != resource.RLIM_INFINITY and target <= soft:
+                    continue
+                try:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                    return
+                except (ValueError, OSError):
+                    continue
+    except (ImportError, ValueError, OSError):
+        return
+
+
+def fd_capacity() -> tuple[int, int] | None:
+    """(rows in flight the open-files limit leaves room for, the limit); None: unbounded."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        in_use = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+    except OSError:
+        in_use = _FD_RESERVE
+    return max(1, (soft - in_use - _FD_RESERVE) // FDS_PER_ROW), soft
 
 
 class BackstopExpired(Exception):

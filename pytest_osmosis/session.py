@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,13 @@ import pytest
 
 from pytest_osmosis import blame
 from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
-from pytest_osmosis.executor import BackstopExpired, Executor
+from pytest_osmosis.executor import (
+    FDS_PER_ROW,
+    BackstopExpired,
+    Executor,
+    fd_capacity,
+    raise_fd_limit,
+)
 from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.plan import (
     EvalPlan,
@@ -107,6 +114,8 @@ class EvalSession:
         self.verdict: Verdict | None = None
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
+        self._fd_capped = False
+        raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     # -- planning --------------------------------------------------------------------
 
@@ -255,14 +264,31 @@ class EvalSession:
         return self._executor
 
     def _concurrency(self) -> int:
-        """Items in flight in this process: the total, split evenly across xdist workers."""
-        total = self.total_concurrency()
+        """Items in flight in this process: the total, split evenly across xdist workers,
+        and no more than the open-files limit leaves room for (said once, in one line)."""
+        wanted = self.total_concurrency()
         if self.is_worker:
             from pytest_osmosis.xdist import per_worker
 
             workerinput: dict[str, Any] = self.config.workerinput  # type: ignore[attr-defined]
-            return per_worker(total, int(workerinput.get("workercount", 1)))
-        return total
+            wanted = per_worker(wanted, int(workerinput.get("workercount", 1)))
+        room = fd_capacity()
+        if room is None or wanted <= room[0]:
+            return wanted
+        cap, limit = room
+        if not self._fd_capped:
+            self._fd_capped = True
+            line = (
+                f"osmosis: warning: {wanted} rows in flight need more file descriptors than "
+                f"the open-files limit of {limit} allows (about {FDS_PER_ROW} a row): "
+                f"running at most {cap} at once (raise `ulimit -Hn` for more)"
+            )
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(line, yellow=True, bold=True)
+            else:
+                print(line, file=sys.stderr)
+        return cap
 
     def total_concurrency(self) -> int:
         """``--osmosis-concurrency``, else what ``osmosis eval run`` picks for the config.

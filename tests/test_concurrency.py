@@ -389,3 +389,48 @@ def test_only_the_row_blocking_the_loop_is_charged_for_the_block(
         ["workflow_timeout: workflow timeout after 4 s (it blocked the event loop) (row 0, run 0)"]
     )
     assert all(records[i]["status"] == "success" for i in range(1, 8)), records
+
+
+UNDER_A_LOW_FD_LIMIT = """
+import resource
+import sys
+
+import pytest
+
+# Soft and hard limit both: raising the soft limit to the hard one cannot help here.
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def test_concurrency_beyond_the_fd_limit_is_capped_with_a_warning_and_fails_no_row(
+    pytester: pytest.Pytester, slow_model
+) -> None:  # type: ignore[no-untyped-def]
+    """500 in flight under ``ulimit -n 256``: one warning naming the cap, every row passes.
+
+    The model holds each call until all 100 are in flight (or 2 s passed): uncapped, that
+    many at once would need more descriptors than there are.
+    """
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 100, "+ 1", 2.0
+    rows = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(100)])
+    write_workspace(pytester.path, rows=rows, rollout_source=UNCAPPED)
+    result = pytester.run(
+        sys.executable,
+        "-c",
+        UNDER_A_LOW_FD_LIMIT,
+        "--osmosis-eval",
+        "-p",
+        "no:cacheprovider",
+        "--osmosis-concurrency",
+        "500",
+        "--osmosis-name",
+        "fd",
+    )
+    result.assert_outcomes(passed=100)
+    warned = [line for line in result.outlines if "open-files limit of 256" in line]
+    assert len(warned) == 1, result.outlines
+    cap = int(warned[0].split("running at most ")[1].split()[0])
+    assert 1 <= cap < 64, warned
+    assert slow_model.peak_in_flight <= cap
+    records = read_index(pytester.path / ".osmosis" / "evals" / "fd")
+    assert len(records) == 100 and all(r["status"] == "success" for r in records)
