@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_osmosis.errors import ResourceExhaustedError
 from pytest_osmosis.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.loader import LoadedRollout
 
@@ -36,6 +37,9 @@ class BridgeLike(Protocol):
     def pop_rate_limited(self, rollout_id: str) -> int: ...
 
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
+
+    exhaustions: int
+    last_exhaustion: str
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ async def execute(
 
     rollout_id = uuid.uuid4().hex
     started = time.monotonic()
+    exhaustions = bridge.exhaustions
     url, api_key = bridge.open_rollout(rollout_id)
     artifacts_dir = prepare_artifacts(rollout_id)
     sample: Any = None
@@ -141,6 +146,12 @@ async def execute(
         cause = failure.cause
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
+    if status == "failed" and bridge.exhaustions != exhaustions:
+        # Our own exhaustion, not the rollout's failure: the row stays pending for a resume.
+        raise ResourceExhaustedError(
+            f"{bridge.last_exhaustion}; row {work.source_row_index} run {work.run_index} "
+            "was left pending (resume the run to finish it, with fewer rows in flight)"
+        )
     has_trajectory = False
     trajectory_problem = None
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:

@@ -20,7 +20,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis import blame
-from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
+from pytest_osmosis.errors import (
+    ModelPreflightError,
+    OsmosisError,
+    ResourceExhaustedError,
+    RunDirectoryError,
+)
 from pytest_osmosis.executor import (
     FDS_PER_ROW,
     BackstopExpired,
@@ -344,6 +349,8 @@ class EvalSession:
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
+        except ResourceExhaustedError as exc:
+            pytest.exit(f"osmosis: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         except BackstopExpired as exc:
             blocker = self.executor.blocker()
             if blocker is None and self.executor.responsive():
