@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import functools
 import gc
 import hmac
@@ -421,6 +422,9 @@ class Bridge:
         """Connections accepted that have not sent a complete request yet (see _reap)."""
         self.max_connections = _connection_cap()
         """Connections served at once; more are answered 503 (the process's fds are bounded)."""
+        self.exhaustions = 0
+        """Calls the bridge could not serve for want of its own resources (see `exhausted`)."""
+        self.last_exhaustion = ""
         self._base = ""
         self._route_kwargs = dict(route.kwargs)
         self._secrets = _route_secrets(route)
@@ -468,6 +472,8 @@ class Bridge:
         def accept() -> asyncio.BaseProtocol:
             """A connection beyond the bound is answered 503 and closed, never queued."""
             if len(server.connections) >= self.max_connections:
+                cap = self.max_connections
+                self.exhausted(f"the osmosis bridge is serving its maximum of {cap} connections")
                 return _Busy()
             handler = server()
             self._unserved.add(handler)
@@ -478,6 +484,15 @@ class Bridge:
         self._server = await loop.create_server(accept, "127.0.0.1", 0, backlog=1024)
         self._runner = runner
         self._base = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    def exhausted(self, why: str) -> None:
+        """Count a call the session's own exhaustion left unserved: no rollout's failure.
+
+        A row failing after this is not journalled; the session stops (runner.execute).
+        """
+        with self._lock:
+            self.exhaustions += 1
+            self.last_exhaustion = why
 
     def _reap(self, handler: Any, due: float) -> None:
         """Close a connection that sent no complete request within IDLE_TIMEOUT_S."""
@@ -731,6 +746,10 @@ class Bridge:
         try:
             response = await self._complete(call, rollout_id, target)
         except Exception as exc:
+            if _out_of_descriptors(exc):
+                detail = f"the osmosis bridge ran out of file descriptors: {_one_line(exc)}"
+                self.exhausted(detail)
+                return _json_error(503, detail)
             self.errors += 1
             status, kind, detail = self._failure(exc, target)
             logger.warning("osmosis bridge: model call failed: %s", detail)
@@ -859,7 +878,10 @@ class Bridge:
         try:
             result = task.result()
         except Exception as exc:
-            self.errors += 1
+            if _out_of_descriptors(exc):
+                self.exhausted(f"the osmosis bridge ran out of file descriptors: {_one_line(exc)}")
+            else:
+                self.errors += 1
             status, kind, detail = self._failure(exc, target)
             logger.warning("osmosis bridge: model call failed: %s", detail)
             error = {
@@ -959,6 +981,14 @@ class _Busy(asyncio.Protocol):
             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(detail), detail)
         )
         transport.close()
+
+
+def _out_of_descriptors(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) is this process running out of file descriptors."""
+    return any(
+        isinstance(link, OSError) and link.errno in (errno.EMFILE, errno.ENFILE)
+        for link in _chain(exc)
+    )
 
 
 def _connection_cap() -> int:

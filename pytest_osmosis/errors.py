@@ -25,3 +25,7 @@ class ModelPreflightError(OsmosisError):
 
 class RunDirectoryError(OsmosisError):
     """The run directory cannot be created, locked, resumed or written."""
+
+
+class ResourceExhaustedError(OsmosisError):
+    """The session itself ran out of a resource (file descriptors): not the row's failure."""

@@ -12,9 +12,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
 import logging
+import os
 import sys
 import threading
+import time
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -25,6 +29,189 @@ logger = logging.getLogger(__name__)
 
 class LoopStopped(RuntimeError):
     """Raised into code that calls ``stop()`` on the session's loop: only the session may."""
+
+
+FDS_PER_ROW = 4
+"""File descriptors one row in flight may hold: its client's socket to the bridge, the
+bridge's end of it, the bridge's connection to the provider, and one for the rollout's own."""
+
+_FD_RESERVE = 64  # the session's own: journals, logs, LiteLLM's files, pytest's capture
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft open-files limit to the hard limit (what ``ulimit -n`` allows anyway)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+            for target in (hard, 1 << 20, 10240):  # macOS refuses "unlimited" as a soft limit
+                if target != resource.RLIM_INFINITY and target <= soft:
+                    continue
+                try:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                    return
+                except (ValueError, OSError):
+                    continue
+    except (ImportError, ValueError, OSError):
+        return
+
+
+def fd_capacity() -> tuple[int, int] | None:
+    """(rows in flight the open-files limit leaves room for, the limit); None: unbounded."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        in_use = len(os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"))
+    except OSError:
+        in_use = _FD_RESERVE
+    return max(1, (soft - in_use - _FD_RESERVE) // FDS_PER_ROW), soft
+
+
+class BackstopExpired(Exception):
+    """An item's backstop fired while the main thread waited for its result."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"backstop timeout (>{seconds}s)")
+        self.seconds = seconds
+
+
+def arm_backstop(seconds: float) -> Callable[[], None] | None:
+    """Raise :class:`BackstopExpired` in the main thread after ``seconds``; returns the cancel.
+
+    The timer behind pytest-timeout's ``pytest_timeout_set_timer`` hook for eval items: the
+    main thread only ever waits in ``Future.result()``, so the signal lands there. None
+    where there is no SIGALRM or this is not the main thread (pytest-timeout decides then).
+    """
+    import signal
+
+    if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def expired(signum: int, frame: Any) -> None:
+        raise BackstopExpired(seconds)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    def cancel() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    return cancel
+
+
+_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "osmosis_owner", default=None
+)
+_WATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopWatch]
+_WATCHES = weakref.WeakKeyDictionary()
+
+
+class LoopWatch:
+    """Which code held the loop, and for how long, when one callback ran past ``STALL``.
+
+    A heartbeat on the loop and a watchdog thread beside it: when the beat is late, the
+    watchdog asks which task is running and charges the stall to that task's owner (a
+    budget phase; its child tasks inherit it through a context variable read by the
+    loop's task factory). A phase's budget then leaves out stalls owned by other phases,
+    so one row's ``time.sleep`` is charged to that row alone. A stall by code no phase
+    owns (a plain callback, a task made by a rollout's own task factory) is charged to
+    every phase, as if it were not measured.
+    """
+
+    TICK = 0.05
+    STALL = 0.25
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._owners: weakref.WeakKeyDictionary[asyncio.Future[Any], object]
+        self._owners = weakref.WeakKeyDictionary()
+        self._stalls: collections.deque[tuple[float, float, object]]
+        self._stalls = collections.deque(maxlen=256)
+        self._open: tuple[float, object | None] | None = None
+        self._last = time.monotonic()
+        self._done = threading.Event()
+        _WATCHES[loop] = self
+        # Set before the loop runs any task; blame.install wraps it under xdist.
+        loop.set_task_factory(self._task)
+        loop.call_soon_threadsafe(self._beat)
+        self._thread = threading.Thread(target=self._watch, name="osmosis-loop-watch", daemon=True)
+        self._thread.start()
+
+    def _task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        owner = _OWNER.get()
+        if owner is not None:
+            self.own(task, owner)
+        return task
+
+    def own(self, task: asyncio.Future[Any], owner: object) -> None:
+        with self._lock:
+            self._owners[task] = owner
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._open is not None:
+                start, owner = self._open
+                self._open = None
+                if owner is not None:
+                    self._stalls.append((start, now, owner))
+            self._last = now
+        if not self._done.is_set():
+            self.loop.call_later(self.TICK, self._beat)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.TICK):
+            with self._lock:
+                late = time.monotonic() - self._last > self.STALL
+                if late and (self._open is None or self._open[1] is None):
+                    task = asyncio.current_task(self.loop)
+                    owner = None if task is None else self._owners.get(task)
+                    self._open = (self._last, owner)
+
+    def stalled_by_others(self, owner: object, since: float) -> float:
+        """Seconds since ``since`` that other phases' code held the loop."""
+        now = time.monotonic()
+        with self._lock:
+            spans = list(self._stalls)
+            if self._open is not None and self._open[1] is not None:
+                spans.append((self._open[0], now, self._open[1]))
+        return sum(
+            max(0.0, min(end, now) - max(start, since))
+            for start, end, whose in spans
+            if whose is not owner
+        )
+
+    def close(self) -> None:
+        self._done.set()
+
+
+def start_owned(owner: object, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+    """Start ``coro`` as a task whose code, and its child tasks' code, is ``owner``'s."""
+    reset = _OWNER.set(owner)
+    try:
+        task = asyncio.ensure_future(coro)
+    finally:
+        _OWNER.reset(reset)
+    watch = _WATCHES.get(asyncio.get_running_loop())
+    if watch is not None:
+        watch.own(task, owner)
+    return task
+
+
+def stalled_by_others(owner: object, since: float) -> float:
+    """Seconds since ``since`` that code other than ``owner``'s blocked the running loop."""
+    watch = _WATCHES.get(asyncio.get_running_loop())
+    return 0.0 if watch is None else watch.stalled_by_others(owner, since)
 
 
 class Executor:
@@ -41,6 +228,7 @@ class Executor:
             pass
         self._thread = threading.Thread(target=self._run_loop, name="osmosis-loop", daemon=True)
         self._thread.start()
+        self.watch = LoopWatch(self.loop)
         self._lock = threading.Lock()
         self._queue: collections.OrderedDict[
             str, tuple[CoroFactory, concurrent.futures.Future[Any]]
@@ -160,6 +348,7 @@ class Executor:
 
     def close(self) -> None:
         self.cancel_pending()
+        self.watch.close()
 
         async def _drain() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

@@ -555,6 +555,34 @@ class EvalHooks:
     ) -> None:
         self.session = session
         self.keep_recorded = keep_recorded  # the role's: the controller, or a worker's output
+        self._backstops: dict[str, Callable[[], None]] = {}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool | None:
+        """pytest-timeout's public hook: an eval item's backstop is our own timer.
+
+        The item's marker (collect.py) gives the seconds; what fires is our exception,
+        which run_item tells from any other failure without reading pytest-timeout's text.
+        """
+        from pytest_osmosis.collect import EvalItem
+        from pytest_osmosis.executor import arm_backstop
+
+        seconds = getattr(settings, "timeout", None)
+        if not isinstance(item, EvalItem) or not seconds:
+            return None
+        cancel = arm_backstop(float(seconds))
+        if cancel is None:
+            return None
+        self._backstops[item.nodeid] = cancel
+        return True
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
+        cancel = self._backstops.pop(item.nodeid, None)
+        if cancel is None:
+            return None
+        cancel()
+        return True
 
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_osmosis.executor import LoopStopped
+from pytest_osmosis.errors import ResourceExhaustedError
+from pytest_osmosis.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.loader import LoadedRollout
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ class BridgeLike(Protocol):
     def pop_rate_limited(self, rollout_id: str) -> int: ...
 
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
+
+    exhaustions: int
+    last_exhaustion: str
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ async def execute(
 
     rollout_id = uuid.uuid4().hex
     started = time.monotonic()
+    exhaustions = bridge.exhaustions
     url, api_key = bridge.open_rollout(rollout_id)
     artifacts_dir = prepare_artifacts(rollout_id)
     sample: Any = None
@@ -141,6 +146,12 @@ async def execute(
         cause = failure.cause
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
+    if status == "failed" and bridge.exhaustions != exhaustions:
+        # Our own exhaustion, not the rollout's failure: the row stays pending for a resume.
+        raise ResourceExhaustedError(
+            f"{bridge.last_exhaustion}; row {work.source_row_index} run {work.run_index} "
+            "was left pending (resume the run to finish it, with fewer rows in flight)"
+        )
     has_trajectory = False
     trajectory_problem = None
     if sample is not None and getattr(sample, "trajectory_messages", None) is not None:
@@ -257,12 +268,15 @@ async def _phase(
     """Run one phase in its own task so its budget can cancel it without touching ours.
 
     No start-up wait falls inside a phase (the session has checked the model and imported
-    LiteLLM before any row starts), so its budget is plain elapsed time.
+    LiteLLM before any row starts), so its budget is elapsed time less the time other
+    rows' synchronous code held the loop (see ``executor.LoopWatch``): only the blocker
+    is charged for a block.
     """
     started = time.monotonic()
+    owner = object()  # this phase, as the loop watch knows it
 
     def used() -> float:
-        return time.monotonic() - started
+        return time.monotonic() - started - stalled_by_others(owner, started)
 
     ours = False  # whether a cancel the phase sees is ours (budget, session) or its own
 
@@ -281,7 +295,7 @@ async def _phase(
         except LoopStopped as exc:
             raise _Escaped(f"{name} stopped the session's event loop (loop.stop())") from exc
 
-    task = asyncio.ensure_future(guarded())
+    task = start_owned(owner, guarded())
     done: set[asyncio.Future[Any]] = set()
     try:
         while task not in done:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +20,19 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis import blame
-from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
-from pytest_osmosis.executor import Executor
+from pytest_osmosis.errors import (
+    ModelPreflightError,
+    OsmosisError,
+    ResourceExhaustedError,
+    RunDirectoryError,
+)
+from pytest_osmosis.executor import (
+    FDS_PER_ROW,
+    BackstopExpired,
+    Executor,
+    fd_capacity,
+    raise_fd_limit,
+)
 from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.plan import (
     EvalPlan,
@@ -108,6 +119,8 @@ class EvalSession:
         self.verdict: Verdict | None = None
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
+        self._fd_capped = False
+        raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     # -- planning --------------------------------------------------------------------
 
@@ -256,14 +269,31 @@ class EvalSession:
         return self._executor
 
     def _concurrency(self) -> int:
-        """Items in flight in this process: the total, split evenly across xdist workers."""
-        total = self.total_concurrency()
+        """Items in flight in this process: the total, split evenly across xdist workers,
+        and no more than the open-files limit leaves room for (said once, in one line)."""
+        wanted = self.total_concurrency()
         if self.is_worker:
             from pytest_osmosis.xdist import per_worker
 
             workerinput: dict[str, Any] = self.config.workerinput  # type: ignore[attr-defined]
-            return per_worker(total, int(workerinput.get("workercount", 1)))
-        return total
+            wanted = per_worker(wanted, int(workerinput.get("workercount", 1)))
+        room = fd_capacity()
+        if room is None or wanted <= room[0]:
+            return wanted
+        cap, limit = room
+        if not self._fd_capped:
+            self._fd_capped = True
+            line = (
+                f"osmosis: warning: {wanted} rows in flight need more file descriptors than "
+                f"the open-files limit of {limit} allows (about {FDS_PER_ROW} a row): "
+                f"running at most {cap} at once (raise `ulimit -Hn` for more)"
+            )
+            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(line, yellow=True, bold=True)
+            else:
+                print(line, file=sys.stderr)
+        return cap
 
     def total_concurrency(self) -> int:
         """``--osmosis-concurrency``, else what ``osmosis eval run`` picks for the config.
@@ -319,9 +349,9 @@ class EvalSession:
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
-        except pytest.fail.Exception as exc:
-            if not str(exc).startswith("Timeout"):
-                raise
+        except ResourceExhaustedError as exc:
+            pytest.exit(f"osmosis: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        except BackstopExpired as exc:
             blocker = self.executor.blocker()
             if blocker is None and self.executor.responsive():
                 # Nothing blocks the loop: the row runs on under its own budgets.
@@ -335,7 +365,7 @@ class EvalSession:
                 )
                 return dict(self.executor.result(item.nodeid, factory))
             self.executor.abandon(item.nodeid)
-            return self._backstop_result(item, str(exc), blocker[0] if blocker else None)
+            return self._backstop_result(item, exc, blocker[0] if blocker else None)
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
@@ -384,15 +414,13 @@ class EvalSession:
             }
         return None
 
-    def _backstop_result(self, item: EvalItem, why: str, blocker: str | None) -> dict[str, Any]:
-        """pytest-timeout fired while this item waited: its own code blocked the event loop."""
+    def _backstop_result(
+        self, item: EvalItem, expired: BackstopExpired, blocker: str | None
+    ) -> dict[str, Any]:
+        """The backstop fired while this item waited: its own code blocked the event loop."""
         import uuid
 
-        # pytest-timeout words it "Timeout >10.0s" (2.3) or "Timeout (>10.0s) from
-        # pytest-timeout." (2.4): the headline is ours, the same on every version.
-        limit = re.search(r">\s*([0-9.]+)\s*s", why)
-        message = f"backstop timeout (>{limit.group(1)}s): " if limit else "backstop timeout: "
-        message += blocker or "the event loop did not answer"
+        message = f"{expired}: {blocker or 'the event loop did not answer'}"
         return {
             "row_index": item.row_index,
             "run_index": item.run_index,

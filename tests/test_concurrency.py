@@ -279,8 +279,17 @@ warnings.warn = _observed
 '''
 
 
+# pytest-timeout's own failure text, changed: the backstop goes through its hooks, never its words.
+OTHER_TIMEOUT_TEXT = """
+import pytest_timeout
+
+pytest_timeout.PYTEST_FAILURE_MESSAGE = "Zeit abgelaufen nach %s s"
+"""
+
+
+@pytest.mark.parametrize("timeout_text", ["as shipped", "reworded"])
 def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
-    pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch, timeout_text: str
 ) -> None:  # type: ignore[no-untyped-def]
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
@@ -294,7 +303,8 @@ def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
         evaluation={"agent_workflow_timeout_s": 6, "grader_timeout_s": 3, "batch_size": 1},
     )
     pytester.makeini("[pytest]\nosmosis_backstop_grace = 1\n")
-    pytester.makeconftest(RELEASE_WHEN_WAITING_PAST_BACKSTOP)
+    extra = OTHER_TIMEOUT_TEXT if timeout_text == "reworded" else ""
+    pytester.makeconftest(RELEASE_WHEN_WAITING_PAST_BACKSTOP + extra)
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
@@ -316,3 +326,111 @@ def test_a_429_storm_slows_the_run_but_fails_no_row(pytester: pytest.Pytester, m
     result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines(["rate limit * calls answered 429, retried after back-off"])
     assert model_server.requests_total >= 8 + 41
+
+
+ONE_BLOCKS_SEVEN_AWAIT = '''
+import asyncio
+import time
+
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+
+WAITING = []
+RELEASED = []
+
+
+class OneBlocks(AgentWorkflow):
+    async def run(self, ctx):
+        if "block" in ctx.prompt[-1]["content"]:
+            while len(WAITING) < 7:  # every other row is in flight, awaiting the blocker
+                await asyncio.sleep(0.01)
+            time.sleep(5.5)  # synchronous: holds the loop past its own 4 s budget
+            for event in WAITING:
+                event.set()
+        else:
+            event = asyncio.Event()
+            WAITING.append(event)
+            await event.wait()  # only awaits; the loop is blocked while it waits
+        return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
+
+
+class Always(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+backend = LocalBackend(workflow=OneBlocks, grader=Always)
+'''
+
+
+def test_only_the_row_blocking_the_loop_is_charged_for_the_block(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """Eight in flight, one holds the loop 5.5 s past its 4 s budget: it alone times out.
+
+    The seven others await an event the blocker sets after blocking, so each waited through
+    the whole block; their budgets leave it out (what they used themselves is a few
+    milliseconds of their 4 s, even on a loaded machine).
+    """
+    rows = calc_rows([("please block", "x")] + [(f"await {i}", "x") for i in range(7)])
+    write_workspace(
+        pytester.path,
+        rows=rows,
+        rollout_source=ONE_BLOCKS_SEVEN_AWAIT,
+        evaluation={"agent_workflow_timeout_s": 4, "grader_timeout_s": 3},
+    )
+    result = pytester.runpytest(
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "b",
+        "--osmosis-concurrency", "8",
+    )
+    result.assert_outcomes(passed=7, failed=1)
+    records = {r["row_index"]: r for r in read_index(pytester.path / ".osmosis" / "evals" / "b")}
+    assert records[0]["error_type"] == "workflow_timeout", records[0]
+    result.stdout.fnmatch_lines(
+        ["workflow_timeout: workflow timeout after 4 s (it blocked the event loop) (row 0, run 0)"]
+    )
+    assert all(records[i]["status"] == "success" for i in range(1, 8)), records
+
+
+UNDER_A_LOW_FD_LIMIT = """
+import resource
+import sys
+
+import pytest
+
+# Soft and hard limit both: raising the soft limit to the hard one cannot help here.
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def test_concurrency_beyond_the_fd_limit_is_capped_with_a_warning_and_fails_no_row(
+    pytester: pytest.Pytester, slow_model
+) -> None:  # type: ignore[no-untyped-def]
+    """500 in flight under ``ulimit -n 256``: one warning naming the cap, every row passes.
+
+    The model holds each call until all 100 are in flight (or 2 s passed): uncapped, that
+    many at once would need more descriptors than there are.
+    """
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 100, "+ 1", 2.0
+    rows = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(100)])
+    write_workspace(pytester.path, rows=rows, rollout_source=UNCAPPED)
+    result = pytester.run(
+        sys.executable,
+        "-c",
+        UNDER_A_LOW_FD_LIMIT,
+        "--osmosis-eval",
+        "-p",
+        "no:cacheprovider",
+        "--osmosis-concurrency",
+        "500",
+        "--osmosis-name",
+        "fd",
+    )
+    result.assert_outcomes(passed=100)
+    warned = [line for line in result.outlines if "open-files limit of 256" in line]
+    assert len(warned) == 1, result.outlines
+    cap = int(warned[0].split("running at most ")[1].split()[0])
+    assert 1 <= cap < 64, warned
+    assert slow_model.peak_in_flight <= cap
+    records = read_index(pytester.path / ".osmosis" / "evals" / "fd")
+    assert len(records) == 100 and all(r["status"] == "success" for r in records)

@@ -511,3 +511,49 @@ def test_a_worker_that_finished_its_work_is_not_asked_for_a_culprit(
             sched.mark_test_complete(gw0, nodeids.index(nodeid))
     assert sched.remove_node(gw0) is None
     assert asked == []
+
+
+OUT_OF_DESCRIPTORS_AT_THE_BRIDGE = """
+import errno
+
+import litellm
+
+_acompletion = litellm.acompletion
+
+
+async def _acompletion_emfile(*args, **kwargs):
+    # What LiteLLM raises when the bridge cannot open its connection to the provider.
+    if "3 * 5" in str(kwargs.get("messages")):
+        raise ConnectionError("cannot connect") from OSError(errno.EMFILE, "Too many open files")
+    return await _acompletion(*args, **kwargs)
+
+
+litellm.acompletion = _acompletion_emfile
+"""
+
+
+def test_the_bridge_out_of_descriptors_leaves_the_row_pending_and_stops_in_one_line(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """Our own exhaustion is no rollout's failure: exit 4, one line, the row left pending."""
+    from workspaces import calc_rows
+
+    rows = calc_rows(
+        [("What is 2 + 2?", "4"), ("What is 1 + 1?", "2"), ("What is 3 * 5?", "15"), ("What is 2 * 3?", "6")]
+    )
+    write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 1})
+    pytester.makeconftest(OUT_OF_DESCRIPTORS_AT_THE_BRIDGE)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "fd")
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == 4, result.outlines
+    lines = [line for line in result.outlines if "ran out of file descriptors" in line]
+    assert len(lines) == 1, result.outlines
+    assert "row 2 run 0 was left pending" in lines[0], lines
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    run_dir = pytester.path / ".osmosis" / "evals" / "fd"
+    assert outcomes(run_dir) == {0: ("success", None), 1: ("success", None)}
+    # With descriptors to spare, a resume runs the pending rows and finishes the run.
+    (pytester.path / "conftest.py").unlink()
+    result = pytester.runpytest_subprocess(*args)
+    result.assert_outcomes(passed=4)
+    assert outcomes(run_dir) == {i: ("success", None) for i in range(4)}
