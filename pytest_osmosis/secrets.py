@@ -20,9 +20,9 @@ Not covered: bytes a rollout writes itself (its artifacts, its own files, raw
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
-import atexit
 import os
 import re
 import stat

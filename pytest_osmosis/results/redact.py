@@ -9,11 +9,10 @@ processes (xdist workers) may append to one log without interleaving.
 from __future__ import annotations
 
 import html
-import itertools
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +86,14 @@ def _json_script(value: str) -> str:
     )
 
 
-_ESCAPES = (_py_repr, _py_repr_single, _json_ascii, _json_unicode, _json_script, html.escape)
+_ESCAPES: tuple[Callable[[str], str], ...] = (
+    _py_repr,
+    _py_repr_single,
+    _json_ascii,
+    _json_unicode,
+    _json_script,
+    html.escape,
+)
 
 
 def secret_forms(value: str) -> list[str]:
@@ -98,13 +104,9 @@ def secret_forms(value: str) -> list[str]:
     character in another form; each form is a secret too. For most values every
     form is the value itself.
     """
-    forms = {value}
-    for first, second in itertools.product(_ESCAPES, (None, *_ESCAPES)):
-        once = first(value)
-        forms.add(once)
-        if second is not None:
-            forms.add(second(once))
-    return sorted(forms, key=len, reverse=True)
+    once = {escape(value) for escape in _ESCAPES}
+    twice = {escape(form) for form in once for escape in _ESCAPES}
+    return sorted({value} | once | twice, key=len, reverse=True)
 
 
 class Redactor:
