@@ -12,10 +12,14 @@ every report before anything sees it (failure tracebacks, captured stdout/stderr
 sections, user properties, the eval result on the report), so the terminal, ``-rA``,
 JUnit XML and the xdist controller only ever receive redacted text; in log records when
 they are made (``--log-file``, ``log_cli``, captured logs); in warnings; and in what
-reaches the real stdout/stderr (``-s``, ``tee-sys``, output between items).
+reaches the real stdout/stderr (``-s``, ``tee-sys``, output between items, writes to
+``sys.__stdout__``/``sys.__stderr__``, ``atexit`` handlers). Each value is redacted in its
+``repr`` and JSON-escaped forms too (:func:`~pytest_osmosis.results.redact.secret_forms`);
+messages built from provider or rollout text go through :func:`scrub`, before any cut.
 
 Not covered: bytes a rollout writes itself (its artifacts, its own files, raw
-``os.write`` to file descriptors 1/2, child processes' output under ``-s``).
+``os.write`` to file descriptors 1/2, child processes' output under ``-s``); report.html
+embeds artifacts but is redacted as a whole.
 """
 
 from __future__ import annotations
