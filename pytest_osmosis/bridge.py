@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
 from pytest_osmosis.ratelimit import Backoff, is_rate_limit, retry_after
+from pytest_osmosis.secrets import scrub
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -122,7 +123,6 @@ _CONNECT_ERRORS = frozenset(
     {"APIConnectionError", "ConnectError", "ClientConnectorError", "ConnectTimeout"}
 )
 _CREDENTIAL_HINT = re.compile(r"api[ _-]?key|credential", re.IGNORECASE)
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 _KEY_NAME = re.compile(r"KEY|TOKEN|CREDENTIAL", re.IGNORECASE)
 _SSE_HEARTBEAT_S = 15.0
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -235,13 +235,7 @@ def _one_line(exc: BaseException, secret_values: tuple[str, ...] = ()) -> str:
     text = " ".join(text.split())
     if text.startswith("litellm."):
         text = text[len("litellm.") :]
-    values = {
-        value for name, value in os.environ.items() if _SECRET_NAME.search(name) and len(value) >= 8
-    }
-    values.update(v for v in secret_values if v and len(v) >= 4)
-    for value in sorted(values, key=len, reverse=True):
-        text = text.replace(value, "[REDACTED]")
-    return text[:500]
+    return scrub(text, secret_values)[:500]
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ConfigError, OsmosisError
+from pytest_osmosis.secrets import scrub
 
 if TYPE_CHECKING:
     from pytest_osmosis.bridge import ModelRoute
@@ -87,7 +88,6 @@ _SENTINEL_INSIDE = re.compile(r"<<<(?=(?:BEGIN|END)_)")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE_OPEN = re.compile(r"^```(?:json)?\s*", re.IGNORECASE)
 _FENCE_CLOSE = re.compile(r"```$")
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 _KEY_NAME = re.compile(r"KEY|TOKEN|CREDENTIAL", re.IGNORECASE)
 _EXCERPT = 120
 
@@ -286,9 +286,7 @@ def one_line(text: str, limit: int = 300) -> str:
     flat = " ".join(text.split("Traceback (most recent call last)", 1)[0].split())
     if flat.startswith("litellm."):
         flat = flat[len("litellm.") :]
-    secrets = {v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 8}
-    for value in sorted(secrets, key=len, reverse=True):
-        flat = flat.replace(value, "[REDACTED]")
+    flat = scrub(flat)
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 

@@ -114,7 +114,8 @@ OPTIONS = (
     _Option(
         "secrets_file",
         "--osmosis-secrets-file",
-        "dotenv file of [secrets] values (NAME=value; - reads stdin), read before the environment",
+        "dotenv file of [secrets] values (NAME=value; - reads stdin), read before the "
+        "environment; a regular file of at most 1 MiB",
         "FILE",
         override=False,
     ),

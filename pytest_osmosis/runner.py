@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from pytest_osmosis.errors import ResourceExhaustedError
 from pytest_osmosis.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.loader import LoadedRollout
+from pytest_osmosis.secrets import scrub
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +345,7 @@ def _one_line(exc: BaseException) -> str:
             return "; ".join(parts)
         except Exception:  # noqa: BLE001 - fall back to the plain text below
             pass
-    text = " ".join(str(exc).split())
+    text = scrub(" ".join(str(exc).split()))  # before the cut: no prefix of a value is left
     return text if len(text) <= 300 else text[:297] + "..."
 
 

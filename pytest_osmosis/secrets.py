@@ -12,17 +12,24 @@ every report before anything sees it (failure tracebacks, captured stdout/stderr
 sections, user properties, the eval result on the report), so the terminal, ``-rA``,
 JUnit XML and the xdist controller only ever receive redacted text; in log records when
 they are made (``--log-file``, ``log_cli``, captured logs); in warnings; and in what
-reaches the real stdout/stderr (``-s``, ``tee-sys``, output between items).
+reaches the real stdout/stderr (``-s``, ``tee-sys``, output between items, writes to
+``sys.__stdout__``/``sys.__stderr__``, ``atexit`` handlers). Each value is redacted in its
+``repr`` and JSON-escaped forms too (:func:`~pytest_osmosis.results.redact.secret_forms`);
+messages built from provider or rollout text go through :func:`scrub`, before any cut.
 
 Not covered: bytes a rollout writes itself (its artifacts, its own files, raw
-``os.write`` to file descriptors 1/2, child processes' output under ``-s``).
+``os.write`` to file descriptors 1/2, child processes' output under ``-s``); report.html
+embeds artifacts but is redacted as a whole.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
+import re
+import stat
 import sys
 import threading
 from collections.abc import Callable, Generator, Iterable, Mapping, MutableMapping, Sequence
@@ -35,9 +42,16 @@ from pytest_osmosis.errors import OsmosisError
 from pytest_osmosis.results.redact import Redactor, ambient_secret_values
 
 PLUGIN_NAME = "osmosis-redaction"
+#: Every stream Python code writes the terminal through: sys.__stdout__ too (``-s``,
+#: ``tee-sys`` and rollouts that write to it directly).
+_STREAMS = ("stdout", "stderr", "__stdout__", "__stderr__")
+#: Names whose values are secrets wherever they are set (provider error text).
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
 #: Shorter values are not redacted from output (the SDK's rule for ambient keys).
 MIN_REDACTED_LENGTH = 8
 STDIN = "-"
+#: The largest secrets file read (a dotenv file is a few hundred bytes; this is generous).
+MAX_SECRETS_FILE_BYTES = 1024 * 1024
 _OPTION = "--osmosis-secrets-file"
 
 
@@ -92,24 +106,80 @@ def read_dotenv(
     """Parse the secrets file *source* (``-``: stdin, read with *read_stdin*)."""
     if source == STDIN:
         try:
-            text = (read_stdin or sys.stdin.read)()
+            text = (read_stdin or _read_stdin_bounded)()
         except (OSError, ValueError, UnicodeDecodeError) as exc:
             raise SecretsFileError(f"{_OPTION} -: cannot read stdin: {exc}") from None
+        if len(text) > MAX_SECRETS_FILE_BYTES:
+            raise SecretsFileError(_too_big("- (stdin)"))
         return parse_dotenv(text, label="(stdin)")
     path = Path(source)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SecretsFileError(
-            f"{_OPTION} {path}: cannot read it ({exc.strerror or exc})"
-        ) from None
+    data = _read_regular_file(path)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise SecretsFileError(f"{_OPTION} {path}: is not UTF-8 text") from None
     return parse_dotenv(text, label=str(path))
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of *path*: a regular file of at most :data:`MAX_SECRETS_FILE_BYTES`.
+
+    A FIFO, a device (``/dev/zero``) or a directory is refused before reading, so the
+    session can neither block on it nor read without bound.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise SecretsFileError(
+            f"{_OPTION} {path}: cannot read it ({exc.strerror or exc})"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SecretsFileError(
+                f"{_OPTION} {path}: is not a regular file ({_file_kind(info.st_mode)}); "
+                "pass a dotenv file, or - for stdin"
+            )
+        if info.st_size > MAX_SECRETS_FILE_BYTES:
+            raise SecretsFileError(_too_big(str(path)))
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_SECRETS_FILE_BYTES:
+            chunk = os.read(fd, MAX_SECRETS_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_SECRETS_FILE_BYTES:  # it grew while being read
+            raise SecretsFileError(_too_big(str(path)))
+        return b"".join(chunks)
+    except OSError as exc:
+        raise SecretsFileError(
+            f"{_OPTION} {path}: cannot read it ({exc.strerror or exc})"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def _too_big(label: str) -> str:
+    return (
+        f"{_OPTION} {label}: is larger than {MAX_SECRETS_FILE_BYTES // 1024 // 1024} MiB "
+        "(a dotenv file of NAME=value lines is expected)"
+    )
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a plain file"
 
 
 _DOTENV_KEY = pytest.StashKey[dict[str, dict[str, str]]]()
@@ -191,16 +261,21 @@ def _missing_message(
     )
 
 
+def _read_stdin_bounded() -> str:
+    """At most one character past the cap: stdin may be ``/dev/zero``."""
+    return sys.stdin.read(MAX_SECRETS_FILE_BYTES + 1)
+
+
 def _read_stdin_uncaptured(config: pytest.Config) -> str:
     """Read the real stdin: pytest's capture swaps it for an unreadable stream."""
     capman = config.pluginmanager.getplugin("capturemanager")
     multi = getattr(capman, "_global_capturing", None)
     if capman is None or multi is None or getattr(multi, "in_", None) is None:
-        return sys.stdin.read()
+        return _read_stdin_bounded()
     started = bool(multi.is_started())
     capman.suspend_global_capture(in_=True)
     try:
-        return sys.stdin.read()
+        return _read_stdin_bounded()
     finally:
         capman.resume_global_capture()  # resumes stdin capture too
         if not started:
@@ -238,6 +313,7 @@ class RedactingStream:
     def __init__(self, target: TextIO, redactor: Redactor) -> None:
         self.target = target
         self.redactor = redactor
+        self.lingering = False
         self._pending = ""
         self._lock = threading.RLock()
 
@@ -250,7 +326,7 @@ class RedactingStream:
             return len(text)
         with self._lock:
             buffered = self.redactor.redact(self._pending + text)
-            keep = self.redactor.holdback(buffered)
+            keep = 0 if self.lingering else self.redactor.holdback(buffered)
             self._pending = buffered[len(buffered) - keep :] if keep else ""
             out = buffered[: len(buffered) - keep]
             if out:
@@ -271,6 +347,12 @@ class RedactingStream:
             if pending:
                 self.target.write(pending)
         self.target.flush()
+
+    def linger(self) -> None:
+        """Redact without holding anything back: the process is exiting, and no later
+        write may come to flush a held-back tail (``atexit`` handlers print)."""
+        self.lingering = True
+        self.drain()
 
     def isatty(self) -> bool:
         return bool(self.target.isatty())
@@ -501,11 +583,13 @@ class RedactionHooks:
         """
         if self._streams:
             return
-        for name in ("stdout", "stderr"):
-            current = getattr(sys, name)
-            if current is None or isinstance(current, RedactingStream):
+        wrappers: dict[int, RedactingStream] = {}
+        for name in _STREAMS:
+            current = getattr(sys, name, None)
+            if current is None:
                 continue
-            wrapper = RedactingStream(current, self.redactor)
+            # -s: sys.stdout is sys.__stdout__; one wrapper, so one held-back tail.
+            wrapper = wrappers.setdefault(id(current), RedactingStream(current, self.redactor))
             setattr(sys, name, wrapper)
             self._streams.append((name, current, wrapper))
         replacements: dict[int, RedactingStream] = {
@@ -546,20 +630,51 @@ class RedactionHooks:
         logging.setLogRecordFactory(factory)
 
     def uninstall(self) -> None:
-        """Put back the streams and the log record factory (end of session)."""
+        """Put back the streams and the log record factory (end of session).
+
+        Once a value is known, what ``atexit`` handlers print is redacted too
+        (:func:`_redact_at_exit`).
+        """
         for owner, attr, original in reversed(self._patched):
             if getattr(owner, attr, None) is not None:
                 setattr(owner, attr, original)
         self._patched.clear()
         for name, original, wrapper in reversed(self._streams):
             wrapper.drain()
-            if getattr(sys, name) is wrapper:
+            if getattr(sys, name, None) is wrapper:
                 setattr(sys, name, original)
         self._streams.clear()
+        if len(self.redactor):
+            _redact_at_exit()
         if self._factory is not None and logging.getLogRecordFactory() is self._factory:
             assert self._previous_factory is not None
             logging.setLogRecordFactory(self._previous_factory)
         self._factory = None
+
+
+def _redact_at_exit() -> None:
+    """Wrap the streams again when the interpreter exits, before ``atexit`` handlers print.
+
+    Handlers run last registered first: registered again at the end of each session,
+    after every rollout it imported registered theirs, this one runs before them.
+    """
+    atexit.unregister(_wrap_streams_for_exit)
+    atexit.register(_wrap_streams_for_exit)
+
+
+def _wrap_streams_for_exit() -> None:
+    if not _ACTIVE or not len(_ACTIVE[0].redactor):
+        return
+    wrappers: dict[int, RedactingStream] = {}
+    for name in _STREAMS:
+        current = getattr(sys, name, None)
+        if current is None or isinstance(current, RedactingStream):
+            continue
+        wrapper = wrappers.get(id(current))
+        if wrapper is None:
+            wrapper = wrappers[id(current)] = RedactingStream(current, _ACTIVE[0].redactor)
+            wrapper.linger()
+        setattr(sys, name, wrapper)
 
 
 def _redact_record(record: logging.LogRecord, redactor: Redactor) -> None:
@@ -584,6 +699,9 @@ def _redact_record(record: logging.LogRecord, redactor: Redactor) -> None:
 # --------------------------------------------------------------------------- #
 
 
+_ACTIVE: list[RedactionHooks] = []  # the latest session's hooks in this process
+
+
 def install_redaction(config: pytest.Config) -> RedactionHooks:
     """The process's :class:`RedactionHooks`, registered on first call (idempotent)."""
     existing = config.pluginmanager.get_plugin(PLUGIN_NAME)
@@ -591,7 +709,29 @@ def install_redaction(config: pytest.Config) -> RedactionHooks:
         return existing
     hooks = RedactionHooks()
     config.pluginmanager.register(hooks, PLUGIN_NAME)
+    _ACTIVE[:] = [hooks]
     return hooks
+
+
+def scrub(text: str, extra: Iterable[str] = (), *, extra_min_length: int = 4) -> str:
+    """*text* with every secret this process knows replaced: the rule for messages.
+
+    Error text from providers, judges and rollouts goes through here: the values the
+    session redacts from output (``[secrets]``, ambient provider keys), the values of
+    environment variables named like secrets (:data:`SECRET_NAME`, 8 characters or more)
+    and *extra* (e.g. a route's ``api_key``), each in its plain, ``repr`` and JSON forms.
+    Call it before cutting *text* short, so no prefix of a value survives the cut.
+    """
+    if _ACTIVE:
+        text = _ACTIVE[0].redactor.redact(text)
+    redactor = Redactor(min_length=extra_min_length)
+    redactor.extend(extra)
+    redactor.extend(
+        value
+        for name, value in os.environ.items()
+        if len(value) >= MIN_REDACTED_LENGTH and SECRET_NAME.search(name)
+    )
+    return redactor.redact(text)
 
 
 def add_secret_values(config: pytest.Config, values: Iterable[str]) -> None:

@@ -29,6 +29,7 @@ from pytest_osmosis.errors import OsmosisError
 from pytest_osmosis.results import REDACTED, Redactor, validate_trajectory
 from pytest_osmosis.results.redact import redact_json, redact_trajectory
 from pytest_osmosis.secrets import (
+    MAX_SECRETS_FILE_BYTES,
     MissingSecretsError,
     RedactingStream,
     SecretsFileError,
@@ -43,8 +44,10 @@ pytest_plugins = ["pytester"]
 LONG = "sk-PLANTED-0123456789abcdef"  # [secrets] CALC_SECRET, from the secrets file
 SHORT = "Qz9Xw7ab"  # [secrets] SHORT_SECRET (8: the shortest redacted from output), from env
 AMBIENT = "sk-AMBIENT-loopback-model-42"  # OPENAI_API_KEY of the loopback model server
-PLANTED = (LONG, SHORT, AMBIENT)
-NAMES = ["CALC_SECRET", "SHORT_SECRET"]
+QUOTED = "sk-Q'uo\"te\\back-0123"  # [secrets] QUOTE_SECRET: repr() and JSON escape it
+PREFIX = LONG[:7]  # what a headline cut in the middle of LONG would keep
+PLANTED = (LONG, SHORT, AMBIENT, QUOTED, PREFIX)
+NAMES = ["CALC_SECRET", "SHORT_SECRET", "QUOTE_SECRET"]
 
 # --------------------------------------------------------------------------- #
 # Resolution
@@ -103,6 +106,41 @@ def test_secrets_file_errors(tmp_path: Path) -> None:
     assert read_dotenv("ok.env", base_dir=tmp_path) == {"A": "1"}
     assert read_dotenv("-", read_stdin=lambda: "B=2\n") == {"B": "2"}
     assert issubclass(SecretsFileError, OsmosisError)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "too-big", "stdin-zero"])
+def test_a_secrets_file_that_is_no_regular_file_or_too_big_is_refused_unread(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO or /dev/zero was read without bound (INTERNALERROR MemoryError)."""
+    if kind == "stdin-zero":
+        with open("/dev/zero") as zero, pytest.raises(SecretsFileError) as caught:
+            read_dotenv("-", read_stdin=lambda: zero.read(MAX_SECRETS_FILE_BYTES + 1))
+        assert str(caught.value) == "--osmosis-secrets-file - (stdin): is larger than 1 MiB " + (
+            "(a dotenv file of NAME=value lines is expected)"
+        )
+        return
+    path = {"dev-zero": Path("/dev/zero"), "directory": tmp_path}.get(kind, tmp_path / "s.env")
+    if kind == "fifo":
+        os.mkfifo(path)  # no writer: reading it would block
+    elif kind == "too-big":
+        path.write_bytes(b"A=" + b"x" * MAX_SECRETS_FILE_BYTES + b"\n")
+    with pytest.raises(SecretsFileError) as caught:
+        read_dotenv(str(path))
+    message = str(caught.value)
+    assert message.startswith(f"--osmosis-secrets-file {path}: ") and "\n" not in message
+    expected = {
+        "fifo": "is not a regular file (a FIFO)",
+        "dev-zero": "is not a regular file (a device)",
+        "directory": "is not a regular file (a directory)",
+        "too-big": "is larger than 1 MiB",
+    }[kind]
+    assert expected in message
+
+
+def test_the_secrets_file_cap_is_in_the_option_help(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    assert "regular file of at most 1 MiB" in " ".join(result.stdout.str().split())
 
 
 def test_resolution_order_export_and_missing_names(tmp_path: Path) -> None:
@@ -187,6 +225,45 @@ def test_stream_catches_a_value_written_in_pieces() -> None:
     stream.write("ends with sk-")
     stream.drain()
     assert target.getvalue().endswith("ends with sk-")
+
+
+def test_escaped_forms_of_a_value_are_redacted() -> None:
+    """A value holding a quote or a backslash is written escaped by repr() and JSON."""
+    redactor = Redactor([QUOTED, LONG + "\u00e9"])
+    unicode_value = LONG + "\u00e9"
+    texts = [
+        repr({"k": QUOTED}),
+        str(KeyError(QUOTED)),
+        repr(KeyError(QUOTED)),
+        repr(["x\"'", QUOTED]),  # both quotes in the list: ' escaped too
+        repr({"k": repr(QUOTED)}),  # a repr inside a repr
+        json.dumps({"k": QUOTED}),
+        json.dumps({"k": repr({"k": QUOTED})}),  # a JSON file holding a repr
+        json.dumps(unicode_value),  # \u00e9
+        repr(unicode_value.encode()),  # not a str form: bytes are not covered
+    ]
+    for text in texts[:-1]:
+        assert REDACTED in redactor.redact(text), text
+        assert "uo" not in redactor.redact(text).replace(REDACTED, ""), text
+    import html
+
+    assert REDACTED in redactor.redact(html.escape(f"<p>{QUOTED}</p>"))
+
+
+def test_provider_messages_are_scrubbed_by_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bridge, judge and the runner's headline all call secrets.scrub (escaped forms too)."""
+    from pytest_osmosis import bridge, judge, runner
+
+    monkeypatch.setenv("SOME_PROVIDER_TOKEN", QUOTED)
+    monkeypatch.setenv("A_CREDENTIAL", LONG)
+    text = f"failed with {QUOTED!r} and {LONG}"
+    assert bridge._one_line(RuntimeError(text)) == f"failed with '{REDACTED}' and {REDACTED}"
+    assert judge.one_line(text) == f"failed with '{REDACTED}' and {REDACTED}"
+    assert bridge._one_line(RuntimeError("key abcd1 x"), ("abcd1",)) == f"key {REDACTED} x"
+    # Redacted before the cut: no prefix of the value survives in a long headline.
+    headline = runner._one_line(RuntimeError("x" * 290 + LONG))
+    assert headline == "x" * 290 + REDACTED
+    assert PREFIX not in judge.one_line("y" * 290 + LONG)
 
 
 def test_redaction_is_idempotent_and_keeps_markers_whole() -> None:
@@ -296,6 +373,7 @@ def test_wrappers_of_other_plugins_cannot_reintroduce_a_value(pytester: pytest.P
 # --------------------------------------------------------------------------- #
 
 LEAKY_ROLLOUT = """
+import atexit
 import logging
 import os
 import sys
@@ -307,10 +385,15 @@ from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, g
 
 log = logging.getLogger("leaky.rollout")
 print("imported with", os.environ["CALC_SECRET"])
+atexit.register(lambda: print("atexit", os.environ["CALC_SECRET"], os.environ["QUOTE_SECRET"]))
 
 
 def planted():
     return os.environ["CALC_SECRET"], os.environ["SHORT_SECRET"], os.environ["OPENAI_API_KEY"]
+
+
+def quoted():
+    return os.environ["QUOTE_SECRET"]
 
 
 class LeakyWorkflow(AgentWorkflow):
@@ -322,14 +405,35 @@ class LeakyWorkflow(AgentWorkflow):
         sys.stdout.write(long[:5])  # a value written in two pieces
         sys.stdout.write(long[5:] + "\\n")
         log.warning("logged %s %s %s", long, short, ambient)
+        print("dunder", long, quoted(), file=sys.__stdout__)
+        sys.__stderr__.write(f"dunder-err {long} {quoted()}\\n")
+        print("repr", repr({"k": quoted()}), {"k": long})
         try:
             raise KeyError(long)
         except KeyError:
             log.exception("with a traceback")
+        try:
+            {}[quoted()]
+        except KeyError as exc:
+            log.warning("missing %r %s", exc, exc)
         warnings.warn(f"warned {long} {short} {ambient}")
+        (ctx.artifacts_dir / f"note-{long}.txt").write_text(f"artifact {long} {quoted()}")
         if do == "raise":
-            raise RuntimeError(f"workflow leaked {long} {short} {ambient}")
-        leak = {"role": "user", "content": f"my keys are {long} {short} {ambient}"}
+            raise RuntimeError(f"workflow leaked {long} {short} {ambient} {quoted()!r}")
+        if do == "cut":
+            raise RuntimeError("x" * 290 + long)
+        leak = {"role": "user", "content": f"my keys are {long} {short} {ambient} {quoted()}"}
+        call_id = f"call_{long}"
+        tool = [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": "done"},
+        ]
         rollout = get_rollout_context()
         async with httpx.AsyncClient(timeout=30) as client:
             response = await client.post(
@@ -338,7 +442,7 @@ class LeakyWorkflow(AgentWorkflow):
                 json={"model": "m", "messages": [*ctx.prompt, leak]},
             )
             answer = response.json()["choices"][0]["message"]["content"]
-        messages = [*ctx.prompt, leak, {"role": "assistant", "content": answer}]
+        messages = [*ctx.prompt, leak, *tool, {"role": "assistant", "content": answer}]
         return AgentWorkflowOutput(messages=messages, metrics={"note": len(answer)})
 
 
@@ -360,7 +464,7 @@ from pytest_osmosis.secrets import add_secret_values, resolve_secrets
 # Until --osmosis-secrets-file is wired into the plugin: resolve and register here, in
 # every process (resolve_secrets exports file-only values, as the plugin will).
 def pytest_configure(config):
-    names = ["CALC_SECRET", "SHORT_SECRET"]
+    names = ["CALC_SECRET", "SHORT_SECRET", "QUOTE_SECRET"]
     values = resolve_secrets(names, os.environ["LEAKY_SECRETS_FILE"], config=config)
     add_secret_values(config, values.values())
 """
@@ -387,6 +491,8 @@ class Session:
             relative = path.relative_to(self.root).as_posix()
             if path.is_symlink() or not path.is_file() or relative in INPUTS:
                 continue
+            if "/artifacts/" in relative:
+                continue  # the rollout's own bytes, copied as they are (not covered)
             if relative.startswith(".osmosis/") == run_dir:
                 found[relative] = path.read_bytes()
         return found
@@ -434,8 +540,8 @@ def _run_leaky_session(server: ModelServer, root: Path, mode: str) -> Session:
     rows = [
         {**row, "metadata": {"do": do}}
         for row, do in zip(
-            calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(4)]),
-            ["ok", "raise", "grader_raise", "low"],
+            calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(5)]),
+            ["ok", "raise", "grader_raise", "low", "cut"],
             strict=True,
         )
     ]
@@ -455,6 +561,7 @@ def _run_leaky_session(server: ModelServer, root: Path, mode: str) -> Session:
     env.update(
         OPENAI_API_KEY=AMBIENT,
         SHORT_SECRET=SHORT,
+        QUOTE_SECRET=QUOTED,
         LEAKY_SECRETS_FILE=str(root / "secrets.env"),
         PYTHONWARNINGS="default",
     )
@@ -505,6 +612,13 @@ def test_no_value_reaches_the_terminal_junit_logs_or_cache(
     if mode == "no-capture":
         assert f"stdout {REDACTED} {REDACTED} {REDACTED}" in out
         assert f"imported with {REDACTED}" in out
+    if mode in ("no-capture", "tee-sys"):  # written to sys.__stdout__/__stderr__ directly
+        assert f"dunder {REDACTED} {REDACTED}" in out
+        assert f"dunder-err {REDACTED} {REDACTED}" in session.stderr.decode()
+    if mode != "xdist":  # printed by an atexit handler, after pytest has finished
+        assert f"atexit {REDACTED} {REDACTED}" in out
+    # A headline cut at 300 characters is cut after redaction, not inside the value.
+    assert f"{'x' * 290}{REDACTED}" in out
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -523,10 +637,11 @@ def test_run_directory_files_hold_names_never_values(
     }
     assert not leaks(blobs), leaks(blobs)
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["inputs"]["secret_names"] == NAMES
+    assert manifest["inputs"]["secret_names"] == sorted(NAMES)
     logs = (run_dir / "logs.txt").read_text()
     assert f"workflow leaked {REDACTED} {REDACTED} {REDACTED}" in logs
-    assert [r["status"] for r in read_index(run_dir)] == ["success", "failed", "failed", "success"]
+    statuses = [r["status"] for r in read_index(run_dir)]
+    assert statuses == ["success", "failed", "failed", "success", "failed"]
 
 
 @pytest.mark.parametrize("mode", ["capture", "xdist"])
@@ -537,7 +652,39 @@ def test_trajectories_projections_and_report_are_redacted(
     blobs = session.files(run_dir=True)
     trajectories = {name: blob for name, blob in blobs.items() if name.endswith(".json")}
     assert any(REDACTED.encode() in blob for blob in trajectories.values())
+    assert any(name.endswith("report.html") for name in blobs)
     assert not leaks(blobs), leaks(blobs)
+    # A tool-call id holding a value: one placeholder for the call and its result, so
+    # the trajectory still passes the upload planner's checks.
+    run_dir = only_run_dir(session.root)
+    checked = 0
+    for path in [*run_dir.glob("rollout_trials/*/*.json"), *run_dir.glob("trajectories/*.json")]:
+        doc = json.loads(path.read_text())
+        if "steps" not in doc:
+            continue
+        validate_trajectory(doc)
+        calls = [c["tool_call_id"] for st in doc["steps"] for c in st.get("tool_calls") or ()]
+        results = [
+            r["source_call_id"]
+            for st in doc["steps"]
+            for r in (st.get("observation") or {}).get("results") or ()
+        ]
+        if calls:
+            assert calls == results == ["call_redacted_1"], (calls, results)
+            checked += 1
+    assert checked >= 2  # the row that succeeded: its trial and its projection
+    # `pytest-osmosis report` later, in a shell where the [secrets] are set.
+    env = {**os.environ, "CALC_SECRET": LONG, "SHORT_SECRET": SHORT, "QUOTE_SECRET": QUOTED}
+    later = session.root / "later.html"
+    subprocess.run(
+        [sys.executable, "-m", "pytest_osmosis", "report", str(run_dir), "-o", str(later)],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    html = later.read_bytes()
+    assert b"artifact " + REDACTED.encode() in html
+    assert not leaks({"later.html": html}), leaks({"later.html": html})
 
 
 # --------------------------------------------------------------------------- #
@@ -579,7 +726,7 @@ def test_the_secrets_file_option_resolves_and_redacts(
         rollout_source=LEAKY_ROLLOUT,
         secrets=NAMES,
     )
-    dotenv = f"CALC_SECRET={LONG}\nSHORT_SECRET='{SHORT}'\n"
+    dotenv = f"CALC_SECRET={LONG}\nSHORT_SECRET='{SHORT}'\nQUOTE_SECRET={QUOTED}\n"
     (pytester.path / "s.env").write_text(dotenv)
     option = "s.env" if source == "file" else "-"
     result = pytester.run(
@@ -596,7 +743,7 @@ def test_the_secrets_file_option_resolves_and_redacts(
     )
     result.assert_outcomes(failed=1)
     text = result.stdout.str() + result.stderr.str()
-    assert LONG not in text and SHORT not in text
+    assert not leaks({"output": text.encode()}), leaks({"output": text.encode()})
     assert f"workflow leaked {REDACTED} {REDACTED}" in text
 
 

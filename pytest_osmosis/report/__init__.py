@@ -156,8 +156,27 @@ def write_report(
         text = comparison_markdown(comparison) if comparison is not None else run_markdown(run)
     else:
         text = render_html(run, target.parent, comparison)
-    _write_text(target, text)
+    _write_text(target, _redacted(text, run))
     return target, comparison
+
+
+def _redacted(text: str, run: Mapping[str, Any]) -> str:
+    """*text* without secrets: the report embeds artifacts, messages and errors verbatim.
+
+    Besides what this process knows (a session's ``[secrets]``, provider keys), the
+    values the environment holds for the run's ``[secrets]`` names are redacted, so a
+    later ``pytest-osmosis report`` hides them too.
+    """
+    from pytest_osmosis.secrets import MIN_REDACTED_LENGTH, scrub
+
+    inputs = _dict_of(_dict_of(run.get("manifest")).get("inputs"))
+    names = [name for name in inputs.get("secret_names") or () if isinstance(name, str)]
+    values = [os.environ[name] for name in names if os.environ.get(name)]
+    return scrub(text, values, extra_min_length=MIN_REDACTED_LENGTH)
+
+
+def _dict_of(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def write_report_for_run(run_dir: Path, output: Path | None = None) -> Path:

@@ -8,10 +8,11 @@ processes (xdist workers) may append to one log without interleaving.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,60 @@ def ambient_secret_values(env: Mapping[str, str], *, min_length: int = 8) -> lis
     ]
 
 
+def _py_repr(value: str) -> str:
+    return repr(value)[1:-1]
+
+
+def _py_repr_single(value: str) -> str:
+    # repr() of a string holding both quotes: single-quoted, so ' is escaped too.
+    return repr(value + "\"'")[1:-4]
+
+
+def _json_ascii(value: str) -> str:
+    return json.dumps(value)[1:-1]
+
+
+def _json_unicode(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
+def _json_script(value: str) -> str:
+    # How report.html embeds its JSON (report/html.py::_json_script).
+    return (
+        _json_unicode(value).replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    )
+
+
+_ESCAPES: tuple[Callable[[str], str], ...] = (
+    _py_repr,
+    _py_repr_single,
+    _json_ascii,
+    _json_unicode,
+    _json_script,
+    html.escape,
+)
+
+
+def secret_forms(value: str) -> list[str]:
+    """*value* as it may be written: plain, and escaped once or twice.
+
+    A ``repr()`` of a dict or an exception, a JSON document, an HTML page (and a JSON
+    file holding a ``repr``) write a value holding a quote, a backslash or a non-ASCII
+    character in another form; each form is a secret too. For most values every
+    form is the value itself.
+    """
+    once = {escape(value) for escape in _ESCAPES}
+    twice = {escape(form) for form in once for escape in _ESCAPES}
+    return sorted({value} | once | twice, key=len, reverse=True)
+
+
 class Redactor:
     """Replaces known secret values with ``[REDACTED]``, longest first.
 
     Substring replacement keeps the rest of the line (the status code, the frame)
     that made it worth logging. Values shorter than *min_length* are ignored so a
-    short value cannot shred unrelated text.
+    short value cannot shred unrelated text. Each value is also redacted in its
+    escaped forms (:func:`secret_forms`).
     """
 
     def __init__(self, secrets: Iterable[str] = (), min_length: int = 8) -> None:
@@ -82,8 +131,8 @@ class Redactor:
         """
         values = list(self._values)
         for value in secrets:
-            if value and len(value) >= self.min_length and value not in values:
-                values.append(value)
+            if value and len(value) >= self.min_length:
+                values.extend(form for form in secret_forms(value) if form not in values)
         # Longest first, so a value that contains another is redacted whole.
         values.sort(key=len, reverse=True)
         self._values = values
@@ -172,12 +221,14 @@ _ATIF_KEEP = frozenset(
         "timestamp",
         "type",
         "media_type",
-        "tool_call_id",
-        "source_call_id",
         "rollout_id",
         "request_extra_fields",
     }
 )
+#: Tool-call ids: a rollout chooses them, so one may hold a value. Such an id is replaced
+#: by a placeholder numbered per document, the same for the call and its result, so the
+#: observation still names its call (what the upload planner checks).
+_ATIF_CALL_IDS = frozenset({"tool_call_id", "source_call_id"})
 #: ATIF fields whose content is free-form JSON: keys are data there, so they are
 #: redacted too.
 _ATIF_FREE = frozenset(
@@ -203,19 +254,31 @@ def redact_trajectory(document: Mapping[str, Any], redactor: Redactor) -> dict[s
     """
     if not len(redactor):
         return dict(document)
-    return _redact_schema(document, redactor, top=True)
+    return _redact_schema(document, redactor, top=True, ids={})
 
 
-def _redact_schema(node: Mapping[str, Any], redactor: Redactor, *, top: bool) -> dict[str, Any]:
+def _redacted_call_id(value: Any, redactor: Redactor, ids: dict[str, str]) -> Any:
+    if not isinstance(value, str) or not redactor.contains(value):
+        return value
+    if value not in ids:
+        ids[value] = f"call_redacted_{len(ids) + 1}"
+    return ids[value]
+
+
+def _redact_schema(
+    node: Mapping[str, Any], redactor: Redactor, *, top: bool, ids: dict[str, str]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _ATIF_KEEP:
             out[key] = value
+        elif key in _ATIF_CALL_IDS:
+            out[key] = _redacted_call_id(value, redactor, ids)
         elif top and key == "extra" and isinstance(value, Mapping):
             # extra.osmosis is ours (identity the planner checks); the rest is the user's.
             out[key] = {
                 (k if k == "osmosis" else redactor.redact(str(k))): (
-                    _redact_schema(v, redactor, top=False)
+                    _redact_schema(v, redactor, top=False, ids=ids)
                     if k == "osmosis" and isinstance(v, Mapping)
                     else redact_json(v, redactor)
                 )
@@ -224,15 +287,15 @@ def _redact_schema(node: Mapping[str, Any], redactor: Redactor, *, top: bool) ->
         elif key in _ATIF_FREE:
             out[key] = redact_json(value, redactor)
         else:
-            out[key] = _redact_schema_value(value, redactor)
+            out[key] = _redact_schema_value(value, redactor, ids)
     return out
 
 
-def _redact_schema_value(value: Any, redactor: Redactor) -> Any:
+def _redact_schema_value(value: Any, redactor: Redactor, ids: dict[str, str]) -> Any:
     if isinstance(value, Mapping):
-        return _redact_schema(value, redactor, top=False)
+        return _redact_schema(value, redactor, top=False, ids=ids)
     if isinstance(value, (list, tuple)):
-        return [_redact_schema_value(item, redactor) for item in value]
+        return [_redact_schema_value(item, redactor, ids) for item in value]
     if isinstance(value, str):
         return redactor.redact(value)
     return value
