@@ -19,7 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pytest_osmosis.dataset as dataset_module
+import pytest_osmosis
+import pytest_osmosis.dataset.jsonl as dataset_jsonl
+import pytest_osmosis.dataset.parquet as dataset_parquet
 from pytest_osmosis.dataset import (
     EvalDatasetRow,
     SelectedDataset,
@@ -399,14 +401,14 @@ def test_jsonl_lines_split_across_reads(tmp_path: Path, chunk: int) -> None:
     path = write(tmp_path, "d.jsonl", text)
     expected = all_rows(open_ds(path))
     clear_dataset_cache()
-    with mock.patch.object(dataset_module, "_READ_CHUNK", chunk):
+    with mock.patch.object(dataset_jsonl, "_READ_CHUNK", chunk):
         ds = open_ds(path)
         assert all_rows(ds) == expected
     assert [r.label for r in expected] == [r["ground_truth"] for r in rows]
     assert ds.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     # Line numbers survive the splits: \r\n is one line end, "\n\r" two.
     write(tmp_path, "d.jsonl", text + "\r\n{oops")
-    with mock.patch.object(dataset_module, "_READ_CHUNK", chunk):
+    with mock.patch.object(dataset_jsonl, "_READ_CHUNK", chunk):
         assert dataset_error(path).startswith(f"{path}:9: invalid JSON")
 
 
@@ -537,7 +539,7 @@ def test_parquet_limit_and_rows_across_batches(
     table = pa.table({"user_prompt": [f"q{i}" for i in range(50)], "label": ["a"] * 50})
     path = tmp_path / "d.parquet"
     pq.write_table(table, path, row_group_size=7)
-    monkeypatch.setattr(dataset_module, "_PARQUET_BATCH", 6)
+    monkeypatch.setattr(dataset_parquet, "_PARQUET_BATCH", 6)
     assert open_ds(path, limit=9).selected_source_rows == list(range(9))
     ds = open_ds(path, rows="3,20-22,49")
     assert ds.total_dataset_rows == 50
@@ -746,7 +748,7 @@ def test_sample_is_identical_in_other_processes(tmp_path: Path) -> None:
         "print(open_dataset(Path(sys.argv[1]), limit=None, rows=None, sample=0.07, seed=123)"
         ".selector)"
     )
-    root = str(Path(dataset_module.__file__).resolve().parents[1])
+    root = str(Path(pytest_osmosis.__file__).resolve().parents[1])
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
         result = subprocess.run(
@@ -966,7 +968,7 @@ def test_any_jsonl_file_matches_the_official_reader(
     tmp_path: Path, content: bytes, chunk: int
 ) -> None:
     path = write(tmp_path, f"p{next(_counter)}.jsonl", content)
-    with mock.patch.object(dataset_module, "_READ_CHUNK", chunk):
+    with mock.patch.object(dataset_jsonl, "_READ_CHUNK", chunk):
         check_against_official(path, official_jsonl(path))
 
 
