@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis import blame
+from pytest_osmosis.dataset import DatasetChangedError
 from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
 from pytest_osmosis.executor import Executor
 from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
@@ -319,6 +320,8 @@ class EvalSession:
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
+        except DatasetChangedError as exc:  # no row can be trusted now: stop, rows pending
+            pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
         except pytest.fail.Exception as exc:
             if not str(exc).startswith("Timeout"):
                 raise

@@ -23,7 +23,8 @@ _NEWLINE_SPLIT = re.compile(rb"(\r\n|\r|\n)")
 
 
 class DatasetChangedError(DatasetError):
-    """The file a run is reading rows from is no longer the file it validated."""
+    """The file a run reads rows from is no longer the one it validated (replaced, edited,
+    removed): a fault of the whole session, not of the row that noticed it."""
 
 
 def _physical_lines(handle: IO[bytes], digest: Any) -> Iterator[tuple[int, bytes]]:
@@ -119,12 +120,15 @@ class _JsonlRows:
                 if identity(os.fstat(handle.fileno())) != self.identity:
                     raise DatasetChangedError(
                         f"{self.path} changed after it was opened (sha256 {self.sha256[:12]}); "
-                        f"restart the session to use the new content"
+                        f"stopped, the rows not run are left pending"
                     )
                 handle.seek(start)
                 line = handle.read(self.ends[position] - start)
         except OSError as exc:
-            raise read_error(self.path, exc) from None
+            raise DatasetChangedError(
+                f"{read_error(self.path, exc)} during the run; stopped, the rows not run are "
+                f"left pending"
+            ) from None
         payload = _json_line(self.path, self.lines[position], line)
         if payload is None:  # pragma: no cover - identity check makes this unreachable
             raise changed(self.path)

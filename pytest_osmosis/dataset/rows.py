@@ -13,6 +13,10 @@ from pytest_osmosis.errors import DatasetError
 METADATA = "metadata"
 CONTRACT_COLUMNS = ("system_prompt", "user_prompt", "ground_truth", "label", METADATA)
 """The only columns a reader needs to keep; the others never reach a row."""
+MAX_METADATA_DEPTH = 100
+"""Deeper metadata is refused at open: copying it into a workflow context (and writing it
+into results) recurses once per level, and past Python's recursion limit that is a
+traceback on every run and resume instead of a result."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +67,33 @@ def _text(raw: Mapping[str, Any], column: str) -> str | None:
         raise RowProblem(f"{column} cannot be turned into text ({one_line(exc)})") from None
 
 
+def _too_deep(value: Any) -> bool:
+    """Whether `value` nests containers more than `MAX_METADATA_DEPTH` levels (no recursion)."""
+    level = [value]
+    for _ in range(MAX_METADATA_DEPTH):
+        inner: list[Any] = []
+        for node in level:
+            children = node.values() if isinstance(node, Mapping) else node
+            inner.extend(child for child in children if isinstance(child, (Mapping, list)))
+        if not inner:
+            return False
+        level = inner
+    return True
+
+
+_TOO_DEEP = (
+    f"metadata is nested more than {MAX_METADATA_DEPTH} levels deep; flatten it "
+    f"(a row this deep cannot be handed to a workflow)"
+)
+
+
 def _metadata(value: Any) -> dict[str, Any] | None:
     # An empty object counts as absent so the "no prompt and no metadata" rule can fire.
     if value is None:
         return None
     if isinstance(value, Mapping):
+        if _too_deep(value):
+            raise RowProblem(_TOO_DEEP)
         return dict(value) or None
     if isinstance(value, str):
         text = value.strip()
@@ -81,6 +107,8 @@ def _metadata(value: Any) -> dict[str, Any] | None:
             raise RowProblem(f"metadata is not valid JSON ({one_line(exc)})") from None
         if not isinstance(decoded, dict):
             raise RowProblem(f"metadata must be a JSON object, got a JSON {json_kind(decoded)}")
+        if _too_deep(decoded):
+            raise RowProblem(_TOO_DEEP)
         return decoded or None
     raise RowProblem(f"metadata must be a JSON object, got {type(value).__name__}")
 
