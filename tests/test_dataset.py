@@ -24,11 +24,13 @@ import pytest_osmosis.dataset.jsonl as dataset_jsonl
 import pytest_osmosis.dataset.parquet as dataset_parquet
 from pytest_osmosis.dataset import (
     EvalDatasetRow,
+    RowSelectorError,
     SelectedDataset,
     clear_dataset_cache,
     format_row_selector,
     normalize_row,
     open_dataset,
+    parse_row_selector,
     parse_rows,
     resolve_dataset_path,
 )
@@ -1032,3 +1034,34 @@ def test_any_selection_is_a_dataset_or_a_dataset_error(
         assert selected[-1] < limit
     assert ds.selector == format_row_selector(selected)
     assert [r.source_row_index for r in all_rows(ds)] == selected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789,- x", max_size=12))
+def test_every_caller_reads_a_selector_by_one_grammar(spec: str) -> None:
+    """The option check, the dataset and the run browser accept exactly the same selectors."""
+    from pytest_osmosis import config, runs
+
+    try:
+        ranges: list[tuple[int, int]] | None = parse_row_selector(spec)
+    except RowSelectorError:
+        ranges = None
+    try:
+        config._rows(spec)
+        option_ok = True
+    except ValueError:
+        option_ok = False
+    assert option_ok == (ranges is not None)
+    rows = runs.parse_row_selector(spec)
+    assert (rows is not None) == (ranges is not None)
+    if rows is not None:
+        assert format_row_selector(rows) == format_row_selector(
+            index for start, end in ranges or [] for index in range(start, end + 1)
+        )
+        assert parse_rows(spec, max(rows) + 1) == rows
+
+
+def test_one_formatter_writes_every_selector() -> None:
+    from pytest_osmosis import results
+
+    assert results.format_row_selector is format_row_selector
