@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from pytest_osmosis.dataset import parse_row_selector
 from pytest_osmosis.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -53,7 +54,6 @@ __all__ = [
 COMMIT_SHA_RE = re.compile(r"[0-9a-fA-F]{7,40}")
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 SECRET_NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*")
-ROWS_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
 RESERVED_ENV_PREFIX = "_OSMOSIS_"
 RUN_NAME_MAX_LEN = 96
 _INT_TEXT_RE = re.compile(r"[+-]?\d+")
@@ -409,12 +409,7 @@ def _rows(value: object) -> str:
         raise ValueError(
             "must name the rows to run, such as '0-9,12' (leave the option out for every row)"
         )
-    if not ROWS_RE.fullmatch(text):
-        raise ValueError("must be comma-separated row indices or ranges such as '0-9,12'")
-    for part in text.split(","):
-        start, _, end = part.partition("-")
-        if end and int(start) > int(end):
-            raise ValueError(f"range {part} is inverted (start must not exceed end)")
+    parse_row_selector(text)  # a RowSelectorError is a ValueError worded for an option
     return text
 
 

@@ -27,5 +27,10 @@ class RunDirectoryError(OsmosisError):
     """The run directory cannot be created, locked, resumed or written."""
 
 
-class ResourceExhaustedError(OsmosisError):
+class SessionFaultError(OsmosisError):
+    """The session cannot go on (not a row's failure): stop in one line, exit 4, the rows
+    not finished left pending so that a resume runs them."""
+
+
+class ResourceExhaustedError(SessionFaultError):
     """The session itself ran out of a resource (file descriptors): not the row's failure."""

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_osmosis.dataset.formats import suffixes as dataset_suffixes
+
 if TYPE_CHECKING:
     from pytest_osmosis.controller import Controller, RecordedEntry
     from pytest_osmosis.session import EvalSession
@@ -65,7 +67,7 @@ OPTIONS = (
     _Option(
         "dataset_file",
         "--osmosis-dataset-file",
-        "local dataset file (.jsonl, .csv, .parquet) instead of data/<dataset>.*",
+        f"local dataset file ({dataset_suffixes(', ')}) instead of data/<dataset>.*",
         "PATH",
     ),
     _Option(

@@ -20,6 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
+from pytest_osmosis.dataset import RowSelectorError
+from pytest_osmosis.dataset import parse_row_selector as dataset_row_ranges
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.results.metrics import aggregate_metrics
 from pytest_osmosis.words import OUTCOMES
@@ -29,7 +31,6 @@ RUN_MARKERS = ("manifest.json", "metrics.json", "index.jsonl", "events.jsonl")
 DEFAULT_PASS_THRESHOLD = 1.0
 
 _MAX_JSON_BYTES = 64 * 1024 * 1024
-_SELECTOR = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
 _LOG_LINE = re.compile(r"^(\S+) ([A-Z]+) \[([^\]]+)\] (.*)$")
 
 
@@ -145,17 +146,14 @@ def parse_time(value: Any) -> datetime | None:
 
 
 def parse_row_selector(selector: Any) -> list[int] | None:
-    """``"0-9,12"`` (manifest ``selected_source_rows``) -> ``[0, ..., 9, 12]``."""
-    if not isinstance(selector, str) or not _SELECTOR.fullmatch(selector.strip()):
+    """``"0-9,12"`` (manifest ``selected_source_rows``) -> ``[0, ..., 9, 12]``; None: unreadable."""
+    try:
+        ranges = dataset_row_ranges(selector) if isinstance(selector, str) else None
+    except RowSelectorError:
         return None
-    rows: list[int] = []
-    for part in selector.strip().split(","):
-        first, _, last = part.partition("-")
-        start, stop = int(first), int(last or first)
-        if stop < start or stop - start > 10_000_000:
-            return None
-        rows.extend(range(start, stop + 1))
-    return rows
+    if ranges is None or any(stop - start > 10_000_000 for start, stop in ranges):
+        return None
+    return [row for start, stop in ranges for row in range(start, stop + 1)]
 
 
 # ----------------------------------------------------------------------------- discovery

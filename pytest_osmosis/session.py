@@ -23,8 +23,8 @@ from pytest_osmosis import blame
 from pytest_osmosis.errors import (
     ModelPreflightError,
     OsmosisError,
-    ResourceExhaustedError,
     RunDirectoryError,
+    SessionFaultError,
 )
 from pytest_osmosis.executor import (
     FDS_PER_ROW,
@@ -349,7 +349,7 @@ class EvalSession:
         factory = lambda: self._execute(item)  # noqa: E731
         try:
             return dict(self.executor.result(item.nodeid, factory))
-        except ResourceExhaustedError as exc:
+        except SessionFaultError as exc:  # nothing can be trusted now: stop, rows pending
             pytest.exit(f"osmosis: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         except BackstopExpired as exc:
             blocker = self.executor.blocker()

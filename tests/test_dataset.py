@@ -19,14 +19,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pytest_osmosis.dataset as dataset_module
+import pytest_osmosis
+import pytest_osmosis.dataset.jsonl as dataset_jsonl
+import pytest_osmosis.dataset.parquet as dataset_parquet
 from pytest_osmosis.dataset import (
     EvalDatasetRow,
+    RowSelectorError,
     SelectedDataset,
     clear_dataset_cache,
     format_row_selector,
     normalize_row,
     open_dataset,
+    parse_row_selector,
     parse_rows,
     resolve_dataset_path,
 )
@@ -399,14 +403,14 @@ def test_jsonl_lines_split_across_reads(tmp_path: Path, chunk: int) -> None:
     path = write(tmp_path, "d.jsonl", text)
     expected = all_rows(open_ds(path))
     clear_dataset_cache()
-    with mock.patch.object(dataset_module, "_READ_CHUNK", chunk):
+    with mock.patch.object(dataset_jsonl, "_READ_CHUNK", chunk):
         ds = open_ds(path)
         assert all_rows(ds) == expected
     assert [r.label for r in expected] == [r["ground_truth"] for r in rows]
     assert ds.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     # Line numbers survive the splits: \r\n is one line end, "\n\r" two.
     write(tmp_path, "d.jsonl", text + "\r\n{oops")
-    with mock.patch.object(dataset_module, "_READ_CHUNK", chunk):
+    with mock.patch.object(dataset_jsonl, "_READ_CHUNK", chunk):
         assert dataset_error(path).startswith(f"{path}:9: invalid JSON")
 
 
@@ -537,7 +541,7 @@ def test_parquet_limit_and_rows_across_batches(
     table = pa.table({"user_prompt": [f"q{i}" for i in range(50)], "label": ["a"] * 50})
     path = tmp_path / "d.parquet"
     pq.write_table(table, path, row_group_size=7)
-    monkeypatch.setattr(dataset_module, "_PARQUET_BATCH", 6)
+    monkeypatch.setattr(dataset_parquet, "_PARQUET_BATCH", 6)
     assert open_ds(path, limit=9).selected_source_rows == list(range(9))
     ds = open_ds(path, rows="3,20-22,49")
     assert ds.total_dataset_rows == 50
@@ -746,7 +750,7 @@ def test_sample_is_identical_in_other_processes(tmp_path: Path) -> None:
         "print(open_dataset(Path(sys.argv[1]), limit=None, rows=None, sample=0.07, seed=123)"
         ".selector)"
     )
-    root = str(Path(dataset_module.__file__).resolve().parents[1])
+    root = str(Path(pytest_osmosis.__file__).resolve().parents[1])
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": root}
         result = subprocess.run(
@@ -966,7 +970,7 @@ def test_any_jsonl_file_matches_the_official_reader(
     tmp_path: Path, content: bytes, chunk: int
 ) -> None:
     path = write(tmp_path, f"p{next(_counter)}.jsonl", content)
-    with mock.patch.object(dataset_module, "_READ_CHUNK", chunk):
+    with mock.patch.object(dataset_jsonl, "_READ_CHUNK", chunk):
         check_against_official(path, official_jsonl(path))
 
 
@@ -1030,3 +1034,34 @@ def test_any_selection_is_a_dataset_or_a_dataset_error(
         assert selected[-1] < limit
     assert ds.selector == format_row_selector(selected)
     assert [r.source_row_index for r in all_rows(ds)] == selected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789,- x", max_size=12))
+def test_every_caller_reads_a_selector_by_one_grammar(spec: str) -> None:
+    """The option check, the dataset and the run browser accept exactly the same selectors."""
+    from pytest_osmosis import config, runs
+
+    try:
+        ranges: list[tuple[int, int]] | None = parse_row_selector(spec)
+    except RowSelectorError:
+        ranges = None
+    try:
+        config._rows(spec)
+        option_ok = True
+    except ValueError:
+        option_ok = False
+    assert option_ok == (ranges is not None)
+    rows = runs.parse_row_selector(spec)
+    assert (rows is not None) == (ranges is not None)
+    if rows is not None:
+        assert format_row_selector(rows) == format_row_selector(
+            index for start, end in ranges or [] for index in range(start, end + 1)
+        )
+        assert parse_rows(spec, max(rows) + 1) == rows
+
+
+def test_one_formatter_writes_every_selector() -> None:
+    from pytest_osmosis import results
+
+    assert results.format_row_selector is format_row_selector

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_osmosis.dataset import format_row_selector as format_row_selector  # one formatter
 from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
 from pytest_osmosis.results.atomic import atomic_write_bytes, digest_of, pretty_json, utc_now
 
@@ -66,21 +67,6 @@ def validate_run_name(name: str) -> str:
     if problem is not None:
         raise RunDirectoryError(f"run name {name!r} {problem}")
     return name
-
-
-def format_row_selector(source_rows: Iterable[int]) -> str:
-    """Sorted unique indices with consecutive runs collapsed: ``0-9,12``."""
-    ordered = sorted(set(source_rows))
-    spans: list[str] = []
-    index = 0
-    while index < len(ordered):
-        start = end = ordered[index]
-        while index + 1 < len(ordered) and ordered[index + 1] == end + 1:
-            index += 1
-            end = ordered[index]
-        spans.append(str(start) if start == end else f"{start}-{end}")
-        index += 1
-    return ",".join(spans)
 
 
 def _optional_float(value: float | None) -> float | None:

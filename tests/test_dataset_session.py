@@ -1,0 +1,217 @@
+"""The dataset package seen from a session: a registered format, deep rows, a replaced file.
+
+Issue 13 §4 (adding a format is one reader and one registry line) and issue 14 (a row
+nested too deep, a dataset replaced mid-run: one clear line, never a traceback).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from workspaces import only_run_dir, read_index, write_workspace
+
+import pytest_osmosis.dataset.scan as dataset_scan
+from pytest_osmosis.dataset import (
+    FORMATS,
+    Scan,
+    SelectedDataset,
+    clear_dataset_cache,
+    open_dataset,
+    resolve_dataset_path,
+)
+from pytest_osmosis.dataset.select import Selection
+from pytest_osmosis.errors import DatasetError
+from pytest_osmosis.results.journal import read_journal
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> Iterator[None]:
+    clear_dataset_cache()
+    yield
+    clear_dataset_cache()
+
+
+def write(directory: Path, name: str, content: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(content)
+    return path
+
+
+def jsonl(*rows: dict[str, Any]) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def open_ds(path: Path) -> SelectedDataset:
+    return open_dataset(path, limit=None, rows=None, sample=None, seed=0)
+
+
+# --------------------------------------------------------------------------- #
+# The format registry: a format is one reader and one registry line (issue 13 §4)
+# --------------------------------------------------------------------------- #
+
+
+def _scan_tsv(path: Path, selection: Selection) -> Scan:
+    """A toy format: a header line, then tab-separated cells (what a plugin would add)."""
+
+    class Rows:
+        def __init__(self) -> None:
+            self.values: list[dict[str, Any]] = []
+
+        def raw(self, position: int) -> dict[str, Any]:
+            return dict(self.values[position])
+
+        def keep(self, positions: list[int]) -> None:
+            self.values = [self.values[at] for at in positions]
+
+    data, sha256, identity = dataset_scan.read_all(path)
+    store = Rows()
+    scan = Scan(store, selection.sampling, sha256, identity)
+    header, *lines = data.decode("utf-8").splitlines()
+    for source, line in enumerate(lines):
+        scan.total += 1
+        if selection.pick(source):
+            raw = dict(zip(header.split("\t"), line.split("\t"), strict=False))
+            scan.add(raw, source, (path, source + 2))
+            store.values.append(raw)
+    return scan
+
+
+def test_a_registered_format_is_collected_and_run(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setitem(FORMATS, "tsv", _scan_tsv)
+    write_workspace(pytester.path)
+    (pytester.path / "data" / "calc.jsonl").unlink()
+    lines = ["user_prompt\tground_truth", "What is 2 + 2?\t4", "What is 3 * 5?\t15"]
+    (pytester.path / "data" / "calc.tsv").write_text("\n".join(lines) + "\n")
+    bad = pytester.path / "bad.tsv"
+    bad.write_text("user_prompt\tground_truth\nWhat is 2 + 2?\n")
+    refused = pytester.runpytest("--osmosis-eval", "--osmosis-dataset-file", str(bad))
+    refused.stdout.fnmatch_lines([f"*{bad}: row 0 (line 2): ground_truth (or label) is required*"])
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-rows", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert [record["status"] for record in read_index(only_run_dir(pytester.path))] == ["success"]
+    manifest = json.loads((only_run_dir(pytester.path) / "manifest.json").read_text())
+    assert manifest["inputs"]["dataset"]["selected_source_rows"] == "1"
+
+
+def test_the_registry_decides_lookup_and_the_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(FORMATS, "tsv", _scan_tsv)
+    write(tmp_path / "data", "d.tsv", "user_prompt\tground_truth\nq\t1\n")
+    assert resolve_dataset_path(tmp_path, "d", None) == tmp_path / "data" / "d.tsv"
+    with pytest.raises(DatasetError, match=r"expected one of \.jsonl, \.csv, \.parquet, \.tsv$"):
+        resolve_dataset_path(tmp_path, "", write(tmp_path, "d.txt", "x"))
+    assert open_ds(tmp_path / "data" / "d.tsv").row(0).label == "1"
+
+
+# --------------------------------------------------------------------------- #
+# Deep metadata and a file replaced mid-run: a clear line, never a traceback (issue 14)
+# --------------------------------------------------------------------------- #
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    """Metadata whose objects nest `depth` levels (the outermost is level 1)."""
+    node: dict[str, Any] = {"do": ""}
+    for _ in range(depth - 1):
+        node = {"x": node}
+    return node
+
+
+def test_metadata_nested_too_deep_is_a_dataset_error_naming_the_row(tmp_path: Path) -> None:
+    ok = write(tmp_path, "ok.jsonl", jsonl({"user_prompt": "u", "metadata": _nested(100)}))
+    assert open_ds(ok).row(0).metadata == _nested(100)
+    deep = {"user_prompt": "u", "metadata": _nested(900)}
+    path = write(tmp_path, "d.jsonl", jsonl({"user_prompt": "u", "ground_truth": "g"}, deep))
+    with pytest.raises(DatasetError) as info:
+        open_ds(path)
+    assert str(info.value) == (
+        f"{path}: row 1 (line 2): metadata is nested more than 100 levels deep; flatten it "
+        f"(a row this deep cannot be handed to a workflow)"
+    )
+    csv_path = tmp_path / "d.csv"
+    with csv_path.open("w", newline="") as handle:
+        csv.writer(handle).writerows([["user_prompt", "metadata"], ["u", json.dumps(_nested(101))]])
+    with pytest.raises(DatasetError, match=r"d\.csv: row 0 \(line 2\): metadata is nested more"):
+        open_ds(csv_path)
+
+
+def test_a_deeply_nested_row_is_one_collection_error_not_a_traceback(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    rows = [
+        {"user_prompt": "What is 2 + 2?", "ground_truth": "4", "metadata": _nested(900)},
+        {"user_prompt": "What is 3 * 5?", "ground_truth": "15", "metadata": _nested(100)},
+    ]
+    write_workspace(pytester.path, rows=rows)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    out = result.stdout.str()
+    assert "RecursionError" not in out and "Traceback" not in out
+    result.stdout.fnmatch_lines(["*calc.jsonl: row 0 (line 1): metadata is nested more than 100*"])
+    # The deepest row the rule accepts runs to a result.
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-rows", "1", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+REPLACING_ROLLOUT = """
+import asyncio
+import os
+
+from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
+
+replaced = None
+
+
+class Replacing(AgentWorkflow):
+    async def run(self, ctx):
+        global replaced
+        if replaced is None:
+            replaced = asyncio.Event()
+        target = (ctx.metadata or {}).get("replace")
+        if target:
+            fresh = target + ".new"
+            with open(fresh, "w") as handle:
+                handle.write('{"user_prompt": "other", "ground_truth": "x"}\\n')
+            os.replace(fresh, target)
+            replaced.set()
+        else:
+            await replaced.wait()  # rows started before the replacement finish after it
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": "4"}])
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"] == ctx.label else 0.0)
+
+
+backend = LocalBackend(workflow=Replacing, grader=Exact)
+"""
+
+
+def test_the_dataset_replaced_mid_run_stops_in_one_line_rows_pending(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    data = pytester.path / "data" / "calc.jsonl"
+    rows = [{"user_prompt": f"row {i}", "ground_truth": "4"} for i in range(64)]
+    rows[0]["metadata"] = {"replace": str(data)}
+    write_workspace(pytester.path, rows=rows, rollout_source=REPLACING_ROLLOUT)
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    out = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in out and "DatasetChangedError" not in out
+    line = f"{data} changed after it was opened (sha256 "
+    assert out.count(line) == 1, out
+    assert "stopped, the rows not run are left pending" in out
+    journal = read_journal(only_run_dir(pytester.path))  # what a resume carries forward
+    assert (0, 0) in journal and len(journal) < 64
+    assert all(record["status"] == "success" for record in journal.values())
