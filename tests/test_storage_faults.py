@@ -228,3 +228,20 @@ def test_the_run_directory_deleted_during_the_session_stops_it_in_one_line(
     # Nothing claims the run finished: no snapshot was written into a recreated directory.
     assert not (run_dir / "metrics.json").exists()
     assert not (run_dir / "events.jsonl").exists()
+
+
+def test_under_xdist_the_deleted_run_directory_stops_the_session_in_one_line(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    rows = calc_rows([("What is 1 + 1?", "2"), ("What is 2 + 2?", "4", "delete_run")])
+    rows += calc_rows([(f"What is {i} + {i}?", str(2 * i)) for i in range(3, 7)])
+    write_workspace(pytester.path, rows=rows, rollout_source=DELETING_ROLLOUT)
+    result = pytester.runpytest_subprocess(*ARGS, "-n", "2")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    run_dir = pytester.path / ".osmosis" / "evals" / "run"
+    shown = [line for line in out.splitlines() if "deleted or replaced" in line]
+    assert len(shown) == 1, out
+    assert f"the run directory {run_dir} was deleted or replaced during the session" in shown[0]
+    assert "Traceback" not in out and "INTERNALERROR" not in out
+    assert not (run_dir / "metrics.json").exists()
