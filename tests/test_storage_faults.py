@@ -76,7 +76,9 @@ def test_the_next_session_removes_temporaries_of_dead_writers_and_keeps_live_one
     run_dir = only_run_dir(pytester.path)
     index_before = (run_dir / "index.jsonl").read_bytes()
     dead_pid, dead_index = killed_writer(run_dir / "index.jsonl")
-    trial = next((run_dir / "rollout_trials").iterdir())
+    # A row killed while writing its trajectory: its rollout id was never journalled.
+    trial = run_dir / "rollout_trials" / "0badc0ffee0badc0ffee0badc0ffee0"
+    trial.mkdir()
     (run_dir / "trajectories").mkdir(exist_ok=True)
     dead = [
         dead_index,

@@ -74,7 +74,7 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     except (FileNotFoundError, NotADirectoryError):
         return removed
     for entry in entries:
-        match = _TEMP_NAME.match(entry.name)
+        match = _TEMP_NAME.match(entry.name) if entry.name.endswith(".tmp") else None
         if match is None or not entry.is_file(follow_symlinks=False):
             continue
         if _process_is_alive(int(match["pid"])):

@@ -131,16 +131,22 @@ def archive_run_directory(run_dir: Path, *, now: datetime | None = None) -> Path
     return destination
 
 
-def _remove_stale_temporaries(run_dir: Path, warn: Warn) -> None:
+def _remove_stale_temporaries(run_dir: Path, recorded: set[str], warn: Warn) -> None:
     """Delete what writers killed mid-write left: only the lock holder may (it opens runs).
 
     Snapshots and the manifest live at the top, projections in ``trajectories/``, a
-    trajectory in its trial's directory; ``artifacts/`` below that is the rollout's own.
+    trajectory in its trial's directory (``artifacts/`` below it is the rollout's own).
+    A trial killed mid-write never got its rollout id journalled, so only the trials of
+    *recorded* ids are skipped: a 10,000-row run is not listed trial by trial.
     """
     directories = [run_dir, run_dir / TRAJECTORIES_DIRNAME]
     try:
         with os.scandir(run_dir / TRIALS_DIRNAME) as trials:
-            directories += [Path(t.path) for t in trials if t.is_dir(follow_symlinks=False)]
+            directories += [
+                Path(t.path)
+                for t in trials
+                if t.name not in recorded and t.is_dir(follow_symlinks=False)
+            ]
     except FileNotFoundError:
         pass
     removed = [path for directory in directories for path in remove_stale_temporaries(directory)]
@@ -336,7 +342,6 @@ class RunDirectory:
                     )
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / TRIALS_DIRNAME).mkdir(exist_ok=True)
-            _remove_stale_temporaries(run_dir, warn)
             if manifest is None:
                 manifest = create_manifest(
                     manifest_path, run_name=run_name, inputs=current, provenance=provenance
@@ -352,6 +357,8 @@ class RunDirectory:
                     f"({replay.truncated_bytes} bytes) left by an interrupted run"
                 )
             journal = Journal(run_dir / JOURNAL_FILENAME, replay)
+            recorded = {record["rollout_id"] for record in replay.latest.values()}
+            _remove_stale_temporaries(run_dir, recorded, warn)
         except OSError as exc:
             raise RunDirectoryError(f"cannot open run directory {run_dir}: {exc}") from exc
         return cls(
