@@ -97,31 +97,32 @@ class Controller:
         run = self.session.runs.get(Path(result["config"]))
         if run is None or result.get("resumed"):
             return
-        run.rundir.append(result)
-        run.executed += 1
-        run.rate_limited += int(result.get("rate_limited") or 0)
-        self._last_result = result
-        details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
-        if result.get("reward") is not None:
-            details["reward"] = result["reward"]
-        if result.get("error_type"):
-            details["error_type"] = result["error_type"]
-        run.log.write("info", "result", "work item finished", **details)
-        if result.get("trajectory_problem"):
-            where = f"row {result.get('source_row_index')} run {result['run_index']}"
-            problem = f"{where}: {result['trajectory_problem']}"
-            run.log.warning("result", problem, rollout_id=result["rollout_id"])
-        self.session.config.hook.pytest_osmosis_row_result(
-            config=self.session.config, result=result
-        )
-        if result.get("detail"):
-            run.log.write(
-                "error",
-                "result",
-                result.get("message", ""),
-                rollout_id=result["rollout_id"],
-                detail=result["detail"],
+        with self.session.recording(run, result):  # a full disk or a deleted run: exit 4
+            run.rundir.append(result)
+            run.executed += 1
+            run.rate_limited += int(result.get("rate_limited") or 0)
+            self._last_result = result
+            details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
+            if result.get("reward") is not None:
+                details["reward"] = result["reward"]
+            if result.get("error_type"):
+                details["error_type"] = result["error_type"]
+            run.log.write("info", "result", "work item finished", **details)
+            if result.get("trajectory_problem"):
+                where = f"row {result.get('source_row_index')} run {result['run_index']}"
+                problem = f"{where}: {result['trajectory_problem']}"
+                run.log.warning("result", problem, rollout_id=result["rollout_id"])
+            self.session.config.hook.pytest_osmosis_row_result(
+                config=self.session.config, result=result
             )
+            if result.get("detail"):
+                run.log.write(
+                    "error",
+                    "result",
+                    result.get("message", ""),
+                    rollout_id=result["rollout_id"],
+                    detail=result["detail"],
+                )
 
     def after_report(self) -> None:
         """Progress, after pytest has shown the row's letter."""
@@ -157,7 +158,10 @@ class Controller:
         try:
             interrupted = session.shouldstop or session.shouldfail
             for run in self.session.runs.values():
+                stopped = run.storage_fault is not None
                 run.metrics = finalize_run(run, cancelled=bool(interrupted))
+                if not stopped and run.storage_fault is not None:
+                    self.session.storage_fault_at_finish(session, run)
             self._recorded_to_junit(session.config)
             self._finished_runs_status(session)
             if self.session.options.report:
@@ -256,6 +260,10 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
     run that took minutes) and mark every row resumed.
     """
     plan = run.plan
+    if run.storage_fault is not None:  # the session stopped on it: write nothing more there
+        run.log.close()
+        run.rundir.close()
+        return {}
     if run.executed == 0:
         recorded = run.rundir.recorded_metrics() or {}
         finished = recorded.get("eval_run", {}).get("status") == "finished"
@@ -264,22 +272,28 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             run.log.close()
             run.rundir.close()
             return dict(recorded)
+    from pytest_osmosis.errors import RunDirectoryError
+
     complete = all(key in run.rundir.records for key in run_keys(plan))
     status: Literal["finished", "incomplete"] = (
         "finished" if complete and not cancelled else "incomplete"
     )
-    run.log.write("info", "run", f"run {status}", executed=run.executed)
-    result: dict[str, Any] = run.rundir.refresh(
-        status=status,
-        total_dataset_rows=plan.dataset.total_dataset_rows,
-        sampled_rows=len(plan.dataset),
-        n=plan.settings.n,
-        pass_threshold=plan.settings.pass_threshold,
-        dataset_name=plan.config.experiment.dataset,
-        model_path=plan.settings.model_path,
-        rollout_name=plan.config.experiment.rollout,
-        started_at=run.started_at,
-    )
+    try:
+        run.log.write("info", "run", f"run {status}", executed=run.executed)
+        result: dict[str, Any] = run.rundir.refresh(
+            status=status,
+            total_dataset_rows=plan.dataset.total_dataset_rows,
+            sampled_rows=len(plan.dataset),
+            n=plan.settings.n,
+            pass_threshold=plan.settings.pass_threshold,
+            dataset_name=plan.config.experiment.dataset,
+            model_path=plan.settings.model_path,
+            rollout_name=plan.config.experiment.rollout,
+            started_at=run.started_at,
+        )
+    except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4
+        run.storage_fault = str(exc)
+        result = {}
     run.log.close()
     run.rundir.close()
     return result

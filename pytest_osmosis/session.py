@@ -9,13 +9,16 @@ workers collect, run items, and send each result to the controller on the test r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -92,6 +95,9 @@ class ControllerRun:
     report_error: str | None = None
     created: bool = False
     """This session made the run directory (removed again if the preflight fails)."""
+    storage_fault: str | None = None
+    """Why the run directory took no more results (a full disk, deleted): nothing more is
+    written there, not even the final snapshots."""
 
 
 class EvalSession:
@@ -414,6 +420,43 @@ class EvalSession:
             }
         return None
 
+    # -- storage faults ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def recording(self, run: ControllerRun, result: dict[str, Any]) -> Iterator[None]:
+        """Journal and log one result; when the run directory cannot take it, stop (exit 4).
+
+        A row whose trajectory could not be written (``storage_fault``, set where it ran,
+        maybe an xdist worker) is not journalled either: the next session runs it again.
+        """
+        if result.get("storage_fault"):
+            self.stop_for_storage(run, str(result["storage_fault"]))
+        try:
+            yield
+        except RunDirectoryError as exc:
+            self.stop_for_storage(run, str(exc))
+        except OSError as exc:
+            self.stop_for_storage(run, f"cannot record results in {run.rundir.path}: {exc}")
+
+    def stop_for_storage(self, run: ControllerRun, message: str) -> NoReturn:
+        """A session-level fault: one line, exit 4, like the other faults that stop a session.
+
+        What the journal holds stays as it is (a failed append is cut back off), so the run
+        resumes after its last recorded result once the cause is gone.
+        """
+        run.storage_fault = message
+        pytest.exit(storage_fault_line(run, message), returncode=pytest.ExitCode.USAGE_ERROR)
+
+    def storage_fault_at_finish(self, session: pytest.Session, run: ControllerRun) -> None:
+        """The final snapshots could not be written: the same one line and exit 4."""
+        line = storage_fault_line(run, run.storage_fault or "")
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_sep("!", line, red=True)
+        else:
+            print(line, file=sys.stderr)
+
     def _backstop_result(
         self, item: EvalItem, expired: BackstopExpired, blocker: str | None
     ) -> dict[str, Any]:
@@ -466,6 +509,7 @@ class EvalSession:
         bridge = await self.bridge(plan.settings.model_path)
         bridge.allow_judge_models(self._judge_models(rollout))
         run_dir = plan.run_dir
+        storage_faults: list[str] = []
 
         def save_trajectory(
             rollout_id: str,
@@ -486,9 +530,12 @@ class EvalSession:
                 sdk_version=_sdk_version(),
                 step_usage=step_usage,
             )
-            write_trajectory(
-                run_dir / "rollout_trials" / rollout_id, redact_trajectory(doc, redactor)
-            )
+            trial_dir = run_dir / "rollout_trials" / rollout_id
+            try:
+                write_trajectory(trial_dir, redact_trajectory(doc, redactor))
+            except OSError as exc:  # a full disk: the controller stops, this row stays pending
+                storage_faults.append(f"cannot write a trajectory in {trial_dir}: {exc}")
+                return False
             return True
 
         result = await execute(
@@ -500,6 +547,8 @@ class EvalSession:
             prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
             write_trajectory=save_trajectory,
         )
+        if storage_faults:
+            result = {**result, "storage_fault": storage_faults[0]}
         return result
 
     def _judge_models(self, rollout: LoadedRollout) -> list[str]:
@@ -598,6 +647,20 @@ def _advertised_capacity(rollout: LoadedRollout | None) -> int | None:
     concurrency = getattr(rollout.workflow_config, "concurrency", None)
     limit = getattr(concurrency, "max_concurrent", None)
     return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+_FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def storage_fault_line(run: ControllerRun, message: str) -> str:
+    """The one line a storage fault stops the session with: what failed, and what now."""
+    if any(os.strerror(code) in message for code in _FULL_DISK):
+        count = len(run.rundir.records)
+        return (
+            f"{message}; the {count} results recorded so far are kept: free space, then run "
+            "the same command again to resume"
+        )
+    return message
 
 
 def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,55 @@ def fsync_dir(directory: Path) -> None:
 _TMP_COUNTER = itertools.count()
 
 
+#: ``.<name>.<writer pid>.<n>.tmp``: what :func:`_open_temp` creates.
+_TEMP_NAME = re.compile(r"\A\..+\.(?P<pid>[1-9][0-9]*)\.[0-9]+\.tmp\Z", re.DOTALL)
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}.{os.getpid()}.{next(_TMP_COUNTER)}.tmp"
+
+
+def _process_is_alive(pid: int) -> bool:
+    """Whether *pid* names a running process (one of another user's counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such process (or no such pid at all)
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: Path) -> list[Path]:
+    """Delete the temp files of dead writers directly in *directory*; returns them.
+
+    A writer killed between creating its temp file and the rename leaves it behind
+    forever. One whose pid still runs may be writing it now, so it is kept (a pid
+    reused since only keeps a stale file, never deletes a live one).
+    """
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for entry in entries:
+        match = _TEMP_NAME.match(entry.name) if entry.name.endswith(".tmp") else None
+        if match is None or not entry.is_file(follow_symlinks=False):
+            continue
+        if _process_is_alive(int(match["pid"])):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+    return removed
+
+
 def _open_temp(directory: str, name: str, mode: int) -> tuple[int, str]:
     """Create a unique temp file next to the destination (O_EXCL, never reused)."""
     while True:
-        tmp = os.path.join(directory, f".{name}.{os.getpid()}.{next(_TMP_COUNTER)}.tmp")
+        tmp = os.path.join(directory, _temp_name(name))
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), tmp
         except FileExistsError:

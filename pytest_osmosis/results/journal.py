@@ -8,6 +8,7 @@ a skewed clock can never change which attempt wins).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -223,22 +224,57 @@ class Journal:
                 # Discard the torn fragment so the next record starts on a line.
                 os.ftruncate(fd, replay.committed_size)
                 os.fsync(fd)
+            st = os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
         self._fd: int | None = fd
+        #: Which file this is, to notice the run directory deleted or replaced under us.
+        self._identity = (st.st_dev, st.st_ino)
+        #: Bytes of complete records: a failed append is cut back to it.
+        self._size = st.st_size
         if created:
             fsync_dir(path.parent)
 
+    def ensure_in_place(self) -> None:
+        """Raise :class:`RunDirectoryError` unless ``path`` is still the file opened.
+
+        A cleanup job deleting the run directory leaves the open descriptor writable,
+        so appends would "succeed" into a file no one can read and a resume would
+        silently run and pay for every row again.
+        """
+        try:
+            st = os.stat(self.path)
+            same = (st.st_dev, st.st_ino) == self._identity
+        except OSError:
+            same = False
+        if not same:
+            raise RunDirectoryError(
+                f"the run directory {self.path.parent} was deleted or replaced during the "
+                f"session (its {self.path.name} is gone); nothing more can be recorded there"
+            )
+
     def append(self, record: Mapping[str, Any]) -> None:
-        """Durably append one normalized record; returns after ``fsync``."""
+        """Durably append one normalized record; returns after ``fsync``.
+
+        A failed write (a full disk) is cut back off, so the journal holds exactly the
+        records acknowledged before it and the next session resumes after the last one.
+        """
         if self._fd is None:
             raise RunDirectoryError(f"{self.path}: the journal is closed")
-        view = memoryview(journal_line(record))
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        os.fsync(self._fd)
+        self.ensure_in_place()
+        line = journal_line(record)
+        view = memoryview(line)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            os.fsync(self._fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(line)
 
     def close(self) -> None:
         """Close the descriptor; later appends raise."""

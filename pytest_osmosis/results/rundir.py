@@ -28,6 +28,7 @@ from pytest_osmosis.results.atomic import (
     atomic_write_json,
     format_utc,
     fsync_dir,
+    remove_stale_temporaries,
 )
 from pytest_osmosis.results.index import (
     CANONICAL_TRAJECTORY_FILENAME,
@@ -128,6 +129,34 @@ def archive_run_directory(run_dir: Path, *, now: datetime | None = None) -> Path
     os.replace(run_dir, destination)
     fsync_dir(run_dir.parent)
     return destination
+
+
+def _remove_stale_temporaries(run_dir: Path, recorded: set[str], warn: Warn) -> None:
+    """Delete what writers killed mid-write left: only the lock holder may (it opens runs).
+
+    Snapshots and the manifest live at the top, projections in ``trajectories/``, a
+    trajectory in its trial's directory (``artifacts/`` below it is the rollout's own).
+    A trial killed mid-write never got its rollout id journalled, so only the trials of
+    *recorded* ids are skipped: a 10,000-row run is not listed trial by trial.
+    """
+    directories = [run_dir, run_dir / TRAJECTORIES_DIRNAME]
+    try:
+        with os.scandir(run_dir / TRIALS_DIRNAME) as trials:
+            directories += [
+                Path(t.path)
+                for t in trials
+                if t.name not in recorded and t.is_dir(follow_symlinks=False)
+            ]
+    except FileNotFoundError:
+        pass
+    removed = [path for directory in directories for path in remove_stale_temporaries(directory)]
+    if removed:
+        shown = ", ".join(str(path.relative_to(run_dir)) for path in removed[:3])
+        more = f" and {len(removed) - 3} more" if len(removed) > 3 else ""
+        warn(
+            f"{run_dir}: removed {len(removed)} temporary file(s) left by interrupted "
+            f"writers: {shown}{more}"
+        )
 
 
 # --------------------------------------------------------------------------- #
@@ -328,6 +357,8 @@ class RunDirectory:
                     f"({replay.truncated_bytes} bytes) left by an interrupted run"
                 )
             journal = Journal(run_dir / JOURNAL_FILENAME, replay)
+            recorded = {record["rollout_id"] for record in replay.latest.values()}
+            _remove_stale_temporaries(run_dir, recorded, warn)
         except OSError as exc:
             raise RunDirectoryError(f"cannot open run directory {run_dir}: {exc}") from exc
         return cls(
@@ -522,6 +553,8 @@ class RunDirectory:
         rollout = inputs["rollout"]["name"] if rollout_name is None else rollout_name
         total_runs = sampled_rows * n_runs
         with self._mutex:
+            # Writing snapshots into a recreated directory would show a run with no journal.
+            self._journal.ensure_in_place()
             keys = sorted(self.records)
             lines = [self._index_line(key, self.records[key]) for key in keys]
             rows = [self._rows[key] for key in keys]
