@@ -94,6 +94,8 @@ class Controller:
                 report.osmosis = result  # type: ignore[attr-defined]
         if result is None:
             return
+        if result.get("session_fault"):  # an xdist worker met a fault of the whole session
+            pytest.exit(str(result["session_fault"]), returncode=pytest.ExitCode.USAGE_ERROR)
         run = self.session.runs.get(Path(result["config"]))
         if run is None or result.get("resumed"):
             return

@@ -356,7 +356,13 @@ class EvalSession:
         try:
             return dict(self.executor.result(item.nodeid, factory))
         except SessionFaultError as exc:  # nothing can be trusted now: stop, rows pending
-            pytest.exit(f"osmosis: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+            line = f"osmosis: {exc}"
+            if self.is_worker:
+                # pytest.exit on a worker leaves xdist's controller holding rows it can place
+                # nowhere (INTERNALERROR): take no more rows, and let the controller stop.
+                item.session.shouldstop = line
+                return self._session_fault_result(item, line)
+            pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
         except BackstopExpired as exc:
             blocker = self.executor.blocker()
             if blocker is None and self.executor.responsive():
@@ -456,6 +462,24 @@ class EvalSession:
             reporter.write_sep("!", line, red=True)
         else:
             print(line, file=sys.stderr)
+
+    def _session_fault_result(self, item: EvalItem, line: str) -> dict[str, Any]:
+        """What a worker sends for the row that met a session fault: never journalled."""
+        return {
+            "row_index": item.row_index,
+            "run_index": item.run_index,
+            "source_row_index": item.source_row_index,
+            "rollout_id": "",
+            "status": "failed",
+            "reward": None,
+            "duration_ms": 0.0,
+            "error_type": "session_fault",
+            "message": line,
+            "detail": "",
+            "pass_threshold": item.parent.plan.settings.pass_threshold,
+            "passed": False,
+            "session_fault": line,
+        }
 
     def _backstop_result(
         self, item: EvalItem, expired: BackstopExpired, blocker: str | None
