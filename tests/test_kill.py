@@ -284,3 +284,45 @@ def test_random_kills_under_xdist(zygote: Zygote, server: ModelServer, tmp_path:
         zygote, server, tmp_path, rows=rows, n=n, kills=5, extra=("-n", "2"), max_delay=12.0
     )
     print("kill moments:", moments)
+
+
+# -- the xdist controller killed: its workers stop at once -----------------------------
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_of_a_killed_controller_stop_and_call_no_model(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:
+    """SIGKILL of the controller while each worker's row waits on the model: the workers
+    exit on their own (the controller cannot tell them), and when the model then answers,
+    no row makes its next call (each row would make three)."""
+    from workspaces import HELD, PID_ROLLOUT, Background, gone, pid_rows, wait_until
+
+    root = pytester.path
+    write_workspace(
+        root,
+        rows=pid_rows(root, 2, calls=3),
+        rollout_source=PID_ROLLOUT,
+        evaluation={"batch_size": 2},  # one row per worker
+    )
+    model_env.hold = HELD
+    session = Background(
+        pytester, "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "orphan", "-n", "2"
+    )
+    wait_until(lambda: model_env.holding == 2, "a row of each worker waits on the model")
+    workers = {int(p.name) for p in (root / "pids").iterdir()}
+    assert len(workers) == 2
+    (controller,) = {_parent(pid) for pid in workers}
+    calls = model_env.requests_total
+    os.kill(controller, signal.SIGKILL)
+    wait_until(lambda: all(gone(pid) for pid in workers), "the workers are gone", 120)
+    model_env.hold = ""  # the rows' calls are answered now: nobody is left to call again
+    session.join()
+    assert model_env.requests_total == calls
+    run_dir = root / ".osmosis" / "evals" / "orphan"
+    assert not (run_dir / "index.jsonl").exists() or not read_index(run_dir)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as file:
+        return int(file.read().rsplit(")", 1)[1].split()[1])
