@@ -493,6 +493,7 @@ def test_a_process_that_dies_mid_row_leaves_that_row_readable(tmp_path: Path, ho
 
 # -- a worker killed from outside ------------------------------------------------------
 
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_worker_killed_from_outside_blames_no_row(
     pytester: pytest.Pytester, model_env: Any
@@ -500,9 +501,7 @@ def test_a_worker_killed_from_outside_blames_no_row(
     """kill -9 (the OOM killer) while the worker's row waits on the model: no row's code
     was running, so no row is recorded ``worker_crashed``; the row runs again and passes."""
     root = pytester.path
-    write_workspace(
-        root, rows=pid_rows(root, 1), rollout_source=PID_ROLLOUT
-    )
+    write_workspace(root, rows=pid_rows(root, 1), rollout_source=PID_ROLLOUT)
     model_env.hold = HELD
     session = Background(
         pytester, "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "oom", "-n", "1"

@@ -177,7 +177,8 @@ def calc_rollout(workflow_config: str | None) -> str:
 
 # -- sessions the test acts on while they run (kills, signals) -------------------------
 
-#: A rollout whose rows note their process id (in ``pids``) and make ``calls`` model calls.
+#: A rollout whose rows note their process id (in ``pids``) and make ``calls`` model calls;
+#: a row whose ``exit`` names an existing file then kills its process.
 PID_ROLLOUT = r"""
 import os
 from pathlib import Path
@@ -201,6 +202,8 @@ class PidWorkflow(AgentWorkflow):
                 )
                 response.raise_for_status()
                 answer = response.json()["choices"][0]["message"]["content"]
+        if meta.get("exit") and Path(meta["exit"]).exists():
+            os._exit(7)  # kills the interpreter, as long as the marker file is there
         return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
 
 
