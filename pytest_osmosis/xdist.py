@@ -14,6 +14,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -183,7 +184,17 @@ def queued_indices(config: pytest.Config) -> list[int]:
             None,
         )
         if torun is None or not callable(getattr(torun, "lock", None)):
-            return []  # the controller checked this xdist (internals_problem); never fail a row
+            # The controller checked its own xdist (internals_problem); a worker's differs
+            # (a remote or patched one): say so once, run one row at a time, fail none.
+            if not config.stash.get(_WARNED, False):
+                config.stash[_WARNED] = True
+                warnings.warn(
+                    "osmosis: this pytest-xdist worker's queue (WorkerInteractor.torun.lock) "
+                    "was not found: the worker runs its rows one at a time",
+                    pytest.PytestWarning,
+                    stacklevel=2,
+                )
+            return []
         config.stash[_TORUN] = torun
     with torun.lock() as queue:
         return [i for i in queue if isinstance(i, int)]

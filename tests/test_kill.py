@@ -294,7 +294,7 @@ def test_workers_of_a_killed_controller_stop_and_call_no_model(
     pytester: pytest.Pytester, model_env: Any
 ) -> None:
     """SIGKILL of the controller while each worker's row waits on the model: the workers
-    exit on their own (the controller cannot tell them), and when the model then answers,
+    notice and exit on their own (nobody can tell them), and when the model then answers,
     no row makes its next call (each row would make three)."""
     from workspaces import HELD, PID_ROLLOUT, Background, gone, pid_rows, wait_until
 
@@ -315,6 +315,15 @@ def test_workers_of_a_killed_controller_stop_and_call_no_model(
     (controller,) = {_parent(pid) for pid in workers}
     calls = model_env.requests_total
     os.kill(controller, signal.SIGKILL)
+    # Each worker says it noticed (on the stderr it shares with its controller) and exits.
+    # Without the watch, execnet only shuts a worker down 15 s later (interrupt, then exit);
+    # an answer in those 15 s would be followed by the row's next (paid) call.
+    stderr = root / "stderr"
+    wait_until(
+        lambda: stderr.read_text().count("the xdist controller is gone") == 2,
+        "both workers noticed",
+        120,
+    )
     wait_until(lambda: all(gone(pid) for pid in workers), "the workers are gone", 120)
     model_env.hold = ""  # the rows' calls are answered now: nobody is left to call again
     session.join()
