@@ -652,7 +652,7 @@ class EvalHooks:
             if workerinput.get("osmosis_controller_pid"):
                 from pytest_osmosis.xdist import watch_controller
 
-                watch_controller(int(workerinput["osmosis_controller_pid"]))
+                watch_controller(session.config, int(workerinput["osmosis_controller_pid"]))
             return
         from pytest_osmosis.errors import OsmosisError
         from pytest_osmosis.preflight import check_dependencies

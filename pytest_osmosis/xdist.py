@@ -204,7 +204,21 @@ def queued_indices(config: pytest.Config) -> list[int]:
 WATCH_INTERVAL = 0.2
 
 
-def watch_controller(controller_pid: int, interval: float = WATCH_INTERVAL) -> bool:
+def _terminal_fd(config: pytest.Config) -> int:
+    """A duplicate of the stderr the worker inherited, past pytest's fd capture (best effort:
+    the saved fd is not public API; without it the line goes to the captured fd 2)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    err = getattr(getattr(capman, "_global_capturing", None), "err", None)
+    saved = getattr(err, "targetfd_save", None)
+    try:
+        return os.dup(saved if isinstance(saved, int) else 2)
+    except OSError:
+        return 2
+
+
+def watch_controller(
+    config: pytest.Config, controller_pid: int, interval: float = WATCH_INTERVAL
+) -> bool:
     """Worker: exit as soon as the controller is gone (SIGKILL leaves it no time to say so).
 
     Only the controller journals results, so a worker without one can record nothing:
@@ -216,13 +230,14 @@ def watch_controller(controller_pid: int, interval: float = WATCH_INTERVAL) -> b
     """
     if os.getppid() != controller_pid:
         return False
+    terminal = _terminal_fd(config)
 
     def watch() -> None:
         while os.getppid() == controller_pid:
             time.sleep(interval)
         try:
             os.write(
-                2,
+                terminal,
                 b"osmosis: the xdist controller is gone; this worker stops "
                 b"(its unrecorded rows stay pending)\n",
             )
