@@ -520,26 +520,3 @@ def test_a_worker_killed_from_outside_blames_no_row(
     ], out
     result.assert_outcomes(passed=1)
 
-
-# -- xdist's internals changed on a worker ---------------------------------------------
-
-WORKER_WITHOUT_QUEUE_LOCK = """
-def pytest_configure(config):
-    # The workers only: the controller's check passes, a worker cannot look at its queue.
-    if hasattr(config, "workerinput"):
-        from xdist import remote
-
-        del remote.TestQueue.lock
-"""
-
-
-def test_a_worker_without_xdists_queue_warns_and_runs_its_rows_one_at_a_time(
-    pytester: pytest.Pytester, model_env: Any
-) -> None:  # type: ignore[no-untyped-def]
-    write_workspace(pytester.path, rows=pid_rows(pytester.path, 4), rollout_source=PID_ROLLOUT)
-    pytester.makeconftest(WORKER_WITHOUT_QUEUE_LOCK)
-    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "1")
-    result.assert_outcomes(passed=4)
-    out = result.stdout.str()
-    assert "INTERNALERROR" not in out, out
-    assert out.count("was not found: the worker runs its rows one at a time") == 1, out
