@@ -519,4 +519,3 @@ def test_a_worker_killed_from_outside_blames_no_row(
         (0, "success", None)
     ], out
     result.assert_outcomes(passed=1)
-
