@@ -218,17 +218,27 @@ class EvalSession:
         return names
 
     def _record_killed_rows(self) -> None:
-        """A row whose code killed the last single-process session is recorded, not rerun.
+        """A row whose code killed two single-process sessions running it is recorded.
 
         Without xdist nobody outlives the process, so it names the row whose code runs
         in a blame slot beside its run's lock (outside the run directory, which is
         uploaded): a resume that found it would die at the same row again, for ever.
-        The next session records that row ``worker_crashed`` and runs the rest; this
-        one, when it runs rows itself, keeps its own slot there.
+        A kill from outside (``kill -9``, the OOM killer) can also land in a row's step,
+        so the first death only makes the row a suspect (a file beside the slot); when
+        the next session dies in the same row's code too, the one after records it
+        ``worker_crashed`` and runs the rest.
         """
         for run in self.runs.values():
-            place = self._killed_slot(run.plan)
-            nodeid = blame.culprit(*place)
+            directory, name = self._killed_slot(run.plan)
+            suspect_path = os.path.join(directory, f"{name}.suspect")
+            nodeid = blame.culprit(directory, name)
+            try:
+                with open(suspect_path, encoding="utf-8") as file:
+                    suspect = file.read()
+            except (OSError, UnicodeDecodeError):
+                suspect = None
+            with contextlib.suppress(OSError):
+                os.unlink(suspect_path)
             found = self.item_key(nodeid) if nodeid else None
             if (
                 nodeid is None
@@ -236,10 +246,20 @@ class EvalSession:
                 or not self.runs[found[0]].rundir.pending([found[1]])
             ):
                 continue
+            if nodeid != suspect:
+                with (
+                    contextlib.suppress(OSError),
+                    open(suspect_path, "w", encoding="utf-8") as file,
+                ):
+                    file.write(nodeid)
+                run.log.warning(
+                    "result", f"{nodeid}: the previous session died while this row's code ran"
+                )
+                continue
             owner = self.runs[found[0]]
             result = self.crashed_result(
                 nodeid,
-                "the previous session died while this row's code ran "
+                "the last two sessions died while this row's code ran "
                 "(os._exit, a fatal signal or the OOM killer); it is not run again",
             )
             if result is None:

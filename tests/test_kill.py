@@ -343,8 +343,9 @@ def _parent(pid: int) -> int:
 def test_a_row_that_kills_the_session_is_recorded_by_the_next_one(
     pytester: pytest.Pytester, model_env: Any
 ) -> None:
-    """Row 1 calls ``os._exit`` (one process, no xdist): the resume records it
-    ``worker_crashed``, naming it, runs the others, and the run finishes, uploadable."""
+    """Row 1 calls ``os._exit`` (one process, no xdist): once it killed two sessions, the
+    next records it ``worker_crashed``, naming it, runs the others, and the run finishes,
+    uploadable."""
     from workspaces import PID_ROLLOUT, pid_rows
 
     root = pytester.path
@@ -356,6 +357,10 @@ def test_a_row_that_kills_the_session_is_recorded_by_the_next_one(
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "dies")
     first = pytester.runpytest_subprocess(*args)
     assert first.ret == 7, first.stdout.str()
+    # One death in a row's code makes it a suspect (a kill from outside can land there too);
+    # the resume dies in it again, and the next one records it.
+    again = pytester.runpytest_subprocess(*args)
+    assert again.ret == 7, again.stdout.str()
     second = pytester.runpytest_subprocess(*args)
     out = second.stdout.str()
     assert second.ret == 1, out
