@@ -270,7 +270,10 @@ class EvalSession:
             owner.log.warning(
                 "result", f"{nodeid}: {result['message']}", rollout_id=result["rollout_id"]
             )
-        if self.runs and not self.config.pluginmanager.has_plugin("dsession"):
+        # Not yet switched on: under random outside kills (tests/test_kill.py, twenty kills)
+        # the same row's step was running at two consecutive kills and it was recorded
+        # worker_crashed; the single-process slot stays off until that is resolved.
+        if False:  # noqa: SIM108 - see above
             self._blame_slot = self._killed_slot(next(iter(self.runs.values())).plan)
 
     @staticmethod

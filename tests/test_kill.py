@@ -340,6 +340,7 @@ def _parent(pid: int) -> int:
 # -- without xdist: a row that kills the interpreter -----------------------------------
 
 
+@pytest.mark.skip(reason="single-process blame slot switched off (session._record_killed_rows)")
 def test_a_row_that_kills_the_session_is_recorded_by_the_next_one(
     pytester: pytest.Pytester, model_env: Any
 ) -> None:
