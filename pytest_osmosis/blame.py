@@ -210,8 +210,18 @@ def enter(nodeid: str) -> None:
         factory.slot.show(row)
 
 
+#: What :func:`culprit` returns for a slot that says no row's code was running.
+NO_ROW = ""
+
+
 def culprit(directory: str, workerid: str) -> str | None:
     """Controller: the node id whose code ``workerid`` was running when it died, if any."""
+    return running(directory, workerid) or None
+
+
+def running(directory: str, workerid: str) -> str | None:
+    """As :func:`culprit`, but :data:`NO_ROW` when the slot says no row's code was running
+    (the process was killed from outside between steps); None when nothing is known."""
     try:
         with open(_slot_path(directory, workerid), "rb") as file:
             data = file.read(SLOT_SIZE)
@@ -220,6 +230,8 @@ def culprit(directory: str, workerid: str) -> str | None:
     if len(data) < _HEADER:
         return None
     length = int.from_bytes(data[:_HEADER], sys.byteorder)
+    if length == 0:
+        return NO_ROW
     if not 0 < length <= min(_MAX_BODY, len(data) - _HEADER):
         return None
     try:

@@ -712,7 +712,12 @@ class WorkerHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        self.session.set_worker_input(session.config.workerinput)  # type: ignore[attr-defined]
+        workerinput: dict[str, Any] = session.config.workerinput  # type: ignore[attr-defined]
+        self.session.set_worker_input(workerinput)
+        if workerinput.get("osmosis_controller_pid"):
+            from pytest_osmosis.xdist import watch_controller
+
+            watch_controller(session.config, int(workerinput["osmosis_controller_pid"]))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -758,6 +763,7 @@ class XdistControllerHooks:
             and not self._internals_problem()
         )
         node.workerinput["osmosis_prefetch"] = prefetch
+        node.workerinput["osmosis_controller_pid"] = os.getpid()  # workers watch it (xdist.py)
         node.workerinput["osmosis_junit"] = bool(self.session.config.option.xmlpath)
         if prefetch:  # rows run ahead, so a worker's death needs the exact culprit
             if self.blame_dir is None:
@@ -801,12 +807,13 @@ class XdistControllerHooks:
             self.controller.keep_recorded(entries)
 
     def culprit(self, node: Any) -> str | None:
-        """The node id whose code the dead worker ``node`` was running, if it said."""
+        """The node id whose code the dead worker ``node`` was running, if it said
+        (``blame.NO_ROW``: none was; None: it did not say)."""
         if self.blame_dir is None:
             return None
-        from pytest_osmosis.blame import culprit
+        from pytest_osmosis.blame import running
 
-        return culprit(self.blame_dir, str(node.gateway.id))
+        return running(self.blame_dir, str(node.gateway.id))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.blame_dir is not None:

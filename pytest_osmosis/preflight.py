@@ -15,8 +15,10 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from typing import Any, Protocol
 
 from pytest_osmosis.bridge import Bridge, ModelRoute
@@ -86,6 +88,33 @@ def _answer(stdout: str) -> dict[str, Any] | None:
                 return None
             return value if isinstance(value, dict) else None
     return None
+
+
+def interrupted() -> None:
+    """Ctrl-C during the preflight wait: say so, and let a second one exit at once.
+
+    The session then stops as after any interrupt, but that waits for the check's threads
+    (LiteLLM's import, the checking process, a request in flight): seconds, and a second
+    Ctrl-C there would print a raw traceback. No row has started and nothing is recorded,
+    so exiting on the spot loses nothing: every row stays pending for a resume.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def exit_now(signum: int, frame: Any) -> None:
+        os.write(
+            2,
+            b"\nosmosis: interrupted again during the model preflight; exiting now "
+            b"(no row ran: every row is pending, the same command resumes)\n",
+        )
+        os._exit(2)  # pytest.ExitCode.INTERRUPTED
+
+    signal.signal(signal.SIGINT, exit_now)
+    os.write(
+        2,
+        b"\nosmosis: interrupted during the model preflight; stopping "
+        b"(Ctrl-C again to exit at once)\n",
+    )
 
 
 class _Cache(Protocol):

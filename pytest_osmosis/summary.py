@@ -94,9 +94,11 @@ def summary_lines(run: ControllerRun) -> list[str]:
                 if isinstance(reward, (int, float))
                 else ""
             )
+            trial = plan.run_dir / "rollout_trials" / record["rollout_id"]
+            # A crashed worker's row left no trial directory: point at nothing that is not there.
+            where = f"  {trial}" if trial.is_dir() else ""
             lines.append(
-                f"  row {row} run {record['run_index']}: {OUTCOME_WORDS[outcome]} {why}  "
-                f"{plan.run_dir / 'rollout_trials' / record['rollout_id']}"
+                f"  row {row} run {record['run_index']}: {OUTCOME_WORDS[outcome]} {why}{where}"
             )
         if len(not_passed) > 20:
             lines.append(f"  ... and {len(not_passed) - 20} more (see index.jsonl)")

@@ -10,12 +10,17 @@ item already queued for it ahead of time, and no row is ever run by two workers.
 from __future__ import annotations
 
 import math
+import os
 import re
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
+
+from pytest_osmosis import blame
 
 _ROW = re.compile(r"::row_(\d+)_run_\d+$")
 
@@ -52,8 +57,11 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
         """As ``loadscope`` does, but the item that crashed the worker is not sent again.
 
         A worker runs its queued rows ahead, so the row that crashed it is the one whose
-        code its event loop was running (``culprit``), when that is known; otherwise it is
-        xdist's guess, the first unfinished item (the one the worker was reporting). The
+        code its event loop was running (``culprit``), when that is known. When the worker's
+        slot says no row's code was running, the worker was killed from outside (the OOM
+        killer, ``kill -9``): no row is blamed and every unfinished one is rescheduled.
+        Without a slot it is xdist's guess, the first unfinished item (the one the worker
+        was reporting). The
         controller records it as ``worker_crashed``; running it on another worker would
         crash that one too, and pay for it twice. The dead worker's other unfinished items
         (possibly in flight, never recorded) are rescheduled.
@@ -68,7 +76,10 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
             if not completed
         ]
         blamed = self.culprit(node) if self.culprit is not None else None
-        crashitem = blamed if blamed in unfinished else unfinished[0]
+        if blamed == blame.NO_ROW:
+            crashitem = None  # killed from outside (OOM killer, kill -9) between rows' steps
+        else:
+            crashitem = blamed if blamed in unfinished else unfinished[0]
         for scope, unit in workload.items():
             if crashitem in unit:
                 unit[crashitem] = True
@@ -176,3 +187,51 @@ def queued_indices(config: pytest.Config) -> list[int]:
         config.stash[_TORUN] = torun
     with torun.lock() as queue:
         return [i for i in queue if isinstance(i, int)]
+
+
+#: How often a worker checks that its controller is still there.
+WATCH_INTERVAL = 0.2
+
+
+def _terminal_fd(config: pytest.Config) -> int:
+    """A duplicate of the stderr the worker inherited, past pytest's fd capture (best effort:
+    the saved fd is not public API; without it the line goes to the captured fd 2)."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    err = getattr(getattr(capman, "_global_capturing", None), "err", None)
+    saved = getattr(err, "targetfd_save", None)
+    try:
+        return os.dup(saved if isinstance(saved, int) else 2)
+    except OSError:
+        return 2
+
+
+def watch_controller(
+    config: pytest.Config, controller_pid: int, interval: float = WATCH_INTERVAL
+) -> bool:
+    """Worker: exit as soon as the controller is gone (SIGKILL leaves it no time to say so).
+
+    Only the controller journals results, so a worker without one can record nothing:
+    every row it starts or model call it makes is paid for and lost. execnet notices the
+    lost channel only when the worker next sends (after its row); a thread watching the
+    parent pid notices within ``interval``, and the worker exits at once: it starts no
+    row and makes no model call, and its unjournalled rows stay pending for a resume.
+    False when the controller is not this process's parent (nothing to watch).
+    """
+    if os.getppid() != controller_pid:
+        return False
+    terminal = _terminal_fd(config)
+
+    def watch() -> None:
+        while os.getppid() == controller_pid:
+            time.sleep(interval)
+        try:
+            os.write(
+                terminal,
+                b"osmosis: the xdist controller is gone; this worker stops "
+                b"(its unrecorded rows stay pending)\n",
+            )
+        finally:
+            os._exit(1)
+
+    threading.Thread(target=watch, name="osmosis-controller-watch", daemon=True).start()
+    return True

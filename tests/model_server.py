@@ -111,7 +111,7 @@ class ModelServer:
     `replies` (substring -> reply), `tool_rules`, `tool_answer` (format string with
     `{result}` used after a tool result), `delay` (seconds for every request) and
     `delays` (substring -> seconds), `gather` (hold requests until that many are in
-    flight), and call `fail_next()` to inject errors.
+    flight), `hold` (hold requests until the test clears it), and call `fail_next()` to inject errors.
     Observe it through `requests_total`, `in_flight`, `peak_in_flight`, `bodies` (chat),
     `requests` (every call with its API path) and `answered` (per request, in order: the
     last user message and the `time.monotonic()` at which its answer was about to be sent;
@@ -130,6 +130,11 @@ class ModelServer:
         a peak it reaches is reached for sure, not by a race."""
         self.gather_on = ""
         self.gather_timeout = 30.0
+        self.hold = ""
+        """When set, each request whose last user message contains it waits (counted in
+        `holding`) until `hold` is changed or cleared: the test decides when it is answered."""
+        self.holding = 0
+        self._stopping = False
         self._gathering = 0
         self._gathered: asyncio.Event | None = None
         self.requests_total = 0
@@ -194,6 +199,7 @@ class ModelServer:
             self.gather = 0
             self.gather_on = ""
             self._gathered = None
+            self.hold = ""
             self.requests_total = 0
             self.peak_in_flight = self.in_flight
             self.bodies = []
@@ -240,6 +246,7 @@ class ModelServer:
         self._port = int(runner.addresses[0][1])
 
     async def stop_async(self) -> None:
+        self._stopping = True  # held requests let go: cleanup waits for every handler
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -337,6 +344,15 @@ class ModelServer:
             )
             if self.gather > 1 and self.gather_on in last_user:
                 await self._gather()
+            if self.hold and self.hold in last_user:
+                with self._lock:
+                    self.holding += 1
+                try:
+                    while self.hold and self.hold in last_user and not self._stopping:
+                        await asyncio.sleep(0.02)
+                finally:
+                    with self._lock:
+                        self.holding -= 1
             delay = self.delay
             for needle, seconds in self.delays.items():
                 if needle in last_user:

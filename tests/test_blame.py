@@ -12,6 +12,7 @@ import asyncio
 import gc
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from workspaces import (
+    HELD,
+    PID_ROLLOUT,
+    Background,
+    gone,
+    pid_rows,
+    read_index,
+    wait_until,
+    write_workspace,
+)
 
 from pytest_osmosis import blame
 
@@ -478,3 +489,33 @@ def test_a_process_that_dies_mid_row_leaves_that_row_readable(tmp_path: Path, ho
     else:
         assert done.returncode < 0, done.stderr  # killed by the signal
     assert blame.culprit(str(tmp_path), "gw3") == "configs/eval/calc.toml::row_7_run_1"
+
+
+# -- a worker killed from outside ------------------------------------------------------
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_killed_from_outside_blames_no_row(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:  # type: ignore[no-untyped-def]
+    """kill -9 (the OOM killer) while the worker's row waits on the model: no row's code
+    was running, so no row is recorded ``worker_crashed``; the row runs again and passes."""
+    root = pytester.path
+    write_workspace(root, rows=pid_rows(root, 1), rollout_source=PID_ROLLOUT)
+    model_env.hold = HELD
+    session = Background(
+        pytester, "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "oom", "-n", "1"
+    )
+    wait_until(lambda: model_env.holding == 1, "the row waits on the model")
+    (worker,) = {int(p.name) for p in (root / "pids").iterdir()}
+    os.kill(worker, signal.SIGKILL)
+    wait_until(lambda: gone(worker), "the worker is gone")
+    model_env.hold = ""  # the replacement worker's calls are answered
+    result = session.join()
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out, out
+    records = read_index(root / ".osmosis" / "evals" / "oom")
+    assert [(r["row_index"], r["status"], r.get("error_type")) for r in records] == [
+        (0, "success", None)
+    ], out
+    result.assert_outcomes(passed=1)

@@ -9,6 +9,8 @@ grades by exact match; a row's metadata can make it misbehave on purpose
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 # copy first imported inside a run would leave later runs unable to find pytest11 plugins.
 import importlib_metadata  # noqa: F401
 import litellm  # noqa: F401
+import pytest
 
 CALC_ROLLOUT = """
 import asyncio
@@ -170,3 +173,91 @@ def calc_rollout(workflow_config: str | None) -> str:
         "from pytest_osmosis.rollout import AgentWorkflowConfig\n"
         f"{backend[:-1]}, workflow_config={workflow_config})",
     )
+
+
+# -- sessions the test acts on while they run (kills, signals) -------------------------
+
+#: A rollout whose rows note their process id (in ``pids``) and make ``calls`` model calls;
+#: a row whose ``exit`` names an existing file then kills its process.
+PID_ROLLOUT = r"""
+import os
+from pathlib import Path
+
+import httpx
+
+from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context
+
+
+class PidWorkflow(AgentWorkflow):
+    async def run(self, ctx):
+        meta = ctx.metadata
+        Path(meta["pids"], str(os.getpid())).touch()
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=600) as client:
+            for _ in range(int(meta.get("calls", 1))):
+                response = await client.post(
+                    rollout.chat_completions_url + "/chat/completions",
+                    headers={"Authorization": f"Bearer {rollout.api_key}"},
+                    json={"model": "anything", "messages": ctx.prompt},
+                )
+                response.raise_for_status()
+                answer = response.json()["choices"][0]["message"]["content"]
+        if meta.get("exit") and Path(meta["exit"]).exists():
+            os._exit(7)  # kills the interpreter, as long as the marker file is there
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class ExactGrader(Grader):
+    async def grade(self, ctx):
+        final = list(ctx.sample.messages)[-1]["content"].strip()
+        ctx.set_reward(1.0 if final == ctx.label else 0.0)
+"""
+
+HELD = "+ 100?"  # what every row's question contains (the model server holds them)
+
+
+def pid_rows(root: Path, count: int, calls: int = 1) -> list[dict[str, Any]]:
+    pids = root / "pids"
+    pids.mkdir(exist_ok=True)
+    return [
+        {
+            "user_prompt": f"What is {i} {HELD}",
+            "ground_truth": str(i + 100),
+            "metadata": {"pids": str(pids), "calls": calls},
+        }
+        for i in range(count)
+    ]
+
+
+def wait_until(condition: Any, what: str, deadline: float = 180.0) -> None:
+    """Poll for an event (a generous deadline only stops a hang: it is no budget)."""
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie its parent has not reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+class Background:
+    """``runpytest_subprocess`` on a thread, so the test can act while the session runs."""
+
+    def __init__(self, pytester: pytest.Pytester, *args: str) -> None:
+        self.result: Any = None
+        self._thread = threading.Thread(
+            target=lambda: setattr(self, "result", pytester.runpytest_subprocess(*args)),
+            daemon=True,
+        )
+        self._thread.start()
+
+    def join(self) -> Any:
+        self._thread.join(600)
+        assert self.result is not None, "the session did not end"
+        return self.result
