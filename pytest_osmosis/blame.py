@@ -1,4 +1,4 @@
-"""Which row's code an xdist worker was running when it died.
+"""Which row's code an xdist worker (or a single process, by ``os._exit``) was running when it died.
 
 A worker runs its queued rows ahead on one event loop, so when it dies (``os._exit``,
 a segfault, the OOM killer) the item its main thread was waiting for is often not the
@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
 import contextvars
 import mmap
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Coroutine
-from typing import Any, cast
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn, cast
 
 SLOT_SIZE = 4096
 _PREFIX = "osmosis-blame-"
@@ -212,6 +213,46 @@ def enter(nodeid: str) -> None:
 
 #: What :func:`culprit` returns for a slot that says no row's code was running.
 NO_ROW = ""
+
+
+def witness_exits(paths: list[str]) -> Callable[[], None]:
+    """Make ``os._exit`` called from a row's code leave ``<status>\\n<node id>`` in each path.
+
+    Without xdist no process outlives the one a row kills, so the next session learns
+    from this file which row it was. Only a row's own call is witnessed: a kill from
+    outside (``kill -9``, the OOM killer) leaves nothing, and no row is blamed for it.
+    ``paths`` may grow after the call. Returns what puts the real ``os._exit`` back.
+    """
+    real = os._exit
+
+    def exit_witnessed(status: int) -> NoReturn:
+        row = _current.get()
+        if row is not None:
+            text = f"{status}\n{row[_HEADER:].decode('utf-8', 'replace')}"
+            for path in paths:
+                with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as file:
+                    file.write(text)
+        real(status)
+
+    os._exit = exit_witnessed
+
+    def restore() -> None:
+        if os._exit is exit_witnessed:
+            os._exit = real
+
+    return restore
+
+
+def witnessed_exit(path: str) -> tuple[str, str] | None:
+    """(exit status, node id) a witnessed ``os._exit`` left at ``path``, removing it."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            status, _, nodeid = file.read().partition("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return (status, nodeid) if nodeid else None
 
 
 def culprit(directory: str, workerid: str) -> str | None:

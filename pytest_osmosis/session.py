@@ -122,6 +122,9 @@ class EvalSession:
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
         self._slot: blame.Slot | None = None
+        #: Where a row's ``os._exit`` names the row (single process; see _record_killed_rows).
+        self._exit_paths: list[str] = []
+        self._restore_exit = None if is_worker else blame.witness_exits(self._exit_paths)
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
@@ -236,69 +239,35 @@ class EvalSession:
         return names
 
     def _record_killed_rows(self) -> None:
-        """A row whose code killed two single-process sessions running it is recorded.
+        """A row whose code called ``os._exit`` in the previous single-process session is
+        recorded ``worker_crashed`` and not run again: resuming would die there for ever.
 
-        Without xdist nobody outlives the process, so it names the row whose code runs
-        in a blame slot beside its run's lock (outside the run directory, which is
-        uploaded): a resume that found it would die at the same row again, for ever.
-        A kill from outside (``kill -9``, the OOM killer) can also land in a row's step,
-        so the first death only makes the row a suspect (a file beside the slot); when
-        the next session dies in the same row's code too, the one after records it
-        ``worker_crashed`` and runs the rest.
+        The previous session's :func:`blame.witness_exits` named it, beside the run's lock
+        (outside the uploaded run directory). A kill from outside names no row.
         """
         for run in self.runs.values():
-            directory, name = self._killed_slot(run.plan)
-            suspect_path = os.path.join(directory, f"{name}.suspect")
-            nodeid = blame.culprit(directory, name)
-            try:
-                with open(suspect_path, encoding="utf-8") as file:
-                    suspect = file.read()
-            except (OSError, UnicodeDecodeError):
-                suspect = None
-            with contextlib.suppress(OSError):
-                os.unlink(suspect_path)
-            found = self.item_key(nodeid) if nodeid else None
-            if (
-                nodeid is None
-                or found is None
-                or not self.runs[found[0]].rundir.pending([found[1]])
-            ):
+            witnessed = blame.witnessed_exit(_exit_witness(run.plan))
+            found = self.item_key(witnessed[1]) if witnessed else None
+            if witnessed is None or found is None or found[0] != run.plan.config_path:
                 continue
-            if nodeid != suspect:
-                with (
-                    contextlib.suppress(OSError),
-                    open(suspect_path, "w", encoding="utf-8") as file,
-                ):
-                    file.write(nodeid)
-                run.log.warning(
-                    "result", f"{nodeid}: the previous session died while this row's code ran"
-                )
+            if not run.rundir.pending([found[1]]):
                 continue
-            owner = self.runs[found[0]]
+            status, nodeid = witnessed
             result = self.crashed_result(
                 nodeid,
-                "the last two sessions died while this row's code ran "
-                "(os._exit, a fatal signal or the OOM killer); it is not run again",
+                f"this row's code called os._exit({status}) and ended the previous session; "
+                "it is not run again (--osmosis-retry-failed runs it)",
             )
             if result is None:
                 continue
-            owner.rundir.append(result)
-            owner.executed += 1
-            owner.pending_at_start -= 1
-            owner.log.warning(
+            run.rundir.append(result)
+            run.executed += 1
+            run.pending_at_start -= 1
+            run.log.warning(
                 "result", f"{nodeid}: {result['message']}", rollout_id=result["rollout_id"]
             )
-        # Not yet switched on: under random outside kills (tests/test_kill.py, twenty kills)
-        # the same row's step was running at two consecutive kills and it was recorded
-        # worker_crashed; the single-process slot stays off until that is resolved.
-        if False:  # noqa: SIM108 - see above
-            self._blame_slot = self._killed_slot(next(iter(self.runs.values())).plan)
-
-    @staticmethod
-    def _killed_slot(plan: EvalPlan) -> tuple[str, str]:
-        from pytest_osmosis.results.manifest import LOCKS_DIRNAME
-
-        return str(plan.output_root / LOCKS_DIRNAME), f"{plan.run_name}.running"
+        if not self.is_worker and self.runs:
+            self._exit_paths[:] = [_exit_witness(run.plan) for run in self.runs.values()]
 
     def load_rollout(self, plan: EvalPlan) -> LoadedRollout:
         if plan.config_path not in self._rollouts:
@@ -729,10 +698,16 @@ class EvalSession:
                     pass
             executor.close()
             self._executor = None
-        if self._slot is not None and not self.is_worker:
-            # Ended in order: no row killed this session (a worker's slot is the controller's).
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(*self._blame_slot or ("", "")))
+        if self._restore_exit is not None:
+            self._restore_exit()
+            self._restore_exit = None
+
+
+def _exit_witness(plan: EvalPlan) -> str:
+    """Where a row's ``os._exit`` names the row for the next session: beside the run's lock."""
+    from pytest_osmosis.results.manifest import LOCKS_DIRNAME
+
+    return str(plan.output_root / LOCKS_DIRNAME / f"{plan.run_name}.exited")
 
 
 _DEFAULT_CAPACITY = 4  # what a LocalBackend without a workflow_config advertises on /health
