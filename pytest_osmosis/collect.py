@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -152,20 +153,21 @@ def pytest_verdict(
 ) -> tuple[str, str, str]:
     """An attempt's result as pytest reports it: (outcome, headline, detail).
 
-    The outcome is pytest's (``passed``, ``failed``: an error or a reward below the
-    threshold, ``skipped``); the headline names the dataset row, as node ids do.
+    The one mapping from :func:`outcome.classify` to pytest's outcomes: ``passed``,
+    ``failed`` (an error or a reward below the threshold), ``skipped``; the headline names
+    the dataset row, as node ids do.
     """
     where = f"(row {source_row}, run {run_index})"
     resumed = " [resumed]" if result.get("resumed") else ""
-    status = result["status"]
-    if status == "skipped":
+    threshold = result["pass_threshold"]
+    verdict = classify(result, threshold)
+    if verdict == SKIPPED:
         return "skipped", f"{result.get('message') or 'sample removed'} {where}{resumed}", ""
-    if status == "failed":
+    if verdict == FAILED:
         headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
         return "failed", f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", "")
-    reward, threshold = result["reward"], result["pass_threshold"]
-    if reward < threshold:
-        headline = f"reward {reward:.2f} < pass_threshold {threshold:.2f}"
+    if verdict == BELOW_THRESHOLD:
+        headline = f"reward {result['reward']:.2f} < pass_threshold {threshold:.2f}"
         return "failed", f"{headline} {where}{resumed}", ""
     return "passed", "", ""
 

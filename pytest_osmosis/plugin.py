@@ -7,7 +7,6 @@ eval TOML named, pytest behaves exactly as before and LiteLLM is never imported.
 from __future__ import annotations
 
 import gc
-import math
 import os
 import shlex
 from collections.abc import Generator
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from pytest_osmosis.gate import RULES, GateOptionError, GateOptions, gate_options
 
 if TYPE_CHECKING:
     from pytest_osmosis.progress import Progress
@@ -126,28 +127,8 @@ OPTIONS = (
         is_flag=True,
         override=False,
     ),
-    _Option(
-        "min_pass_rate",
-        "--osmosis-min-pass-rate",
-        "CI gate: the exit status is 0 when every run's pass rate reaches RATE (0..1), else 1",
-        "RATE",
-        override=False,
-    ),
-    _Option(
-        "gate_bound",
-        "--osmosis-gate-bound",
-        "point (default) or wilson: gate on the 95%% Wilson lower bound of the pass rate instead",
-        "BOUND",
-        override=False,
-    ),
-    _Option(
-        "max_error_rate",
-        "--osmosis-max-error-rate",
-        "CI gate: workflow/grader errors "
-        "(not low rewards) may be at most this share of scored rows",
-        "RATE",
-        override=False,
-    ),
+    # The gate's options are its rules' (gate.RULES): a new rule is declared there.
+    *(_Option(rule.dest, rule.flag, rule.help, rule.metavar, override=False) for rule in RULES),
 )
 
 
@@ -483,29 +464,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(XdistControllerHooks(session), "osmosis-xdist")
 
 
-def _gate_options(plain: Any) -> Any:
-    from pytest_osmosis.gate import GateOptions
-
-    def rate(name: str, flag: str) -> float | None:
-        value = plain(name)
-        if value is None:
-            return None
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not 0.0 <= number <= 1.0:
-            raise pytest.UsageError(f"{flag}: must be a number from 0 to 1, got {value!r}")
-        return number
-
-    bound = str(plain("gate_bound") or "point")
-    if bound not in ("point", "wilson"):
-        raise pytest.UsageError(f"--osmosis-gate-bound: must be point or wilson, got {bound!r}")
-    return GateOptions(
-        min_pass_rate=rate("min_pass_rate", "--osmosis-min-pass-rate"),
-        bound=bound,
-        max_error_rate=rate("max_error_rate", "--osmosis-max-error-rate"),
-    )
+def _gate_options(plain: Any) -> GateOptions:
+    try:
+        return gate_options(plain)
+    except GateOptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _is_override(dest: str) -> bool:
@@ -543,9 +506,8 @@ class EvalHooks:
     def _progress(self) -> Progress:
         """Progress on the results table's basis: what earlier sessions recorded counts."""
         if self.progress is None:
+            from pytest_osmosis.outcome import OUTCOMES, classify
             from pytest_osmosis.progress import Progress
-            from pytest_osmosis.runs import outcome_of
-            from pytest_osmosis.words import OUTCOMES
 
             reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
             total = tokens = 0
@@ -555,7 +517,7 @@ class EvalHooks:
                 total += run.pending_at_start if run.to_run is None else run.to_run
                 for key in run.rundir.resumed_keys - run.rerun:
                     record = run.rundir.records[key]
-                    recorded[outcome_of(record, threshold)] += 1
+                    recorded[classify(record, threshold)] += 1
                     tokens += int(record.get("tokens") or 0)
             total += sum(recorded.values())
             self.progress = Progress(reporter, total, recorded=recorded, recorded_tokens=tokens)
@@ -798,11 +760,9 @@ class EvalHooks:
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             return
-        summaries = [run.metrics.get("summary", {}) for run in finished]
-        failed = any(
-            s.get("failed", 0) or s.get("graded", 0) > s.get("passed", 0) for s in summaries
-        )
-        if failed:
+        from pytest_osmosis.outcome import all_passed
+
+        if not all(all_passed(run.metrics.get("summary", {})) for run in finished):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         elif len(finished) == len(self.session.runs):
             session.exitstatus = pytest.ExitCode.OK  # "no tests ran": nothing was left to run

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from pytest_osmosis.executor import LoopStopped
 from pytest_osmosis.loader import LoadedRollout
+from pytest_osmosis.outcome import RowResult
 
 logger = logging.getLogger(__name__)
 
@@ -153,27 +154,27 @@ async def execute(
             trajectory_problem = f"no trajectory written: {_one_line(exc)}"
             logger.warning("rollout %s: %s", rollout_id, trajectory_problem)
     duration_ms = (time.monotonic() - started) * 1000.0
-    result: dict[str, Any] = {
-        "row_index": work.row_index,
-        "run_index": work.run_index,
-        "source_row_index": work.source_row_index,
-        "rollout_id": rollout_id,
-        "status": status,
-        "reward": reward,
-        "tokens": tokens,
-        "duration_ms": duration_ms,
-        "error_type": error_type,
-        "message": message,
-        "detail": detail,
-        "has_trajectory": has_trajectory,
-        "trajectory_problem": trajectory_problem,
-        "rate_limited": rate_limited,
-        # The exception itself, for --pdb in this process; never sent to the xdist controller.
-        "exception": cause,
-        "pass_threshold": pass_threshold,
-        "passed": status == "success" and reward is not None and reward >= pass_threshold,
-    }
-    return result
+    return RowResult(
+        row_index=work.row_index,
+        run_index=work.run_index,
+        source_row_index=work.source_row_index,
+        rollout_id=rollout_id,
+        status=status,
+        pass_threshold=pass_threshold,
+        reward=reward,
+        tokens=tokens,
+        duration_ms=duration_ms,
+        error_type=error_type,
+        message=message,
+        detail=detail,
+        extra={
+            "has_trajectory": has_trajectory,
+            "trajectory_problem": trajectory_problem,
+            "rate_limited": rate_limited,
+            # The exception itself, for --pdb in this process; never sent to the xdist controller.
+            "exception": cause,
+        },
+    ).as_dict()
 
 
 async def _workflow_phase(

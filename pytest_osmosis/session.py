@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_osmosis import blame
+from pytest_osmosis import blame, outcome
 from pytest_osmosis.errors import ModelPreflightError, OsmosisError, RunDirectoryError
 from pytest_osmosis.executor import Executor
 from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
@@ -240,7 +240,7 @@ class EvalSession:
         record = self.journal(item.parent.plan).get(item.key)
         if record is None:
             return None
-        if self.options.retry_failed and record.get("status") in ("failed", "skipped"):
+        if self.options.retry_failed and outcome.is_retried(record):
             return None
         return record
 
@@ -362,52 +362,36 @@ class EvalSession:
 
     def crashed_result(self, nodeid: str, why: str) -> dict[str, Any] | None:
         """Controller: the failed result of an item whose xdist worker died under it."""
-        import uuid
-
         found = self.item_key(nodeid)
         if found is not None:
             path, (row_index, run_index) = found
             run = self.runs[path]
-            return {
-                "row_index": row_index,
-                "run_index": run_index,
-                "source_row_index": run.plan.dataset.source_row_index(row_index),
-                "rollout_id": uuid.uuid4().hex,
-                "status": "failed",
-                "duration_ms": 0.0,
-                "error_type": "worker_crashed",
-                "message": " ".join(why.split())[:300],
-                "detail": "",
-                "pass_threshold": run.plan.settings.pass_threshold,
-                "passed": False,
-                "config": str(path),
-            }
+            return outcome.failure(
+                row_index=row_index,
+                run_index=run_index,
+                source_row_index=run.plan.dataset.source_row_index(row_index),
+                pass_threshold=run.plan.settings.pass_threshold,
+                error_type="worker_crashed",
+                message=" ".join(why.split())[:300],
+                config=str(path),
+            )
         return None
 
     def _backstop_result(self, item: EvalItem, why: str, blocker: str | None) -> dict[str, Any]:
         """pytest-timeout fired while this item waited: its own code blocked the event loop."""
-        import uuid
-
         # pytest-timeout words it "Timeout >10.0s" (2.3) or "Timeout (>10.0s) from
         # pytest-timeout." (2.4): the headline is ours, the same on every version.
         limit = re.search(r">\s*([0-9.]+)\s*s", why)
         message = f"backstop timeout (>{limit.group(1)}s): " if limit else "backstop timeout: "
         message += blocker or "the event loop did not answer"
-        return {
-            "row_index": item.row_index,
-            "run_index": item.run_index,
-            "source_row_index": item.source_row_index,
-            "rollout_id": uuid.uuid4().hex,
-            "status": "failed",
-            "reward": None,
-            "tokens": None,
-            "duration_ms": 0.0,
-            "error_type": "backstop_timeout",
-            "message": message,
-            "detail": "",
-            "pass_threshold": item.parent.plan.settings.pass_threshold,
-            "passed": False,
-        }
+        return outcome.failure(
+            row_index=item.row_index,
+            run_index=item.run_index,
+            source_row_index=item.source_row_index,
+            pass_threshold=item.parent.plan.settings.pass_threshold,
+            error_type="backstop_timeout",
+            message=message,
+        )
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
         from pytest_osmosis.collect import EvalItem
@@ -579,17 +563,7 @@ def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:
 
 def resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
     """A recorded result as the item that reuses it reports it."""
-    threshold = plan.settings.pass_threshold
-    reward = record.get("reward")
-    status = record["status"]
-    return {
-        **record,
-        "resumed": True,
-        "message": "recorded by an earlier session",
-        "detail": "",
-        "pass_threshold": threshold,
-        "passed": status == "success" and reward is not None and reward >= threshold,
-    }
+    return outcome.resumed(record, plan.settings.pass_threshold)
 
 
 def _sdk_version() -> str:
