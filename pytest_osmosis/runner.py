@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from pytest_osmosis.executor import LoopStopped
 from pytest_osmosis.loader import LoadedRollout
 from pytest_osmosis.outcome import RowResult
+from pytest_osmosis.words import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -331,8 +332,7 @@ def _one_line(exc: BaseException) -> str:
             return "; ".join(parts)
         except Exception:  # noqa: BLE001 - fall back to the plain text below
             pass
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    return one_line(str(exc), 300)
 
 
 def _categorize(exc: BaseException) -> str:

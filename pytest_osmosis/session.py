@@ -33,6 +33,7 @@ from pytest_osmosis.plan import (
     utc_now,
 )
 from pytest_osmosis.runner import Budgets, WorkItem, execute
+from pytest_osmosis.words import one_line
 
 if TYPE_CHECKING:
     from pytest_osmosis.bridge import Bridge
@@ -372,7 +373,7 @@ class EvalSession:
                 source_row_index=run.plan.dataset.source_row_index(row_index),
                 pass_threshold=run.plan.settings.pass_threshold,
                 error_type="worker_crashed",
-                message=" ".join(why.split())[:300],
+                message=one_line(why, 300),
                 config=str(path),
             )
         return None

@@ -39,7 +39,7 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
 
 def summary_lines(run: ControllerRun) -> list[str]:
     from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, classify, summary_counts
-    from pytest_osmosis.words import OUTCOME_WORDS, outcomes_text, pass_rate_text
+    from pytest_osmosis.words import OUTCOME_WORDS, outcomes_text, pass_rate_text, percent
 
     metrics = run.metrics
     eval_run: dict[str, Any] = metrics.get("eval_run", {})
@@ -62,7 +62,9 @@ def summary_lines(run: ControllerRun) -> list[str]:
         )
     points = summary.get("pass_at_k")
     if points:
-        lines.append("pass@k     " + "  ".join(f"pass@{p['k']} {_pct(p['value'])}" for p in points))
+        lines.append(
+            "pass@k     " + "  ".join(f"pass@{p['k']} {percent(p['value'])}" for p in points)
+        )
     duration = eval_run.get("duration_ms")
     lines.append(
         f"tokens     {summary.get('tokens_used', 0)}"
@@ -101,7 +103,3 @@ def summary_lines(run: ControllerRun) -> list[str]:
         if len(not_passed) > 20:
             lines.append(f"  ... and {len(not_passed) - 20} more (see index.jsonl)")
     return lines
-
-
-def _pct(value: Any) -> str:
-    return f"{float(value) * 100:.1f}%"

@@ -14,6 +14,7 @@ always used; only what a person reads is worded here.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from pytest_osmosis import outcome
 from pytest_osmosis.outcome import OUTCOMES as OUTCOMES  # the keys are outcome's
@@ -53,3 +54,18 @@ def pass_rate_text(passed: int, counted: int) -> str:
     """``62.5% (5 passed / 8 attempts not skipped)``."""
     rate = passed / counted if counted else 0.0
     return f"{rate:.1%} ({pass_rate_basis(passed, counted)})"
+
+
+def percent(value: Any) -> str:
+    """A rate as ``62.5%``; ``–`` for anything that is not a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{float(value) * 100:.1f}%"
+    return "–"
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """Text as one line (white space folded), cut to *limit* characters with ``...``."""
+    flat = " ".join(text.split())
+    if limit is None or len(flat) <= limit:
+        return flat
+    return flat[: limit - 3] + "..."
