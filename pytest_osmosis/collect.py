@@ -8,6 +8,7 @@ or the concurrency, and ``--lf``, ``--deselect`` and ``-k row_7_`` keep working.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,11 +68,27 @@ class EvalConfigFile(pytest.File):
             for run_index in range(n):
                 yield EvalItem.from_parent(
                     self,
-                    name=f"row_{source}_run_{run_index}",
+                    name=item_name(source, run_index),
                     row_index=row_index,
                     run_index=run_index,
                     source_row_index=source,
                 )
+
+
+def item_name(source_row: int, run_index: int) -> str:
+    """An item's name: the dataset's own row and the attempt (``row_7_run_0``)."""
+    return f"row_{source_row}_run_{run_index}"
+
+
+_ITEM_NAME = re.compile(r"::row_(\d+)_run_(\d+)$")
+
+
+def split_item_nodeid(nodeid: str) -> tuple[str, int, int] | None:
+    """``(file part, source row, run index)`` of an eval item's node id, else None."""
+    match = _ITEM_NAME.search(nodeid)
+    if match is None:
+        return None
+    return nodeid[: match.start()], int(match.group(1)), int(match.group(2))
 
 
 class EvalItem(pytest.Item):

@@ -340,12 +340,12 @@ class EvalSession:
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
-        import re
+        from pytest_osmosis.collect import split_item_nodeid
 
-        match = re.search(r"::row_(\d+)_run_(\d+)$", nodeid)
-        if match is None:
+        parts = split_item_nodeid(nodeid)
+        if parts is None:
             return None
-        prefix = nodeid[: match.start()]
+        prefix, source, run_index = parts
         if prefix not in self._prefixes:
             self._prefixes[prefix] = next(
                 (path for path in self.runs if _nodeid_names(self.config, prefix, path)), None
@@ -356,10 +356,10 @@ class EvalSession:
         if path not in self._positions:
             sources = self.runs[path].plan.dataset.selected_source_rows
             self._positions[path] = {source: at for at, source in enumerate(sources)}
-        row_index = self._positions[path].get(int(match.group(1)))
+        row_index = self._positions[path].get(source)
         if row_index is None:
             return None
-        return path, (row_index, int(match.group(2)))
+        return path, (row_index, run_index)
 
     def crashed_result(self, nodeid: str, why: str) -> dict[str, Any] | None:
         """Controller: the failed result of an item whose xdist worker died under it."""
