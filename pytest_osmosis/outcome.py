@@ -11,7 +11,7 @@ the same fields.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 #: The four outcome keys, in display order (the field names of ``info --json``, the
@@ -65,9 +65,10 @@ class RowResult:
 
     def as_dict(self) -> dict[str, Any]:
         """The wire form, with ``passed`` decided by :func:`classify`."""
-        values = asdict(self)
-        extra = values.pop("extra")
-        values.update(extra)
+        # Not dataclasses.asdict: it deep-copies, and the exception kept for --pdb must
+        # stay the one raised in the rollout's frames.
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        values.update(self.extra)
         values["passed"] = classify(values, self.pass_threshold) == PASSED
         return values
 

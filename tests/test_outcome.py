@@ -172,3 +172,21 @@ def test_nothing_names_a_path_of_one_machine() -> None:
             if any(p in line for p in patterns)
         ]
     assert not found, os.linesep.join(found)
+
+
+def test_a_row_result_keeps_the_exception_itself() -> None:
+    """--pdb post-mortems in the rollout's own frames: the result holds the raised object."""
+    try:
+        raise RuntimeError("in the rollout")
+    except RuntimeError as exc:
+        raised = exc
+    built = outcome.RowResult(
+        row_index=0,
+        run_index=0,
+        source_row_index=0,
+        rollout_id="r",
+        status="failed",
+        pass_threshold=1.0,
+        extra={"exception": raised},
+    ).as_dict()
+    assert built["exception"] is raised
