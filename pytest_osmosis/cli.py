@@ -43,6 +43,7 @@ from pytest_osmosis.words import (
     SKIPPED,
     outcomes_text,
     pass_rate_text,
+    percent,
 )
 
 PROG = "pytest-osmosis"
@@ -68,12 +69,6 @@ def _dump_json(payload: Mapping[str, Any], stream: TextIO) -> None:
 def _when(value: Any) -> str:
     parsed = parse_time(value)
     return parsed.strftime("%Y-%m-%d %H:%M:%SZ") if parsed else "–"
-
-
-def _pct(value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{float(value) * 100:.1f}%"
-    return "–"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
@@ -141,7 +136,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             str(item["model"] or "–"),
             str(item["dataset"] or "–"),
             f"{item['rows_done']}/{item['rows_total'] if item['rows_total'] is not None else '?'}",
-            _pct(item["pass_rate"]) if item["completed_samples"] else "–",
+            percent(item["pass_rate"]) if item["completed_samples"] else "–",
             _when(item["started_at"]),
             format_duration(item["duration_ms"]),
         ]
@@ -287,7 +282,7 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             ),
             (
                 "pass@k",
-                " · ".join(f"k={p['k']} {_pct(p['value'])}" for p in points) if points else None,
+                " · ".join(f"k={p['k']} {percent(p['value'])}" for p in points) if points else None,
             ),
             ("Tokens", f"{results.get('tokens_used', 0):,}"),
             ("Error types", ", ".join(f"{k} x{v}" for k, v in info["error_types"].items())),

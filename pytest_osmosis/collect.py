@@ -8,6 +8,7 @@ or the concurrency, and ``--lf``, ``--deselect`` and ``-k row_7_`` keep working.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -66,11 +68,27 @@ class EvalConfigFile(pytest.File):
             for run_index in range(n):
                 yield EvalItem.from_parent(
                     self,
-                    name=f"row_{source}_run_{run_index}",
+                    name=item_name(source, run_index),
                     row_index=row_index,
                     run_index=run_index,
                     source_row_index=source,
                 )
+
+
+def item_name(source_row: int, run_index: int) -> str:
+    """An item's name: the dataset's own row and the attempt (``row_7_run_0``)."""
+    return f"row_{source_row}_run_{run_index}"
+
+
+_ITEM_NAME = re.compile(r"::row_(\d+)_run_(\d+)$")
+
+
+def split_item_nodeid(nodeid: str) -> tuple[str, int, int] | None:
+    """``(file part, source row, run index)`` of an eval item's node id, else None."""
+    match = _ITEM_NAME.search(nodeid)
+    if match is None:
+        return None
+    return nodeid[: match.start()], int(match.group(1)), int(match.group(2))
 
 
 class EvalItem(pytest.Item):
@@ -152,20 +170,21 @@ def pytest_verdict(
 ) -> tuple[str, str, str]:
     """An attempt's result as pytest reports it: (outcome, headline, detail).
 
-    The outcome is pytest's (``passed``, ``failed``: an error or a reward below the
-    threshold, ``skipped``); the headline names the dataset row, as node ids do.
+    The one mapping from :func:`outcome.classify` to pytest's outcomes: ``passed``,
+    ``failed`` (an error or a reward below the threshold), ``skipped``; the headline names
+    the dataset row, as node ids do.
     """
     where = f"(row {source_row}, run {run_index})"
     resumed = " [resumed]" if result.get("resumed") else ""
-    status = result["status"]
-    if status == "skipped":
+    threshold = result["pass_threshold"]
+    verdict = classify(result, threshold)
+    if verdict == SKIPPED:
         return "skipped", f"{result.get('message') or 'sample removed'} {where}{resumed}", ""
-    if status == "failed":
+    if verdict == FAILED:
         headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
         return "failed", f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", "")
-    reward, threshold = result["reward"], result["pass_threshold"]
-    if reward < threshold:
-        headline = f"reward {reward:.2f} < pass_threshold {threshold:.2f}"
+    if verdict == BELOW_THRESHOLD:
+        headline = f"reward {result['reward']:.2f} < pass_threshold {threshold:.2f}"
         return "failed", f"{headline} {where}{resumed}", ""
     return "passed", "", ""
 

@@ -493,21 +493,29 @@ def _override(name: str, raw: object, source: str) -> object:
         raise ConfigError(_one_line(f"{source}: {exc}, got {_show(raw)}")) from None
 
 
-def validate_run_name(name: str, *, source: str = "run name") -> str:
-    """Return ``name`` if it is a safe single directory name (contract §2.4)."""
+def run_name_problem(name: str) -> str | None:
+    """What is wrong with a run name (contract §2.4: one safe directory name), else None.
 
-    def fail(problem: str) -> ConfigError:
-        return ConfigError(_one_line(f"{source}: {problem}, got {_show(name)}"))
-
+    The one rule: the TOML/option check here and the run directory's own check
+    (``results.manifest.validate_run_name``) both ask it.
+    """
     if not name:
-        raise fail("must not be empty")
+        return "must not be empty"
     if len(name) > RUN_NAME_MAX_LEN:
-        raise fail(f"must be at most {RUN_NAME_MAX_LEN} characters")
+        return f"must be at most {RUN_NAME_MAX_LEN} characters"
     if name in (".", "..") or any(sep in name for sep in ("/", "\\", "\0")):
-        raise fail("must be a single path segment (no separators, not '.' or '..')")
+        return "must be a single path segment (no separators, not '.' or '..')"
     # The first-character rule also keeps out the reserved lock directory ".locks".
     if name[0] in "-." or any(c not in "._-" and not c.isalnum() for c in name):
-        raise fail("must start with a letter or digit and use only letters, digits, '.', '_', '-'")
+        return "must start with a letter or digit and use only letters, digits, '.', '_', '-'"
+    return None
+
+
+def validate_run_name(name: str, *, source: str = "run name") -> str:
+    """Return ``name`` if it is a safe single directory name, else a ``ConfigError``."""
+    problem = run_name_problem(name)
+    if problem is not None:
+        raise ConfigError(_one_line(f"{source}: {problem}, got {_show(name)}"))
     return name
 
 

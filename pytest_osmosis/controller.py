@@ -135,9 +135,8 @@ class Controller:
     def _progress(self) -> Progress:
         """Progress on the results table's basis: what earlier sessions recorded counts."""
         if self.progress is None:
+            from pytest_osmosis.outcome import OUTCOMES, classify
             from pytest_osmosis.progress import Progress
-            from pytest_osmosis.runs import outcome_of
-            from pytest_osmosis.words import OUTCOMES
 
             reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
             total = tokens = 0
@@ -147,7 +146,7 @@ class Controller:
                 total += run.pending_at_start if run.to_run is None else run.to_run
                 for key in run.rundir.resumed_keys - run.rerun:
                     record = run.rundir.records[key]
-                    recorded[outcome_of(record, threshold)] += 1
+                    recorded[classify(record, threshold)] += 1
                     tokens += int(record.get("tokens") or 0)
             total += sum(recorded.values())
             self.progress = Progress(reporter, total, recorded=recorded, recorded_tokens=tokens)
@@ -212,11 +211,9 @@ class Controller:
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             return
-        summaries = [run.metrics.get("summary", {}) for run in finished]
-        failed = any(
-            s.get("failed", 0) or s.get("graded", 0) > s.get("passed", 0) for s in summaries
-        )
-        if failed:
+        from pytest_osmosis.outcome import all_passed
+
+        if not all(all_passed(run.metrics.get("summary", {})) for run in finished):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         elif len(finished) == len(self.session.runs):
             session.exitstatus = pytest.ExitCode.OK  # "no tests ran": nothing was left to run

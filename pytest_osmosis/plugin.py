@@ -7,7 +7,6 @@ eval TOML named, pytest behaves exactly as before and LiteLLM is never imported.
 from __future__ import annotations
 
 import gc
-import math
 import os
 import shlex
 from collections.abc import Callable, Generator
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis.dataset.formats import suffixes as dataset_suffixes
+from pytest_osmosis.gate import RULES, GateOptionError, GateOptions, gate_options
 
 if TYPE_CHECKING:
     from pytest_osmosis.controller import Controller, RecordedEntry
@@ -129,28 +129,8 @@ OPTIONS = (
         is_flag=True,
         override=False,
     ),
-    _Option(
-        "min_pass_rate",
-        "--osmosis-min-pass-rate",
-        "CI gate: the exit status is 0 when every run's pass rate reaches RATE (0..1), else 1",
-        "RATE",
-        override=False,
-    ),
-    _Option(
-        "gate_bound",
-        "--osmosis-gate-bound",
-        "point (default) or wilson: gate on the 95%% Wilson lower bound of the pass rate instead",
-        "BOUND",
-        override=False,
-    ),
-    _Option(
-        "max_error_rate",
-        "--osmosis-max-error-rate",
-        "CI gate: workflow/grader errors "
-        "(not low rewards) may be at most this share of scored rows",
-        "RATE",
-        override=False,
-    ),
+    # The gate's options are its rules' (gate.RULES): a new rule is declared there.
+    *(_Option(rule.dest, rule.flag, rule.help, rule.metavar, override=False) for rule in RULES),
 )
 
 
@@ -508,29 +488,11 @@ def register_roles(config: pytest.Config, session: EvalSession) -> None:
     config.pluginmanager.register(EvalHooks(session, keep), "osmosis-eval-hooks")
 
 
-def _gate_options(plain: Any) -> Any:
-    from pytest_osmosis.gate import GateOptions
-
-    def rate(name: str, flag: str) -> float | None:
-        value = plain(name)
-        if value is None:
-            return None
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not 0.0 <= number <= 1.0:
-            raise pytest.UsageError(f"{flag}: must be a number from 0 to 1, got {value!r}")
-        return number
-
-    bound = str(plain("gate_bound") or "point")
-    if bound not in ("point", "wilson"):
-        raise pytest.UsageError(f"--osmosis-gate-bound: must be point or wilson, got {bound!r}")
-    return GateOptions(
-        min_pass_rate=rate("min_pass_rate", "--osmosis-min-pass-rate"),
-        bound=bound,
-        max_error_rate=rate("max_error_rate", "--osmosis-max-error-rate"),
-    )
+def _gate_options(plain: Any) -> GateOptions:
+    try:
+        return gate_options(plain)
+    except GateOptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _is_override(dest: str) -> bool:

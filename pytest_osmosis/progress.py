@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_osmosis.runs import outcome_of
-from pytest_osmosis.words import ATTEMPTS, OUTCOME_WORDS, OUTCOMES, outcomes_text
+from pytest_osmosis.outcome import FAILED, OUTCOMES, PASSED, SKIPPED, classify
+from pytest_osmosis.words import ATTEMPTS, OUTCOME_WORDS, outcomes_text
 
 
 class Progress:
@@ -48,7 +48,7 @@ class Progress:
         self.done += 1
         self.executed += 1
         self.tokens += int(result.get("tokens") or 0)
-        outcome = outcome_of(result, float(result.get("pass_threshold", 1.0)))
+        outcome = classify(result, float(result.get("pass_threshold", 1.0)))
         self.counts[outcome] += 1
         now = time.monotonic()
         if self._tty:
@@ -56,9 +56,9 @@ class Progress:
                 self._last = now
                 self._write(f"osmosis: {self.line(now)}", cyan=True)
             return
-        if outcome == "failed":
+        if outcome == FAILED:
             why = f" ({result.get('error_type')})"
-        elif outcome == "skipped":
+        elif outcome == SKIPPED:
             why = ""
         else:
             why = f" (reward {result.get('reward')})"
@@ -77,8 +77,8 @@ class Progress:
 
     def line(self, now: float) -> str:
         elapsed = now - self.started
-        counted = self.done - self.counts["skipped"]
-        rate = f"{self.counts['passed'] / counted:.1%}" if counted else "-"
+        counted = self.done - self.counts[SKIPPED]
+        rate = f"{self.counts[PASSED] / counted:.1%}" if counted else "-"
         eta = ""
         if self.executed and self.done < self.total:
             eta = f", ETA {_duration(elapsed / self.executed * (self.total - self.done))}"

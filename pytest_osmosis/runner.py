@@ -23,7 +23,9 @@ from typing import Any, Protocol
 from pytest_osmosis.errors import ResourceExhaustedError
 from pytest_osmosis.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.loader import LoadedRollout
+from pytest_osmosis.outcome import RowResult
 from pytest_osmosis.secrets import scrub
+from pytest_osmosis.words import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -165,27 +167,27 @@ async def execute(
             trajectory_problem = f"no trajectory written: {_one_line(exc)}"
             logger.warning("rollout %s: %s", rollout_id, trajectory_problem)
     duration_ms = (time.monotonic() - started) * 1000.0
-    result: dict[str, Any] = {
-        "row_index": work.row_index,
-        "run_index": work.run_index,
-        "source_row_index": work.source_row_index,
-        "rollout_id": rollout_id,
-        "status": status,
-        "reward": reward,
-        "tokens": tokens,
-        "duration_ms": duration_ms,
-        "error_type": error_type,
-        "message": message,
-        "detail": detail,
-        "has_trajectory": has_trajectory,
-        "trajectory_problem": trajectory_problem,
-        "rate_limited": rate_limited,
-        # The exception itself, for --pdb in this process; never sent to the xdist controller.
-        "exception": cause,
-        "pass_threshold": pass_threshold,
-        "passed": status == "success" and reward is not None and reward >= pass_threshold,
-    }
-    return result
+    return RowResult(
+        row_index=work.row_index,
+        run_index=work.run_index,
+        source_row_index=work.source_row_index,
+        rollout_id=rollout_id,
+        status=status,
+        pass_threshold=pass_threshold,
+        reward=reward,
+        tokens=tokens,
+        duration_ms=duration_ms,
+        error_type=error_type,
+        message=message,
+        detail=detail,
+        extra={
+            "has_trajectory": has_trajectory,
+            "trajectory_problem": trajectory_problem,
+            "rate_limited": rate_limited,
+            # The exception itself, for --pdb in this process; never sent to the xdist controller.
+            "exception": cause,
+        },
+    ).as_dict()
 
 
 async def _workflow_phase(
@@ -345,8 +347,7 @@ def _one_line(exc: BaseException) -> str:
             return "; ".join(parts)
         except Exception:  # noqa: BLE001 - fall back to the plain text below
             pass
-    text = scrub(" ".join(str(exc).split()))  # before the cut: no prefix of a value is left
-    return text if len(text) <= 300 else text[:297] + "..."
+    return one_line(scrub(str(exc)), 300)  # scrubbed before the cut: no prefix of a value is left
 
 
 def _categorize(exc: BaseException) -> str:

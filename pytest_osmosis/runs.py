@@ -23,8 +23,8 @@ from typing import Any, TypeGuard
 from pytest_osmosis.dataset import RowSelectorError
 from pytest_osmosis.dataset import parse_row_selector as dataset_row_ranges
 from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.outcome import OUTCOMES, classify
 from pytest_osmosis.results.metrics import aggregate_metrics
-from pytest_osmosis.words import OUTCOMES
 
 DEFAULT_OUTPUT = Path(".osmosis") / "evals"
 RUN_MARKERS = ("manifest.json", "metrics.json", "index.jsonl", "events.jsonl")
@@ -271,19 +271,6 @@ def dataset_row(row: Mapping[str, Any]) -> int:
     return int(row["row_index"])
 
 
-def outcome_of(row: Mapping[str, Any], threshold: float) -> str:
-    """passed / below_threshold / failed / skipped, the way metrics.json counts them."""
-    status = row.get("status")
-    if status == "skipped":
-        return "skipped"
-    reward = row.get("reward")
-    if status == "failed" or status != "success":
-        return "failed"
-    if _is_number(reward) and reward >= threshold:
-        return "passed"
-    return "below_threshold"
-
-
 def _rows(run_dir: Path, warnings: list[str], finished: bool) -> tuple[list[dict[str, Any]], str]:
     """Index rows, merged with the journal when the index is missing or behind it."""
     index = _read_jsonl(run_dir, "index.jsonl", warnings)
@@ -363,7 +350,7 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
     inputs = _dict(manifest.get("inputs"))
     selection = parse_row_selector(_dict(inputs.get("dataset")).get("selected_source_rows"))
     for row in rows:
-        row["outcome"] = outcome_of(row, threshold)
+        row["outcome"] = classify(row, threshold)
         if "source_row_index" not in row and selection and row["row_index"] < len(selection):
             row["source_row_index"] = selection[row["row_index"]]
     n = inputs.get("n") if _is_int(inputs.get("n")) else None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_osmosis import blame
+from pytest_osmosis import blame, outcome
 from pytest_osmosis.errors import (
     ModelPreflightError,
     OsmosisError,
@@ -47,6 +47,7 @@ from pytest_osmosis.plan import (
     utc_now,
 )
 from pytest_osmosis.runner import Budgets, WorkItem, execute
+from pytest_osmosis.words import one_line
 
 if TYPE_CHECKING:
     from pytest_osmosis.bridge import Bridge
@@ -295,7 +296,7 @@ class EvalSession:
         record = self.journal(item.parent.plan).get(item.key)
         if record is None:
             return None
-        if self.options.retry_failed and record.get("status") in ("failed", "skipped"):
+        if self.options.retry_failed and outcome.is_retried(record):
             return None
         return record
 
@@ -418,12 +419,12 @@ class EvalSession:
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
-        import re
+        from pytest_osmosis.collect import split_item_nodeid
 
-        match = re.search(r"::row_(\d+)_run_(\d+)$", nodeid)
-        if match is None:
+        parts = split_item_nodeid(nodeid)
+        if parts is None:
             return None
-        prefix = nodeid[: match.start()]
+        prefix, source, run_index = parts
         if prefix not in self._prefixes:
             self._prefixes[prefix] = next(
                 (path for path in self.runs if _nodeid_names(self.config, prefix, path)), None
@@ -434,33 +435,26 @@ class EvalSession:
         if path not in self._positions:
             sources = self.runs[path].plan.dataset.selected_source_rows
             self._positions[path] = {source: at for at, source in enumerate(sources)}
-        row_index = self._positions[path].get(int(match.group(1)))
+        row_index = self._positions[path].get(source)
         if row_index is None:
             return None
-        return path, (row_index, int(match.group(2)))
+        return path, (row_index, run_index)
 
     def crashed_result(self, nodeid: str, why: str) -> dict[str, Any] | None:
         """Controller: the failed result of an item whose xdist worker died under it."""
-        import uuid
-
         found = self.item_key(nodeid)
         if found is not None:
             path, (row_index, run_index) = found
             run = self.runs[path]
-            return {
-                "row_index": row_index,
-                "run_index": run_index,
-                "source_row_index": run.plan.dataset.source_row_index(row_index),
-                "rollout_id": uuid.uuid4().hex,
-                "status": "failed",
-                "duration_ms": 0.0,
-                "error_type": "worker_crashed",
-                "message": " ".join(why.split())[:300],
-                "detail": "",
-                "pass_threshold": run.plan.settings.pass_threshold,
-                "passed": False,
-                "config": str(path),
-            }
+            return outcome.failure(
+                row_index=row_index,
+                run_index=run_index,
+                source_row_index=run.plan.dataset.source_row_index(row_index),
+                pass_threshold=run.plan.settings.pass_threshold,
+                error_type="worker_crashed",
+                message=one_line(why, 300),
+                config=str(path),
+            )
         return None
 
     # -- storage faults ---------------------------------------------------------------
@@ -502,44 +496,28 @@ class EvalSession:
 
     def _session_fault_result(self, item: EvalItem, line: str) -> dict[str, Any]:
         """What a worker sends for the row that met a session fault: never journalled."""
-        return {
-            "row_index": item.row_index,
-            "run_index": item.run_index,
-            "source_row_index": item.source_row_index,
-            "rollout_id": "",
-            "status": "failed",
-            "reward": None,
-            "duration_ms": 0.0,
-            "error_type": "session_fault",
-            "message": line,
-            "detail": "",
-            "pass_threshold": item.parent.plan.settings.pass_threshold,
-            "passed": False,
-            "session_fault": line,
-        }
+        return outcome.failure(
+            row_index=item.row_index,
+            run_index=item.run_index,
+            source_row_index=item.source_row_index,
+            pass_threshold=item.parent.plan.settings.pass_threshold,
+            error_type="session_fault",
+            message=line,
+            session_fault=line,
+        )
 
     def _backstop_result(
         self, item: EvalItem, expired: BackstopExpired, blocker: str | None
     ) -> dict[str, Any]:
         """The backstop fired while this item waited: its own code blocked the event loop."""
-        import uuid
-
-        message = f"{expired}: {blocker or 'the event loop did not answer'}"
-        return {
-            "row_index": item.row_index,
-            "run_index": item.run_index,
-            "source_row_index": item.source_row_index,
-            "rollout_id": uuid.uuid4().hex,
-            "status": "failed",
-            "reward": None,
-            "tokens": None,
-            "duration_ms": 0.0,
-            "error_type": "backstop_timeout",
-            "message": message,
-            "detail": "",
-            "pass_threshold": item.parent.plan.settings.pass_threshold,
-            "passed": False,
-        }
+        return outcome.failure(
+            row_index=item.row_index,
+            run_index=item.run_index,
+            source_row_index=item.source_row_index,
+            pass_threshold=item.parent.plan.settings.pass_threshold,
+            error_type="backstop_timeout",
+            message=f"{expired}: {blocker or 'the event loop did not answer'}",
+        )
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
         from pytest_osmosis.collect import EvalItem
@@ -747,17 +725,7 @@ def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:
 
 def resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
     """A recorded result as the item that reuses it reports it."""
-    threshold = plan.settings.pass_threshold
-    reward = record.get("reward")
-    status = record["status"]
-    return {
-        **record,
-        "resumed": True,
-        "message": "recorded by an earlier session",
-        "detail": "",
-        "pass_threshold": threshold,
-        "passed": status == "success" and reward is not None and reward >= threshold,
-    }
+    return outcome.resumed(record, plan.settings.pass_threshold)
 
 
 def _sdk_version() -> str:

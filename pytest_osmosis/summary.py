@@ -38,8 +38,8 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
 
 
 def summary_lines(run: ControllerRun) -> list[str]:
-    from pytest_osmosis.runs import outcome_of
-    from pytest_osmosis.words import OUTCOME_WORDS, outcomes_text, pass_rate_text, summary_counts
+    from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, classify, summary_counts
+    from pytest_osmosis.words import OUTCOME_WORDS, outcomes_text, pass_rate_text, percent
 
     metrics = run.metrics
     eval_run: dict[str, Any] = metrics.get("eval_run", {})
@@ -62,7 +62,9 @@ def summary_lines(run: ControllerRun) -> list[str]:
         )
     points = summary.get("pass_at_k")
     if points:
-        lines.append("pass@k     " + "  ".join(f"pass@{p['k']} {_pct(p['value'])}" for p in points))
+        lines.append(
+            "pass@k     " + "  ".join(f"pass@{p['k']} {percent(p['value'])}" for p in points)
+        )
     duration = eval_run.get("duration_ms")
     lines.append(
         f"tokens     {summary.get('tokens_used', 0)}"
@@ -79,7 +81,7 @@ def summary_lines(run: ControllerRun) -> list[str]:
     not_passed = [
         (outcome, record)
         for _, record in sorted(run.rundir.records.items())
-        if (outcome := outcome_of(record, threshold)) in ("below_threshold", "failed")
+        if (outcome := classify(record, threshold)) in (BELOW_THRESHOLD, FAILED)
     ]
     if not_passed:
         lines.append("attempts that did not pass:")
@@ -89,7 +91,7 @@ def summary_lines(run: ControllerRun) -> list[str]:
             reward = record.get("reward")
             why = (
                 f"({record.get('error_type') or 'error'})"
-                if outcome == "failed"
+                if outcome == FAILED
                 else f"(reward {reward:.2f})"
                 if isinstance(reward, (int, float))
                 else ""
@@ -103,7 +105,3 @@ def summary_lines(run: ControllerRun) -> list[str]:
         if len(not_passed) > 20:
             lines.append(f"  ... and {len(not_passed) - 20} more (see index.jsonl)")
     return lines
-
-
-def _pct(value: Any) -> str:
-    return f"{float(value) * 100:.1f}%"

@@ -7,7 +7,7 @@ pytest shows ``F`` for both ``below threshold`` and ``errored``; ``errored`` is 
 ``metrics.json`` counts as ``failed`` (a workflow or grader error, a timeout, a missing
 reward), never a low reward.
 
-The outcome *keys* (``OUTCOMES``) stay what the JSON outputs and ``metrics.json`` have
+The outcome *keys* (``outcome.OUTCOMES``) stay what the JSON outputs and ``metrics.json`` have
 always used; only what a person reads is worded here.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-#: Outcome keys, in display order: the field names of ``info --json`` and the report data.
-OUTCOMES = ("passed", "below_threshold", "failed", "skipped")
+from pytest_osmosis import outcome
+from pytest_osmosis.outcome import OUTCOMES as OUTCOMES  # the keys are outcome's
 
 PASSED = "passed"
 BELOW_THRESHOLD = "below threshold"
@@ -26,10 +26,10 @@ SKIPPED = "skipped"
 
 #: Outcome key -> the word a user reads.
 OUTCOME_WORDS: dict[str, str] = {
-    "passed": PASSED,
-    "below_threshold": BELOW_THRESHOLD,
-    "failed": ERRORED,
-    "skipped": SKIPPED,
+    outcome.PASSED: PASSED,
+    outcome.BELOW_THRESHOLD: BELOW_THRESHOLD,
+    outcome.FAILED: ERRORED,
+    outcome.SKIPPED: SKIPPED,
 }
 
 #: What one pytest item is: one (row, attempt).
@@ -37,23 +37,6 @@ ATTEMPTS = "attempts"
 
 #: The pass rate's denominator (``metrics.json``'s ``completed_samples``).
 PASS_RATE_BASIS = "attempts not skipped"
-
-
-def summary_counts(summary: Mapping[str, Any]) -> dict[str, int]:
-    """Outcome key -> count, from a ``metrics.json`` ``summary``.
-
-    ``failed`` rows carry no reward, so the not-skipped attempts that neither passed nor
-    errored are the ones below the threshold; the four counts add up to the total.
-    """
-    passed = int(summary.get("passed", 0))
-    errored = int(summary.get("failed", 0))
-    counted = int(summary.get("completed_samples", 0))
-    return {
-        "passed": passed,
-        "below_threshold": max(0, counted - passed - errored),
-        "failed": errored,
-        "skipped": int(summary.get("skipped", 0)),
-    }
 
 
 def outcomes_text(counts: Mapping[str, int], total: int | None = None) -> str:
@@ -71,3 +54,18 @@ def pass_rate_text(passed: int, counted: int) -> str:
     """``62.5% (5 passed / 8 attempts not skipped)``."""
     rate = passed / counted if counted else 0.0
     return f"{rate:.1%} ({pass_rate_basis(passed, counted)})"
+
+
+def percent(value: Any) -> str:
+    """A rate as ``62.5%``; ``–`` for anything that is not a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{float(value) * 100:.1f}%"
+    return "–"
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """Text as one line (white space folded), cut to *limit* characters with ``...``."""
+    flat = " ".join(text.split())
+    if limit is None or len(flat) <= limit:
+        return flat
+    return flat[: limit - 3] + "..."

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -21,8 +20,7 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 from pytest_osmosis import blame
-
-_ROW = re.compile(r"::row_(\d+)_run_\d+$")
+from pytest_osmosis.collect import split_item_nodeid
 
 
 class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
@@ -40,10 +38,10 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
         self.culprit = culprit  # the node id whose code a dead worker ran (blame.py)
 
     def _split_scope(self, nodeid: str) -> str:
-        match = _ROW.search(nodeid)
-        if match is None:
+        parts = split_item_nodeid(nodeid)
+        if parts is None:
             return str(super()._split_scope(nodeid))
-        return f"{nodeid[: match.start()]}::shard{int(match.group(1)) // self.shard_rows}"
+        return f"{parts[0]}::shard{parts[1] // self.shard_rows}"
 
     def _reschedule(self, node: Any) -> None:
         if node not in self.registered_collections:

@@ -1,35 +1,64 @@
-"""What the official SDK's own upload planner (osmosis-ai, Python >= 3.12) says about a
-run directory, asked in a subprocess of the Python named by ``OSMOSIS_SDK_PYTHON``."""
+"""The Python with the official SDK (osmosis-ai, Python >= 3.12), and what its own upload
+planner says about a run directory, asked in a subprocess of that Python.
+
+Found the way ``.ci/run`` finds interpreters: ``OSMOSIS_SDK_PYTHON`` when set, else a
+pyenv build (then ``python3.X`` on PATH) of 3.12 or later that imports ``osmosis_ai``;
+where there is none the tests that need it skip. No machine's own path is named here.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-#: The Python with osmosis-ai; unset means the tests that need it skip (CI sets it).
-SDK_PYTHON: Path | None = (
-    Path(os.environ["OSMOSIS_SDK_PYTHON"]) if os.environ.get("OSMOSIS_SDK_PYTHON") else None
-)
+
+def _imports(python: Path, module: str) -> bool:
+    if not python.exists():
+        return False
+    probe = subprocess.run(
+        [str(python), "-I", "-c", f"import {module}"], capture_output=True, cwd="/", check=False
+    )
+    return probe.returncode == 0
+
+
+def _candidates() -> list[Path]:
+    """pyenv builds of 3.12+ (newest minor first), then ``python3.X`` on PATH."""
+    found: list[Path] = []
+    for minor in range(20, 11, -1):
+        versions = Path.home() / ".pyenv" / "versions"
+        found += sorted(versions.glob(f"3.{minor}.*/bin/python"), reverse=True)
+        on_path = shutil.which(f"python3.{minor}")
+        if on_path:
+            found.append(Path(on_path))
+    return found
+
+
+def find_sdk_python() -> Path | None:
+    """``OSMOSIS_SDK_PYTHON``, else the first Python 3.12+ found that imports osmosis-ai."""
+    named = os.environ.get("OSMOSIS_SDK_PYTHON")
+    if named:
+        return Path(named)
+    return next((python for python in _candidates() if _imports(python, "osmosis_ai")), None)
+
+
+#: The Python with osmosis-ai; None means the tests that need it skip (CI sets it).
+SDK_PYTHON: Path | None = find_sdk_python()
 SDK_MISSING = (
-    "OSMOSIS_SDK_PYTHON is not set (a Python with osmosis-ai)"
+    "OSMOSIS_SDK_PYTHON is not set (a Python with osmosis-ai) and no Python 3.12+ found has it"
     if SDK_PYTHON is None
     else f"no Python with osmosis-ai at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)"
 )
 
 
 def sdk_python_imports(module: str) -> bool:
-    """Whether ``OSMOSIS_SDK_PYTHON`` is set and can import ``module`` (of osmosis-ai)."""
-    if SDK_PYTHON is None or not SDK_PYTHON.exists():
-        return False
-    probe = subprocess.run(
-        [str(SDK_PYTHON), "-I", "-c", f"import {module}"], capture_output=True, cwd="/", check=False
-    )
-    return probe.returncode == 0
+    """Whether the SDK's Python exists and can import ``module`` (of osmosis-ai)."""
+    return SDK_PYTHON is not None and _imports(SDK_PYTHON, module)
 
 
 _PLANNER = r"""

@@ -15,6 +15,7 @@ from typing import Any
 # importing it first keeps in-process pytester runs finding pytest11 entry points.
 import importlib_metadata  # noqa: F401
 import pytest
+from reference_paths import REFERENCE_RUN
 from workspaces import calc_rows, read_index, write_workspace
 
 from pytest_osmosis.cli import main
@@ -22,7 +23,7 @@ from pytest_osmosis.results.metrics import aggregate_metrics
 
 pytest_plugins = ["pytester"]
 
-REFERENCE = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
+REFERENCE = REFERENCE_RUN
 
 
 def copy_run(source: Path, destination: Path) -> Path:

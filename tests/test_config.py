@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from reference_paths import REFERENCE_WORKSPACE
 
 from pytest_osmosis.config import (
     EvalConfig,
@@ -19,7 +20,6 @@ from pytest_osmosis.config import (
 )
 from pytest_osmosis.errors import ConfigError
 
-REFERENCE_WORKSPACE = Path("/work/shared/reference-workspace")
 EXPERIMENT = (
     '[experiment]\nrollout = "r"\nentrypoint = "main.py"\n'
     'model_path = "openai/gpt-5-mini"\ndataset = "d"\n'

@@ -18,6 +18,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference_paths import REFERENCE_WORKSPACE
 
 import pytest_osmosis
 import pytest_osmosis.dataset.jsonl as dataset_jsonl
@@ -39,7 +40,7 @@ from pytest_osmosis.errors import ConfigError, DatasetError
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-REFERENCE_DATASET = Path("/work/shared/reference-workspace/data/ref.jsonl")
+REFERENCE_DATASET = REFERENCE_WORKSPACE / "data" / "ref.jsonl"
 
 
 @pytest.fixture(autouse=True)

@@ -144,8 +144,9 @@ def _argument_values(
 
 
 def produced_error_types() -> set[str]:
-    """Every ``error_type`` the package writes: ``"error_type": ...`` in a result dict, or
-    the ``error_type`` argument of a class constructed with one (``_PhaseFailed``)."""
+    """Every ``error_type`` the package writes: ``"error_type": ...`` in a result dict, the
+    ``error_type`` argument of a class constructed with one (``_PhaseFailed``), or the
+    ``error_type=`` keyword of a result builder (``outcome.failure``)."""
     trees = list(_modules())
     functions: dict[str, _Function] = {}
     calls: list[ast.Call] = []
@@ -178,6 +179,10 @@ def produced_error_types() -> set[str]:
                 args += [k.value for k in node.keywords if k.arg == "error_type"]
                 for arg in args:
                     found |= _strings(arg, functions, calls)
+            elif isinstance(node, ast.Call):  # a builder's keyword (outcome.failure, RowResult)
+                for k in node.keywords:
+                    if k.arg == "error_type":
+                        found |= _strings(k.value, functions, calls)
     return found
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
+from reference_paths import REFERENCE_RUN
 
 from pytest_osmosis.report import (
     compare_runs,
@@ -31,7 +32,7 @@ from pytest_osmosis.report.stats import (
 from pytest_osmosis.results.metrics import aggregate_metrics
 from pytest_osmosis.runs import load_run
 
-REFERENCE = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
+REFERENCE = REFERENCE_RUN
 needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason="reference run not available")
 
 

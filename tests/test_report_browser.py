@@ -24,10 +24,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from reference_paths import REFERENCE_RUN
 
 from pytest_osmosis.report import write_report_for_run
 
-REFERENCE = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
+REFERENCE = REFERENCE_RUN
 CHROMIUM = next(
     (
         found

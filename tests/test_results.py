@@ -1,7 +1,7 @@
 """Tests of pytest_osmosis.results: the completed-run directory library.
 
 Formats are checked against the run directory the official SDK wrote
-(``/work/shared/reference-run``, override with ``OSMOSIS_REFERENCE_RUN``) and,
+(``shared/reference-run`` beside the clone, override with ``OSMOSIS_REFERENCE_RUN``) and,
 when ``OSMOSIS_SDK_PYTHON`` names a Python with ``osmosis-ai``, against the SDK's own upload
 planner and source digest.
 """
@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE
 from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 
 from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
@@ -54,9 +55,6 @@ from pytest_osmosis.results.atomic import pretty_json
 from pytest_osmosis.results.index import render_index
 from pytest_osmosis.results.journal import journal_line, normalize_record
 from pytest_osmosis.results.metrics import population_std
-
-REFERENCE_RUN = Path(os.environ.get("OSMOSIS_REFERENCE_RUN", "/work/shared/reference-run"))
-REFERENCE_WORKSPACE = REFERENCE_RUN.parent / "reference-workspace"
 
 needs_reference = pytest.mark.skipif(
     not (REFERENCE_RUN / "manifest.json").is_file(),

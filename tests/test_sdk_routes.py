@@ -19,24 +19,12 @@ from typing import Any
 
 import pytest
 from model_server import ModelServer, ToolRule
+from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 from workspaces import toml_text
 
-SDK_PYTHON = Path(os.environ.get("OSMOSIS_SDK_PYTHON", "/work/venv312/bin/python"))
-
-
-def _sdk_runner_importable() -> bool:
-    if not SDK_PYTHON.exists():
-        return False
-    probe = subprocess.run(
-        [str(SDK_PYTHON), "-c", "import osmosis_ai.eval.local.runner, uvicorn, httpx"],
-        capture_output=True,
-    )
-    return probe.returncode == 0
-
-
 pytestmark = pytest.mark.skipif(
-    not _sdk_runner_importable(),
-    reason=f"no Python with osmosis-ai's local runner at {SDK_PYTHON} (set OSMOSIS_SDK_PYTHON)",
+    not sdk_python_imports("osmosis_ai.eval.local.runner, uvicorn, httpx"),
+    reason=f"osmosis-ai's local runner: {SDK_MISSING}",
 )
 
 ROLLOUT = """

@@ -8,7 +8,7 @@ from typing import Any
 
 from pytest_osmosis.report.stats import newcombe_difference, per_row_passes
 from pytest_osmosis.runs import dataset_row
-from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, PASSED, SKIPPED
+from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, PASSED, SKIPPED, one_line, percent
 
 
 def _inputs(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,10 +121,6 @@ def compare_runs(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> dic
     }
 
 
-def _pct(value: Any) -> str:
-    return f"{float(value) * 100:.1f}%" if isinstance(value, (int, float)) else "–"
-
-
 def _pp(value: float) -> str:
     return f"{value * 100:+.1f} pp"
 
@@ -146,7 +142,7 @@ def escape_markdown(text: Any) -> str:
     value = str(text if text is not None else "–")
     for char in ("\\", "|", "`", "*", "_", "<", ">", "[", "]"):
         value = value.replace(char, "\\" + char)
-    return " ".join(value.split())
+    return one_line(value)
 
 
 def comparison_markdown(comparison: Mapping[str, Any], *, max_rows: int = 50) -> str:
@@ -157,7 +153,7 @@ def comparison_markdown(comparison: Mapping[str, Any], *, max_rows: int = 50) ->
     lines = [
         f"### Osmosis eval: {escape_markdown(a['name'])} vs {escape_markdown(b['name'])}",
         "",
-        f"**Pass rate {_pct(a['pass_rate'])}** (was {_pct(b['pass_rate'])}): "
+        f"**Pass rate {percent(a['pass_rate'])}** (was {percent(b['pass_rate'])}): "
         f"**{_pp(change['difference'])}**, 95% CI {_pp(change['ci95_low'])} to "
         f"{_pp(change['ci95_high'])} ({verdict}).",
         "",
@@ -172,7 +168,7 @@ def comparison_markdown(comparison: Mapping[str, Any], *, max_rows: int = 50) ->
         ("n", "n", _num),
         ("pass threshold", "pass_threshold", _threshold),
         (f"{PASSED} / {PASS_RATE_BASIS}", None, None),
-        ("pass rate", "pass_rate", _pct),
+        ("pass rate", "pass_rate", percent),
         (ERRORED, "failed", _num),
         (SKIPPED, "skipped", _num),
         ("mean reward", "reward_mean", _num),

@@ -28,6 +28,7 @@ from pytest_osmosis.words import (
     PASSED,
     SKIPPED,
     pass_rate_basis,
+    percent,
 )
 
 CSP = (
@@ -39,10 +40,6 @@ PER_ROW_BARS_MAX = 120
 
 def _e(value: Any) -> str:
     return escape("" if value is None else str(value))
-
-
-def _pct(value: Any) -> str:
-    return f"{float(value) * 100:.1f}%" if isinstance(value, (int, float)) else "–"
 
 
 def _when(value: Any) -> str:
@@ -110,9 +107,9 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     cards = [
         _card(
             "Pass rate",
-            _pct(results.get("pass_rate", 0)),
+            percent(results.get("pass_rate", 0)),
             f"{_e(pass_rate_basis(passed, scored))}; reward &ge; {_e(repr(float(threshold)))}"
-            + (f"<br>95% CI {_pct(low)} – {_pct(high)}" if scored else ""),
+            + (f"<br>95% CI {percent(low)} – {percent(high)}" if scored else ""),
             "good" if scored and passed == scored else ("bad" if scored and not passed else ""),
         )
     ]
@@ -160,8 +157,8 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         cards.append(
             _card(
                 f"pass@{best['k']}",
-                _pct(best["value"]),
-                " · ".join(f"pass@{p['k']} {_pct(p['value'])}" for p in points),
+                percent(best["value"]),
+                " · ".join(f"pass@{p['k']} {percent(p['value'])}" for p in points),
             )
         )
     else:
@@ -169,7 +166,7 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         cards.append(
             _card(
                 "pass@k",
-                _pct(results.get("pass_rate", 0)) if scored else "–",
+                percent(results.get("pass_rate", 0)) if scored else "–",
                 f"pass@1 only: n = {_e(n)}; run with n &ge; 2 for pass@k",
             )
         )
@@ -345,7 +342,7 @@ def _comparison(comparison: Mapping[str, Any]) -> str:
             f"{b['passed']}/{b['completed_samples']}",
             f"{a['passed']}/{a['completed_samples']}",
         ),
-        ("pass rate", _pct(b["pass_rate"]), _pct(a["pass_rate"])),
+        ("pass rate", percent(b["pass_rate"]), percent(a["pass_rate"])),
         (ERRORED, b["failed"], a["failed"]),
         ("mean reward", _fmt3(b["reward_mean"]), _fmt3(a["reward_mean"])),
         ("tokens", b["tokens_used"], a["tokens_used"]),

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from pytest_osmosis.outcome import PASSED, SKIPPED
 from pytest_osmosis.results.metrics import pass_at_k
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -62,10 +63,10 @@ def per_row_passes(
         if not isinstance(index, int):
             continue
         passes, attempts = counts.get(index, (0, 0))
-        if row.get("outcome") == "skipped":
+        if row.get("outcome") == SKIPPED:
             counts[index] = (passes, attempts)
             continue
-        counts[index] = (passes + int(row.get("outcome") == "passed"), attempts + 1)
+        counts[index] = (passes + int(row.get("outcome") == PASSED), attempts + 1)
     return counts
 
 

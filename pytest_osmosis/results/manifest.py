@@ -31,7 +31,6 @@ DATASET_NORMALIZATION_VERSION = 1
 ROLLOUT_PROTOCOL_VERSION = "0.4"
 
 LOCKS_DIRNAME = ".locks"
-_RUN_NAME_MAX_LEN = 96
 
 #: Never part of a rollout's source identity (environments, caches, build output).
 SOURCE_EXCLUDED_DIRS: frozenset[str] = frozenset(
@@ -53,17 +52,9 @@ SOURCE_EXCLUDED_PATTERNS: tuple[str, ...] = ("uv.lock", "*.egg-info")
 
 def validate_run_name(name: str) -> str:
     """Return *name* if it is a valid run name (one safe path segment), else raise."""
-    problem = None
-    if not name:
-        problem = "must not be empty"
-    elif len(name) > _RUN_NAME_MAX_LEN:
-        problem = f"must be at most {_RUN_NAME_MAX_LEN} characters"
-    elif name in (".", "..") or any(ch in name for ch in ("/", "\\", "\x00")):
-        problem = "must be a single path segment (no separators, not '.' or '..')"
-    elif name == LOCKS_DIRNAME:
-        problem = "is reserved"
-    elif name[0] in "-." or any(ch not in "._-" and not ch.isalnum() for ch in name):
-        problem = "must start with a letter or digit and use only letters, digits, '.', '_', '-'"
+    from pytest_osmosis.config import run_name_problem
+
+    problem = run_name_problem(name)
     if problem is not None:
         raise RunDirectoryError(f"run name {name!r} {problem}")
     return name

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
+from pytest_osmosis.outcome import PASSED, SKIPPED, classify
+
 
 def _sqrt_of_fraction(value: Fraction) -> float:
     """Correctly rounded square root of a non-negative exact fraction.
@@ -72,7 +74,9 @@ def aggregate_metrics(
     """The ``summary`` object of ``metrics.json`` for *index_rows* (``index.jsonl`` rows).
 
     Key order and value types match the SDK's output byte for byte once
-    serialized (``pass_rate`` is the integer ``0`` when nothing was scored).
+    serialized (``pass_rate`` is the integer ``0`` when nothing was scored). A pass is
+    :func:`outcome.classify`'s; the SDK's ``reward >= pass_threshold`` is the same rule
+    because only a success carries a reward.
     """
     rows = list(index_rows)
     attempts: dict[int, int] = {}
@@ -87,19 +91,18 @@ def aggregate_metrics(
         tokens = row.get("tokens")
         if isinstance(tokens, int) and not isinstance(tokens, bool):
             tokens_used += tokens
-        status = row.get("status")
-        if status == "skipped":
+        verdict = classify(row, pass_threshold)
+        if verdict == SKIPPED:
             skipped += 1
             continue
-        if status == "failed":
+        if row.get("status") == "failed":
             failed += 1
         reward = row.get("reward")
-        is_pass = False
         if isinstance(reward, (int, float)) and not isinstance(reward, bool):
             graded += 1
             rewards.append(float(reward))
-            is_pass = float(reward) >= pass_threshold
-            passed += int(is_pass)
+        is_pass = verdict == PASSED
+        passed += int(is_pass)
         row_index = row.get("row_index")
         if isinstance(row_index, int):
             attempts[row_index] = attempts.get(row_index, 0) + 1

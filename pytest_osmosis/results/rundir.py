@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.outcome import is_retried
 from pytest_osmosis.results.atomic import (
     FILE_MODE,
     atomic_write_bytes,
@@ -440,11 +441,7 @@ class RunDirectory:
             record = self.records.get(key)
             if record is None:
                 result.add(key)
-            elif (
-                self.retry_failed
-                and key not in self._executed
-                and record["status"] in ("failed", "skipped")
-            ):
+            elif self.retry_failed and key not in self._executed and is_retried(record):
                 result.add(key)
         return result
 

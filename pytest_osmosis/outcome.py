@@ -1,0 +1,134 @@
+"""A row's outcome, in one place: the result an attempt produces and what it counts as.
+
+Every consumer (pytest's verdict in ``collect``, live progress, the results table,
+``metrics.json``, the gate, ``info`` and the report) asks :func:`classify`, so the
+terminal, the files and the exit status cannot disagree about one attempt. Results stay
+dicts of builtins on the wire (they travel to the xdist controller on the test report
+and into the journal); :class:`RowResult` is how one is built, so every builder writes
+the same fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+#: The four outcome keys, in display order (the field names of ``info --json``, the
+#: report data and ``metrics.json``'s counters). ``failed`` is an error, never a low reward.
+PASSED = "passed"
+BELOW_THRESHOLD = "below_threshold"
+FAILED = "failed"
+SKIPPED = "skipped"
+OUTCOMES = (PASSED, BELOW_THRESHOLD, FAILED, SKIPPED)
+
+
+def classify(row: Mapping[str, Any], threshold: float) -> str:
+    """passed / below_threshold / failed / skipped for one result or journal record.
+
+    Only a ``success`` carries a reward (a failure's is nulled, as the SDK's server does);
+    it passes when the reward reaches the threshold.
+    """
+    status = row.get("status")
+    if status == SKIPPED:
+        return SKIPPED
+    if status != "success":
+        return FAILED
+    reward = row.get("reward")
+    if isinstance(reward, (int, float)) and not isinstance(reward, bool) and reward >= threshold:
+        return PASSED
+    return BELOW_THRESHOLD
+
+
+def is_retried(row: Mapping[str, Any]) -> bool:
+    """What ``--osmosis-retry-failed`` runs again: errored and skipped attempts."""
+    return row.get("status") in (FAILED, SKIPPED)
+
+
+@dataclass
+class RowResult:
+    """One attempt's result as every builder makes it (the runner, a crash, a backstop)."""
+
+    row_index: int
+    run_index: int
+    source_row_index: int
+    rollout_id: str
+    status: str  # success / failed / skipped: the journal's and the SDK's
+    pass_threshold: float
+    reward: float | None = None
+    tokens: int | None = None
+    duration_ms: float = 0.0
+    error_type: str | None = None
+    message: str = ""
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The wire form, with ``passed`` decided by :func:`classify`."""
+        # Not dataclasses.asdict: it deep-copies, and the exception kept for --pdb must
+        # stay the one raised in the rollout's frames.
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        values.update(self.extra)
+        values["passed"] = classify(values, self.pass_threshold) == PASSED
+        return values
+
+
+def failure(
+    *,
+    row_index: int,
+    run_index: int,
+    source_row_index: int,
+    pass_threshold: float,
+    error_type: str,
+    message: str,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The result of an attempt that ended before the runner could say (a crash, a backstop)."""
+    import uuid
+
+    return RowResult(
+        row_index=row_index,
+        run_index=run_index,
+        source_row_index=source_row_index,
+        rollout_id=uuid.uuid4().hex,
+        status=FAILED,
+        pass_threshold=pass_threshold,
+        error_type=error_type,
+        message=message,
+        extra=extra,
+    ).as_dict()
+
+
+def resumed(record: Mapping[str, Any], threshold: float) -> dict[str, Any]:
+    """A recorded result as the item that reuses it reports it."""
+    return {
+        **record,
+        "resumed": True,
+        "message": "recorded by an earlier session",
+        "detail": "",
+        "pass_threshold": threshold,
+        "passed": classify(record, threshold) == PASSED,
+    }
+
+
+def summary_counts(summary: Mapping[str, Any]) -> dict[str, int]:
+    """Outcome key -> count, from a ``metrics.json`` ``summary``.
+
+    ``failed`` rows carry no reward, so the not-skipped attempts that neither passed nor
+    errored are the ones below the threshold; the four counts add up to the total.
+    """
+    passed = int(summary.get(PASSED, 0))
+    errored = int(summary.get(FAILED, 0))
+    counted = int(summary.get("completed_samples", 0))
+    return {
+        PASSED: passed,
+        BELOW_THRESHOLD: max(0, counted - passed - errored),
+        FAILED: errored,
+        SKIPPED: int(summary.get(SKIPPED, 0)),
+    }
+
+
+def all_passed(summary: Mapping[str, Any]) -> bool:
+    """Whether every attempt a ``metrics.json`` summary counts passed or was skipped."""
+    counts = summary_counts(summary)
+    return counts[BELOW_THRESHOLD] == 0 and counts[FAILED] == 0
