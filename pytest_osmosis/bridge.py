@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
-from pytest_osmosis.ratelimit import Backoff, is_rate_limit, retry_after
+from pytest_osmosis.model.ratelimit import Backoff, is_rate_limit, retry_after
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -170,7 +170,7 @@ class _JudgeUnavailable(Exception):
 def resolve_route(model_path: str) -> ModelRoute:
     """Map the configured model to a LiteLLM call; ``osmosis/embedded`` starts the local model."""
     if model_path == EMBEDDED_MODEL_PATH:
-        from pytest_osmosis.embedded import embedded_route
+        from pytest_osmosis.model.embedded import embedded_route
 
         return embedded_route()
     return ModelRoute(model_path=model_path, litellm_model=model_path, kwargs={})

@@ -505,14 +505,14 @@ class EvalSession:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
 
         ``in_process`` (a process that runs rows) imports LiteLLM here and checks on the
-        rows' loop; an xdist controller checks in a child process (see preflight.py).
+        rows' loop; an xdist controller checks in a child process (see model/preflight.py).
         """
         self.executor.call(self._preflight_all(model_paths, in_process))
 
     async def _preflight_all(self, model_paths: list[str], in_process: bool) -> None:
         """Check each model (needing its route only: no bridge is started for it here)."""
         from pytest_osmosis.bridge import resolve_route
-        from pytest_osmosis.preflight import check_model
+        from pytest_osmosis.model.preflight import check_model
 
         loop = asyncio.get_running_loop()
         for model_path in sorted(set(model_paths)):

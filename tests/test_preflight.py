@@ -17,7 +17,7 @@ from workspaces import calc_rows, write_workspace
 
 from pytest_osmosis.bridge import ModelRoute
 from pytest_osmosis.errors import ModelPreflightError
-from pytest_osmosis.preflight import check_model
+from pytest_osmosis.model.preflight import check_model
 
 STAMPING_ROLLOUT = '''
 import json

@@ -45,7 +45,7 @@ async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | N
         return await _check_in_process(route)
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "pytest_osmosis.preflight"],
+        [sys.executable, "-m", "pytest_osmosis.model.preflight"],
         input=request,
         capture_output=True,
         text=True,
