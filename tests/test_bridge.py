@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from model_server import ModelServer, ToolRule, count_tokens
 
-import pytest_osmosis.bridge as bridge_module
-from pytest_osmosis.bridge import JUDGE_MODEL_HEADER, Bridge, ModelRoute, resolve_route
+import pytest_osmosis.model.bridge as bridge_module
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER, Bridge, ModelRoute, resolve_route
 
 MODEL = "openai/osmosis-test"  # unknown to LiteLLM's catalog: every param passes through
 
@@ -89,7 +89,7 @@ def test_resolve_route_passes_provider_models_through() -> None:
 
 def test_importing_the_bridge_imports_neither_litellm_nor_aiohttp() -> None:
     code = (
-        "import sys, pytest_osmosis.bridge; "
+        "import sys, pytest_osmosis.model.bridge; "
         "print('litellm' in sys.modules, 'aiohttp' in sys.modules)"
     )
     env = {

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from workspaces import calc_rows, write_workspace
 
-from pytest_osmosis.bridge import ModelRoute
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.bridge import ModelRoute
 from pytest_osmosis.model.preflight import check_model
 
 STAMPING_ROLLOUT = '''
