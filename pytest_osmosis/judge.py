@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_osmosis.errors import ConfigError, OsmosisError
 
 if TYPE_CHECKING:
-    from pytest_osmosis.model.bridge import ModelRoute
+    from pytest_osmosis.model.routes import ModelRoute
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -437,7 +437,7 @@ class RubricJudge:
             return self._route
 
     def _resolve(self) -> ModelRoute:
-        from pytest_osmosis.model.bridge import EMBEDDED_MODEL_PATH, ModelRoute, resolve_route
+        from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, ModelRoute, resolve_route
 
         try:
             route = resolve_route(self.model)
@@ -490,7 +490,7 @@ class RubricJudge:
         metadata: Mapping[str, Any] | None = None,
     ) -> Verdict:
         """Score one candidate; raises `JudgeError` (one line) when there is no verdict."""
-        from pytest_osmosis.model.bridge import EMBEDDED_MODEL_PATH
+        from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH
 
         messages = self.messages(
             candidate, ground_truth=ground_truth, original_input=original_input, metadata=metadata

@@ -38,10 +38,10 @@ from pytest_osmosis.judge import (
     message_text,
     one_line,
 )
-from pytest_osmosis.model.bridge import (
+from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER
+from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,
     JUDGE_MISSING_API_KEY,
-    JUDGE_MODEL_HEADER,
     JUDGE_MODEL_NOT_FOUND,
     JUDGE_PROVIDER_ERROR,
 )

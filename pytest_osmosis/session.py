@@ -291,7 +291,7 @@ class EvalSession:
             return
         if not self._prefetched:
             self._prefetched = True
-            from pytest_osmosis.model.bridge import import_litellm
+            from pytest_osmosis.model.litellm import import_litellm
 
             try:
                 import_litellm()
@@ -484,7 +484,8 @@ class EvalSession:
 
     async def bridge(self, model_path: str) -> Bridge:
         """The loopback bridge for ``model_path``, started on first use in this process."""
-        from pytest_osmosis.model.bridge import Bridge, resolve_route
+        from pytest_osmosis.model.bridge import Bridge
+        from pytest_osmosis.model.routes import resolve_route
 
         # No surprise downloads from a test run: LiteLLM's bundled cost map and tokenizers
         # (set LITELLM_LOCAL_MODEL_COST_MAP=False to fetch the latest map).
@@ -511,8 +512,8 @@ class EvalSession:
 
     async def _preflight_all(self, model_paths: list[str], in_process: bool) -> None:
         """Check each model (needing its route only: no bridge is started for it here)."""
-        from pytest_osmosis.model.bridge import resolve_route
         from pytest_osmosis.model.preflight import check_model
+        from pytest_osmosis.model.routes import resolve_route
 
         loop = asyncio.get_running_loop()
         for model_path in sorted(set(model_paths)):

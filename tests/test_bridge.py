@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from model_server import ModelServer, ToolRule, count_tokens
 
-import pytest_osmosis.model.bridge as bridge_module
 from pytest_osmosis.errors import ModelPreflightError
-from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER, Bridge, ModelRoute, resolve_route
+from pytest_osmosis.model import routes, wire
+from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER, Bridge
+from pytest_osmosis.model.routes import ModelRoute, resolve_route
 
 MODEL = "openai/osmosis-test"  # unknown to LiteLLM's catalog: every param passes through
 
@@ -181,7 +182,7 @@ def test_a_native_provider_gets_the_fields_as_litellm_parameters_never_dropped()
 
     route = ModelRoute("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", {})
     body = {"messages": _user("hi"), "temperature": 0.2, "metadata": {"user_id": "u"}, "seed": 1}
-    call = bridge_module._chat_call(litellm, body, route)
+    call = wire._chat_call(litellm, body, route)
     assert call == {
         "messages": _user("hi"),
         "drop_params": False,
@@ -189,8 +190,8 @@ def test_a_native_provider_gets_the_fields_as_litellm_parameters_never_dropped()
         "metadata": {"user_id": "u"},
         "seed": 1,
     }
-    with pytest.raises(bridge_module._BadRequest, match="only user_id"):
-        bridge_module._chat_call(litellm, {**body, "metadata": {"x": 1}}, route)
+    with pytest.raises(wire._BadRequest, match="only user_id"):
+        wire._chat_call(litellm, {**body, "metadata": {"x": 1}}, route)
 
 
 def test_only_openai_itself_is_called_through_the_responses_api(
@@ -203,7 +204,7 @@ def test_only_openai_itself_is_called_through_the_responses_api(
     monkeypatch.setattr(litellm, "api_base", None)
 
     def responses(model: str, **kwargs: Any) -> bool:
-        return bridge_module._uses_responses_api(litellm, ModelRoute(model, model, kwargs))
+        return routes._uses_responses_api(litellm, ModelRoute(model, model, kwargs))
 
     assert responses("openai/gpt-5-mini")
     assert responses("openai/gpt-5-mini", api_base="https://api.openai.com/v1/")
@@ -219,7 +220,7 @@ def at_openai(
     harness: Harness, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> Harness:
     """The harness's model, served where the bridge takes OpenAI itself to be."""
-    monkeypatch.setattr(bridge_module, "_OPENAI_API_BASE", model_server.url)
+    monkeypatch.setattr(routes, "_OPENAI_API_BASE", model_server.url)
     return harness
 
 
@@ -587,7 +588,7 @@ def judged(harness: Harness, model_server: ModelServer, monkeypatch: pytest.Monk
         resolved.append(model_path)
         return resolve_route(model_path)
 
-    monkeypatch.setattr(bridge_module, "resolve_route", counting)
+    monkeypatch.setattr(routes, "resolve_route", counting)
     # What a session declares (a RubricGrader's judge_model, ini osmosis_judge_models).
     harness.bridge.allow_judge_models(
         [JUDGE, "anthropic/claude-sonnet-4-5", "groq/llama-3.1-8b", "no-such-model-family"]
