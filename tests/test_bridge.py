@@ -6,6 +6,7 @@ and SSE framing). Also tests the network guard that keeps every test on loopback
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -88,9 +89,17 @@ def test_resolve_route_passes_provider_models_through() -> None:
     assert route == ModelRoute("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", {})
 
 
+MODEL_MODULES = sorted(
+    f"pytest_osmosis.model.{path.stem}"
+    for path in (Path(__file__).parents[1] / "pytest_osmosis" / "model").glob("*.py")
+    if path.stem != "__init__"
+)
+
+
 def test_importing_the_bridge_imports_neither_litellm_nor_aiohttp() -> None:
+    assert "pytest_osmosis.model.bridge" in MODEL_MODULES
     code = (
-        "import sys, pytest_osmosis.model.bridge; "
+        f"import sys, {', '.join(MODEL_MODULES)}; "
         "print('litellm' in sys.modules, 'aiohttp' in sys.modules)"
     )
     env = {
@@ -102,6 +111,28 @@ def test_importing_the_bridge_imports_neither_litellm_nor_aiohttp() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_model_package_never_imports_the_judge_or_pytest() -> None:
+    """One-way: the judge uses pytest_osmosis.model, never the reverse (not even inside a
+    function), and model access runs without pytest."""
+    found = []
+    for path in sorted((Path(__file__).parents[1] / "pytest_osmosis" / "model").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+                if node.module == "pytest_osmosis":
+                    names += [f"pytest_osmosis.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "pytest" or name.startswith(
+                    ("pytest_osmosis.judge", "pytest_osmosis.rubric")
+                ):
+                    found.append(f"{path.name}:{node.lineno} imports {name}")
+    assert found == []
 
 
 def test_round_trip_echoes_client_model_and_routes_to_configured(

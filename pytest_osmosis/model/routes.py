@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +19,14 @@ from pytest_osmosis.model.litellm import _litellm
 from pytest_osmosis.model.ratelimit import Backoff
 
 __all__ = [
+    "DEFAULT_API_KEY_ENV",
     "EMBEDDED_MODEL_PATH",
     "JUDGE_MISSING_API_KEY",
     "JUDGE_MODEL_NOT_ALLOWED",
     "JUDGE_MODEL_NOT_FOUND",
     "JUDGE_PROVIDER_ERROR",
     "ModelRoute",
+    "provider_of",
     "resolve_route",
 ]
 
@@ -37,6 +39,19 @@ JUDGE_PROVIDER_ERROR = "judge_provider_error"
 _OPENAI_API_BASE = "https://api.openai.com/v1"
 """Where an ``openai/*`` model is served by OpenAI itself: its calls use the Responses API."""
 _KEY_NAME = re.compile(r"KEY|TOKEN|CREDENTIAL", re.IGNORECASE)
+# The SDK's table: the variable a missing key is reported under, per provider.
+DEFAULT_API_KEY_ENV: Mapping[str, str] = {
+    "openai": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "xai": "XAI_API_KEY",
+    "gemini": "GEMINI_API_KEY",
+    "google": "GEMINI_API_KEY",
+    "openrouter": "OPENROUTER_API_KEY",
+    "cerebras": "CEREBRAS_API_KEY",
+    "azure": "AZURE_API_KEY",
+    "bedrock": "AWS_ACCESS_KEY_ID",
+    "vertex_ai": "GOOGLE_APPLICATION_CREDENTIALS",
+}
 
 
 @dataclass(frozen=True)
@@ -126,10 +141,24 @@ def _resolve_judge(model: str) -> _Target:
     return _Target(route, Backoff(), judge=True)
 
 
+def provider_of(model: str) -> str | None:
+    """The provider prefix of ``model``, or the SDK's guess from well-known names."""
+    if "/" in model:
+        return model.split("/", 1)[0].lower().strip() or None
+    name = model.lower().strip()
+    if name.startswith(("gpt-", "o1-", "o3-", "o4-")):
+        return "openai"
+    if name.startswith("claude"):
+        return "anthropic"
+    if name.startswith("gemini"):
+        return "gemini"
+    if name.startswith("grok"):
+        return "xai"
+    return None
+
+
 def _missing_judge_keys(litellm: Any, route: ModelRoute) -> list[str]:
     """The variables a judge's provider needs and lacks, as the rubric command reports them."""
-    from pytest_osmosis.judge import DEFAULT_API_KEY_ENV, provider_of
-
     if route.kwargs.get("api_key"):
         return []
     env = DEFAULT_API_KEY_ENV.get(provider_of(route.litellm_model) or "")
