@@ -38,8 +38,8 @@ class Controller:
         """Check our dependencies, open run directories and check the models, all before
         any row starts (a failure is one line, exit 4)."""
         from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.model.preflight import check_dependencies
         from pytest_osmosis.plugin import _named_paths, is_eval_config
-        from pytest_osmosis.preflight import check_dependencies
 
         problem = check_dependencies(getattr(session.config, "cache", None))
         if problem is not None:

@@ -7,7 +7,8 @@ one), candidate and context quoted between sentinels the judge is told to treat 
 data, a finite score clamped to the range and a non-empty explanation. Every failure is
 a `JudgeError` with a one-line message, because a rubric run reports one line per record.
 
-LiteLLM is imported inside the calls only: importing it costs ~3 s.
+Routes, provider and key rules come from `pytest_osmosis.model` (which never imports this
+module); LiteLLM is imported inside the calls only: importing it costs ~3 s.
 """
 
 from __future__ import annotations
@@ -15,20 +16,24 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_osmosis.errors import ConfigError, OsmosisError
+from pytest_osmosis.model.litellm import _litellm
+from pytest_osmosis.model.routes import (
+    DEFAULT_API_KEY_ENV,
+    EMBEDDED_MODEL_PATH,
+    ModelRoute,
+    _missing_judge_keys,
+    provider_of,
+    resolve_route,
+)
 from pytest_osmosis.secrets import scrub
 
-if TYPE_CHECKING:
-    from pytest_osmosis.bridge import ModelRoute
-
 __all__ = [
-    "DEFAULT_API_KEY_ENV",
     "DEFAULT_TIMEOUT_S",
     "JudgeAnswerError",
     "JudgeError",
@@ -40,25 +45,11 @@ __all__ = [
     "extract_candidate",
     "message_text",
     "parse_verdict",
-    "provider_of",
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
 """Per-call timeout when neither the caller nor the provider table says otherwise."""
 
-# The SDK's table: the variable a missing key is reported under, per provider.
-DEFAULT_API_KEY_ENV: Mapping[str, str] = {
-    "openai": "OPENAI_API_KEY",
-    "anthropic": "ANTHROPIC_API_KEY",
-    "xai": "XAI_API_KEY",
-    "gemini": "GEMINI_API_KEY",
-    "google": "GEMINI_API_KEY",
-    "openrouter": "OPENROUTER_API_KEY",
-    "cerebras": "CEREBRAS_API_KEY",
-    "azure": "AZURE_API_KEY",
-    "bedrock": "AWS_ACCESS_KEY_ID",
-    "vertex_ai": "GOOGLE_APPLICATION_CREDENTIALS",
-}
 _PROVIDER_TIMEOUT_S: Mapping[str, float] = {
     "xai": 45.0,
     "gemini": 45.0,
@@ -88,7 +79,6 @@ _SENTINEL_INSIDE = re.compile(r"<<<(?=(?:BEGIN|END)_)")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE_OPEN = re.compile(r"^```(?:json)?\s*", re.IGNORECASE)
 _FENCE_CLOSE = re.compile(r"```$")
-_KEY_NAME = re.compile(r"KEY|TOKEN|CREDENTIAL", re.IGNORECASE)
 _EXCERPT = 120
 
 
@@ -150,22 +140,6 @@ def extract_candidate(messages: Sequence[Any]) -> str:
             if text:
                 return text
     return ""
-
-
-def provider_of(model: str) -> str | None:
-    """The provider prefix of ``model``, or the SDK's guess from well-known names."""
-    if "/" in model:
-        return model.split("/", 1)[0].lower().strip() or None
-    name = model.lower().strip()
-    if name.startswith(("gpt-", "o1-", "o3-", "o4-")):
-        return "openai"
-    if name.startswith("claude"):
-        return "anthropic"
-    if name.startswith("gemini"):
-        return "gemini"
-    if name.startswith("grok"):
-        return "xai"
-    return None
 
 
 def default_timeout(model: str) -> float:
@@ -312,13 +286,6 @@ def _classify(exc: Exception, model: str, timeout: float) -> JudgeError:
     return ProviderRequestError(f"provider error from judge model {model!r}: {name}: {detail}")
 
 
-def _litellm() -> Any:
-    import litellm
-
-    litellm.suppress_debug_info = True
-    return litellm
-
-
 # ---------------------------------------------------------------------------- judge
 
 
@@ -435,8 +402,6 @@ class RubricJudge:
             return self._route
 
     def _resolve(self) -> ModelRoute:
-        from pytest_osmosis.bridge import EMBEDDED_MODEL_PATH, ModelRoute, resolve_route
-
         try:
             route = resolve_route(self.model)
         except OsmosisError as exc:
@@ -460,19 +425,9 @@ class RubricJudge:
 
     def _check_api_key(self, route: ModelRoute) -> None:
         """Name the missing variable before a call that would fail for lack of it."""
-        if self.api_key or route.kwargs.get("api_key"):
+        if self.api_key:
             return
-        provider = provider_of(route.litellm_model) or ""
-        env = DEFAULT_API_KEY_ENV.get(provider)
-        if env is not None:
-            missing = [] if os.environ.get(env, "").strip() else [env]
-        else:
-            try:
-                report = _litellm().validate_environment(model=route.litellm_model)
-            except Exception:
-                return
-            names = report.get("missing_keys") if isinstance(report, dict) else None
-            missing = [str(n) for n in names or [] if _KEY_NAME.search(str(n))]
+        missing = _missing_judge_keys(_litellm(), route)
         if missing:
             raise MissingAPIKeyError(
                 f"missing API key: set {' and '.join(missing)} for judge model {self.model!r} "
@@ -488,8 +443,6 @@ class RubricJudge:
         metadata: Mapping[str, Any] | None = None,
     ) -> Verdict:
         """Score one candidate; raises `JudgeError` (one line) when there is no verdict."""
-        from pytest_osmosis.bridge import EMBEDDED_MODEL_PATH
-
         messages = self.messages(
             candidate, ground_truth=ground_truth, original_input=original_input, metadata=metadata
         )

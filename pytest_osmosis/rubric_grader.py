@@ -25,13 +25,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from pytest_osmosis.bridge import (
-    EMBEDDED_MODEL_PATH,
-    JUDGE_MISSING_API_KEY,
-    JUDGE_MODEL_HEADER,
-    JUDGE_MODEL_NOT_FOUND,
-    JUDGE_PROVIDER_ERROR,
-)
 from pytest_osmosis.errors import ConfigError
 from pytest_osmosis.judge import (
     _EMBEDDED_EXPLANATION_CHARS,
@@ -44,6 +37,13 @@ from pytest_osmosis.judge import (
     Verdict,
     message_text,
     one_line,
+)
+from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER
+from pytest_osmosis.model.routes import (
+    EMBEDDED_MODEL_PATH,
+    JUDGE_MISSING_API_KEY,
+    JUDGE_MODEL_NOT_FOUND,
+    JUDGE_PROVIDER_ERROR,
 )
 from pytest_osmosis.rollout import Grader, GraderContext, get_rollout_context
 

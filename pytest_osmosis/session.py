@@ -50,9 +50,9 @@ from pytest_osmosis.runner import Budgets, WorkItem, execute
 from pytest_osmosis.words import one_line
 
 if TYPE_CHECKING:
-    from pytest_osmosis.bridge import Bridge
     from pytest_osmosis.collect import EvalItem
     from pytest_osmosis.gate import GateOptions, Verdict
+    from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.results import RunDirectory, RunLog
 
 
@@ -365,7 +365,7 @@ class EvalSession:
             return
         if not self._prefetched:
             self._prefetched = True
-            from pytest_osmosis.bridge import import_litellm
+            from pytest_osmosis.model.litellm import import_litellm
 
             try:
                 import_litellm()
@@ -600,7 +600,8 @@ class EvalSession:
 
     async def bridge(self, model_path: str) -> Bridge:
         """The loopback bridge for ``model_path``, started on first use in this process."""
-        from pytest_osmosis.bridge import Bridge, resolve_route
+        from pytest_osmosis.model.bridge import Bridge
+        from pytest_osmosis.model.routes import resolve_route
 
         # No surprise downloads from a test run: LiteLLM's bundled cost map and tokenizers
         # (set LITELLM_LOCAL_MODEL_COST_MAP=False to fetch the latest map).
@@ -621,20 +622,20 @@ class EvalSession:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
 
         ``in_process`` (a process that runs rows) imports LiteLLM here and checks on the
-        rows' loop; an xdist controller checks in a child process (see preflight.py).
+        rows' loop; an xdist controller checks in a child process (see model/preflight.py).
         """
         try:
             self.executor.call(self._preflight_all(model_paths, in_process))
         except KeyboardInterrupt:
-            from pytest_osmosis.preflight import interrupted
+            from pytest_osmosis.model.preflight import interrupted
 
             interrupted()
             raise
 
     async def _preflight_all(self, model_paths: list[str], in_process: bool) -> None:
         """Check each model (needing its route only: no bridge is started for it here)."""
-        from pytest_osmosis.bridge import resolve_route
-        from pytest_osmosis.preflight import check_model
+        from pytest_osmosis.model.preflight import check_model
+        from pytest_osmosis.model.routes import resolve_route
 
         loop = asyncio.get_running_loop()
         for model_path in sorted(set(model_paths)):

@@ -6,6 +6,7 @@ and SSE framing). Also tests the network guard that keeps every test on loopback
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -20,9 +21,10 @@ from typing import Any
 import pytest
 from model_server import ModelServer, ToolRule, count_tokens
 
-import pytest_osmosis.bridge as bridge_module
-from pytest_osmosis.bridge import JUDGE_MODEL_HEADER, Bridge, ModelRoute, resolve_route
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model import routes, wire
+from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER, Bridge
+from pytest_osmosis.model.routes import ModelRoute, resolve_route
 
 MODEL = "openai/osmosis-test"  # unknown to LiteLLM's catalog: every param passes through
 
@@ -87,9 +89,17 @@ def test_resolve_route_passes_provider_models_through() -> None:
     assert route == ModelRoute("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", {})
 
 
+MODEL_MODULES = sorted(
+    f"pytest_osmosis.model.{path.stem}"
+    for path in (Path(__file__).parents[1] / "pytest_osmosis" / "model").glob("*.py")
+    if path.stem != "__init__"
+)
+
+
 def test_importing_the_bridge_imports_neither_litellm_nor_aiohttp() -> None:
+    assert "pytest_osmosis.model.bridge" in MODEL_MODULES
     code = (
-        "import sys, pytest_osmosis.bridge; "
+        f"import sys, {', '.join(MODEL_MODULES)}; "
         "print('litellm' in sys.modules, 'aiohttp' in sys.modules)"
     )
     env = {
@@ -101,6 +111,28 @@ def test_importing_the_bridge_imports_neither_litellm_nor_aiohttp() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_the_model_package_never_imports_the_judge_or_pytest() -> None:
+    """One-way: the judge uses pytest_osmosis.model, never the reverse (not even inside a
+    function), and model access runs without pytest."""
+    found = []
+    for path in sorted((Path(__file__).parents[1] / "pytest_osmosis" / "model").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+                if node.module == "pytest_osmosis":
+                    names += [f"pytest_osmosis.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "pytest" or name.startswith(
+                    ("pytest_osmosis.judge", "pytest_osmosis.rubric")
+                ):
+                    found.append(f"{path.name}:{node.lineno} imports {name}")
+    assert found == []
 
 
 def test_round_trip_echoes_client_model_and_routes_to_configured(
@@ -181,7 +213,7 @@ def test_a_native_provider_gets_the_fields_as_litellm_parameters_never_dropped()
 
     route = ModelRoute("anthropic/claude-sonnet-4-5", "anthropic/claude-sonnet-4-5", {})
     body = {"messages": _user("hi"), "temperature": 0.2, "metadata": {"user_id": "u"}, "seed": 1}
-    call = bridge_module._chat_call(litellm, body, route)
+    call = wire._chat_call(litellm, body, route)
     assert call == {
         "messages": _user("hi"),
         "drop_params": False,
@@ -189,8 +221,8 @@ def test_a_native_provider_gets_the_fields_as_litellm_parameters_never_dropped()
         "metadata": {"user_id": "u"},
         "seed": 1,
     }
-    with pytest.raises(bridge_module._BadRequest, match="only user_id"):
-        bridge_module._chat_call(litellm, {**body, "metadata": {"x": 1}}, route)
+    with pytest.raises(wire._BadRequest, match="only user_id"):
+        wire._chat_call(litellm, {**body, "metadata": {"x": 1}}, route)
 
 
 def test_only_openai_itself_is_called_through_the_responses_api(
@@ -203,7 +235,7 @@ def test_only_openai_itself_is_called_through_the_responses_api(
     monkeypatch.setattr(litellm, "api_base", None)
 
     def responses(model: str, **kwargs: Any) -> bool:
-        return bridge_module._uses_responses_api(litellm, ModelRoute(model, model, kwargs))
+        return routes._uses_responses_api(litellm, ModelRoute(model, model, kwargs))
 
     assert responses("openai/gpt-5-mini")
     assert responses("openai/gpt-5-mini", api_base="https://api.openai.com/v1/")
@@ -219,7 +251,7 @@ def at_openai(
     harness: Harness, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> Harness:
     """The harness's model, served where the bridge takes OpenAI itself to be."""
-    monkeypatch.setattr(bridge_module, "_OPENAI_API_BASE", model_server.url)
+    monkeypatch.setattr(routes, "_OPENAI_API_BASE", model_server.url)
     return harness
 
 
@@ -587,7 +619,7 @@ def judged(harness: Harness, model_server: ModelServer, monkeypatch: pytest.Monk
         resolved.append(model_path)
         return resolve_route(model_path)
 
-    monkeypatch.setattr(bridge_module, "resolve_route", counting)
+    monkeypatch.setattr(routes, "resolve_route", counting)
     # What a session declares (a RubricGrader's judge_model, ini osmosis_judge_models).
     harness.bridge.allow_judge_models(
         [JUDGE, "anthropic/claude-sonnet-4-5", "groq/llama-3.1-8b", "no-such-model-family"]

@@ -16,14 +16,9 @@ import pytest
 from model_server import ModelServer
 from workspaces import calc_rows, write_workspace
 
-import pytest_osmosis.bridge as bridge_module
-from pytest_osmosis.bridge import (
-    JUDGE_MODEL_HEADER,
-    JUDGE_MODEL_NOT_ALLOWED,
-    MAX_BODY_BYTES,
-    Bridge,
-    ModelRoute,
-)
+import pytest_osmosis.model.bridge as bridge_module
+from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER, MAX_BODY_BYTES, Bridge
+from pytest_osmosis.model.routes import JUDGE_MODEL_NOT_ALLOWED, ModelRoute
 
 MODEL = "openai/osmosis-test"
 PATH = "/v1/rollouts/{}/chat/completions"

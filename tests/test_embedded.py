@@ -10,9 +10,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pytest_osmosis import embedded
-from pytest_osmosis.bridge import Bridge, ModelRoute, resolve_route
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model import embedded
+from pytest_osmosis.model.bridge import Bridge
+from pytest_osmosis.model.routes import ModelRoute, resolve_route
 
 _INSTALLED = importlib.util.find_spec("xllamacpp") is not None and embedded.find_gguf() is not None
 needs_model = pytest.mark.skipif(

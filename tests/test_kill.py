@@ -41,7 +41,7 @@ KILLS = 20
 ZYGOTE = r"""
 import json, os, sys, threading
 import litellm, pytest, xdist, httpx, aiohttp  # the expensive imports, done once
-import pytest_osmosis.plugin, pytest_osmosis.session, pytest_osmosis.bridge
+import pytest_osmosis.plugin, pytest_osmosis.session, pytest_osmosis.model.bridge
 import pytest_osmosis.collect, pytest_osmosis.results, pytest_osmosis.xdist
 assert threading.active_count() == 1, threading.enumerate()  # fork-safe: one thread
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from workspaces import calc_rows, write_workspace
 
-from pytest_osmosis.bridge import ModelRoute
 from pytest_osmosis.errors import ModelPreflightError
-from pytest_osmosis.preflight import check_model
+from pytest_osmosis.model.preflight import check_model
+from pytest_osmosis.model.routes import ModelRoute
 
 STAMPING_ROLLOUT = '''
 import json

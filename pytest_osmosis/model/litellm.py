@@ -1,0 +1,60 @@
+"""The one lazy LiteLLM import, for every module that calls a model (bridge, judge, preflight).
+
+Importing LiteLLM costs ~3 s of CPU and plain pytest runs must not pay it, so nothing
+imports it at module level: callers take it from `_litellm()` when they call, and a
+session imports it once, up front and off its loop (`import_litellm`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import threading
+from typing import Any
+
+from pytest_osmosis.errors import ModelPreflightError
+
+__all__ = ["import_litellm"]
+
+
+def _litellm() -> Any:
+    import litellm
+
+    # Stops LiteLLM printing "Give Feedback / Get Help" banners on every error.
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+_LITELLM_READY = threading.Event()
+
+
+def import_litellm() -> None:
+    """Import LiteLLM with the cyclic GC paused, then freeze what it made.
+
+    Its ~3 s import builds a heap of long-lived objects that the collector would walk
+    again and again while it grows, after it, and at exit (this halves the import).
+    A LiteLLM that cannot be imported (e.g. a rollout's install replaced it) raises
+    :class:`ModelPreflightError` with one line: no model call can work in this session.
+    """
+    if "litellm" not in sys.modules:
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            import litellm  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - ImportError, or an incompatible dependency
+            sys.modules.pop("litellm", None)
+            raise ModelPreflightError(
+                f"LiteLLM cannot be imported ({type(exc).__name__}: {' '.join(str(exc).split())})"
+            ) from None
+        finally:
+            gc.freeze()
+            if was_enabled:
+                gc.enable()
+    _LITELLM_READY.set()
+
+
+async def _litellm_imported() -> None:
+    """Import LiteLLM off the loop thread if nothing has yet (sessions import it up front)."""
+    if not _LITELLM_READY.is_set():
+        await asyncio.to_thread(import_litellm)
