@@ -4,10 +4,11 @@ Subcommands follow the Osmosis CLI's conventions: a human table by default, ``--
 for scripts (``{"schema_version": 1, ...}`` on stdout, an error envelope on stderr), and
 exit codes a script can branch on: 0 ok, 2 usage error or run not found, 1 anything else.
 
-Extending: a module adds a subcommand by exposing ``add_<name>_parser(subparsers)``
+Extending: a module in ``EXTENSIONS`` adds a subcommand by exposing
+``add_<name>_parser(subparsers)``
 that calls ``subparsers.add_parser(...)`` and ``set_defaults(handler=fn)`` (or
 ``func=fn``) where ``fn(args: argparse.Namespace) -> int`` returns the exit code;
-``pytest_osmosis.rubric`` is picked up this way when it exists. Handlers raise
+``pytest_osmosis.rubric.command`` is picked up this way when it exists. Handlers raise
 :class:`~pytest_osmosis.errors.OsmosisError` subclasses for errors a user meets
 (``ConfigError`` and ``RunNotFoundError`` exit 2, the others 1).
 """
@@ -25,7 +26,7 @@ from typing import Any, TextIO
 
 from pytest_osmosis import __version__
 from pytest_osmosis.errors import ConfigError, OsmosisError, RunDirectoryError
-from pytest_osmosis.runs import (
+from pytest_osmosis.results.runs import (
     dataset_row,
     find_output_root,
     format_duration,
@@ -50,7 +51,7 @@ PROG = "pytest-osmosis"
 JSON_SCHEMA_VERSION = 1
 DEFAULT_LIMIT = 20
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-EXTENSIONS = ("pytest_osmosis.rubric",)
+EXTENSIONS = ("pytest_osmosis.rubric.command",)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -403,9 +404,11 @@ def _register_extensions(subparsers: Any) -> None:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        register = getattr(module, f"add_{name.rsplit('.', 1)[-1]}_parser", None)
-        if callable(register):
-            register(subparsers)
+        for attribute in sorted(vars(module)):
+            register = getattr(module, attribute)
+            wanted = attribute.startswith("add_") and attribute.endswith("_parser")
+            if wanted and callable(register):
+                register(subparsers)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -498,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from pytest_osmosis.runs import RunNotFoundError
+    from pytest_osmosis.results.runs import RunNotFoundError
 
     try:
         return handler(args)

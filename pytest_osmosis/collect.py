@@ -21,8 +21,8 @@ from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
 
-    from pytest_osmosis.plan import EvalPlan
     from pytest_osmosis.session import EvalSession
+    from pytest_osmosis.workspace.plan import EvalPlan
 
 
 class EvalFailure(Exception):

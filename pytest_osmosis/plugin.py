@@ -363,8 +363,8 @@ def _check_values(values: dict[str, tuple[Any, str] | None]) -> None:
 
     Settings fields are checked by their own rules (config.py); the session options here.
     """
-    from pytest_osmosis.config import check_overrides
     from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.workspace.config import check_overrides
 
     given = {k: v for k, v in values.items() if v is not None}
     try:
@@ -530,7 +530,7 @@ class EvalHooks:
         which run_item tells from any other failure without reading pytest-timeout's text.
         """
         from pytest_osmosis.collect import EvalItem
-        from pytest_osmosis.executor import arm_backstop
+        from pytest_osmosis.execution.executor import arm_backstop
 
         seconds = getattr(settings, "timeout", None)
         if not isinstance(item, EvalItem) or not seconds:
@@ -729,7 +729,7 @@ class XdistControllerHooks:
         node.workerinput["osmosis_junit"] = bool(self.session.config.option.xmlpath)
         if prefetch:  # rows run ahead, so a worker's death needs the exact culprit
             if self.blame_dir is None:
-                from pytest_osmosis.blame import make_directory
+                from pytest_osmosis.execution.blame import make_directory
 
                 self.blame_dir = make_directory()
             node.workerinput["osmosis_blame_dir"] = self.blame_dir
@@ -773,7 +773,7 @@ class XdistControllerHooks:
         (``blame.NO_ROW``: none was; None: it did not say)."""
         if self.blame_dir is None:
             return None
-        from pytest_osmosis.blame import running
+        from pytest_osmosis.execution.blame import running
 
         return running(self.blame_dir, str(node.gateway.id))
 

@@ -2,7 +2,7 @@
 
 When ``osmosis-ai`` is importable these are the SDK's own objects, so one rollout runs
 the same under ``osmosis eval run`` and under pytest; otherwise they are our own
-implementations with the same names and behaviour (``pytest_osmosis._sdk_api``).
+implementations with the same names and behaviour (``pytest_osmosis.workspace._sdk_api``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from pytest_osmosis._sdk_api import (
+    from pytest_osmosis.rubric.grader import RubricGrader
+    from pytest_osmosis.workspace._sdk_api import (
         AgentWorkflow,
         AgentWorkflowConfig,
         AgentWorkflowContext,
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
         SampleSource,
         get_rollout_context,
     )
-    from pytest_osmosis.rubric_grader import RubricGrader
 
     USING_OSMOSIS_SDK: bool
 else:
@@ -64,7 +64,7 @@ else:
             get_rollout_context,
         )
     except ImportError:
-        from pytest_osmosis._sdk_api import (
+        from pytest_osmosis.workspace._sdk_api import (
             AgentWorkflow,
             AgentWorkflowConfig,
             AgentWorkflowContext,
@@ -87,7 +87,7 @@ else:
 
 def __getattr__(name: str) -> Any:
     if name == "RubricGrader":  # lazy: rubric_grader subclasses this module's Grader
-        from pytest_osmosis.rubric_grader import RubricGrader
+        from pytest_osmosis.rubric.grader import RubricGrader
 
         return RubricGrader
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

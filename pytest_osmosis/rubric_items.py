@@ -3,7 +3,7 @@
 Each record x run of the JSONL file becomes one item that passes when the judge's score
 reaches ``--osmosis-min-score``, so rubric checks get pytest's selection (``-k``,
 ``--lf``), xdist, junitxml and its exit status. The input rules and the judge are those
-of ``pytest-osmosis rubric`` (`pytest_osmosis.rubric`, `pytest_osmosis.judge`).
+of ``pytest-osmosis rubric`` (`pytest_osmosis.rubric.command`, `pytest_osmosis.rubric.judge`).
 
 As in eval sessions, the judge calls of the items this process will run are started
 ahead on one background loop (at most 8 in flight); an item only waits for its own.
@@ -26,9 +26,9 @@ import pytest
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
 
-    from pytest_osmosis.executor import Executor
-    from pytest_osmosis.judge import RubricJudge
-    from pytest_osmosis.rubric import RubricRecord
+    from pytest_osmosis.execution.executor import Executor
+    from pytest_osmosis.rubric.command import RubricRecord
+    from pytest_osmosis.rubric.judge import RubricJudge
 
 __all__ = [
     "RubricFile",
@@ -108,8 +108,8 @@ def _settings(config: pytest.Config) -> RubricSettings | None:
             f"{min_where}: {min_score:g} is outside the score range "
             f"[{score_min:g}, {score_max:g}]"
         )
-    from pytest_osmosis.judge import RubricJudge
-    from pytest_osmosis.rubric import resolve_rubric_text
+    from pytest_osmosis.rubric.command import resolve_rubric_text
+    from pytest_osmosis.rubric.judge import RubricJudge
 
     try:
         rubric = resolve_rubric_text(rubric_entry[0], rubric_entry[1])
@@ -132,8 +132,8 @@ class RubricRun:
     @property
     def executor(self) -> Executor:
         if self._executor is None:
-            from pytest_osmosis.executor import Executor
-            from pytest_osmosis.rubric import CONCURRENCY
+            from pytest_osmosis.execution.executor import Executor
+            from pytest_osmosis.rubric.command import CONCURRENCY
 
             self._executor = Executor(CONCURRENCY)
         return self._executor
@@ -190,7 +190,7 @@ class RubricFile(pytest.File):
 
     def collect(self) -> Iterator[RubricItem]:
         from pytest_osmosis.errors import OsmosisError
-        from pytest_osmosis.rubric import load_records
+        from pytest_osmosis.rubric.command import load_records
 
         run = self.config.stash[_RUN_KEY]
         try:
@@ -239,7 +239,7 @@ class RubricItem(pytest.Item):
         record = self.record
 
         async def run() -> dict[str, Any]:
-            from pytest_osmosis.judge import JudgeError, one_line
+            from pytest_osmosis.rubric.judge import JudgeError, one_line
 
             try:
                 verdict = await judge.judge(

@@ -22,22 +22,25 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_osmosis import blame, outcome
+from pytest_osmosis import outcome
 from pytest_osmosis.errors import (
     ModelPreflightError,
     OsmosisError,
     RunDirectoryError,
     SessionFaultError,
 )
-from pytest_osmosis.executor import (
+from pytest_osmosis.execution import blame
+from pytest_osmosis.execution.executor import (
     FDS_PER_ROW,
     BackstopExpired,
     Executor,
     fd_capacity,
     raise_fd_limit,
 )
-from pytest_osmosis.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
-from pytest_osmosis.plan import (
+from pytest_osmosis.execution.runner import Budgets, WorkItem, execute
+from pytest_osmosis.words import one_line
+from pytest_osmosis.workspace.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
+from pytest_osmosis.workspace.plan import (
     EvalPlan,
     Overrides,
     build_plan,
@@ -46,8 +49,6 @@ from pytest_osmosis.plan import (
     run_provenance,
     utc_now,
 )
-from pytest_osmosis.runner import Budgets, WorkItem, execute
-from pytest_osmosis.words import one_line
 
 if TYPE_CHECKING:
     from pytest_osmosis.collect import EvalItem
@@ -592,7 +593,7 @@ class EvalSession:
 
     def _judge_models(self, rollout: LoadedRollout) -> list[str]:
         """Judge models a rollout's calls may name: its grader's, ini osmosis_judge_models."""
-        from pytest_osmosis.rubric_grader import declared_judge_model
+        from pytest_osmosis.rubric.grader import declared_judge_model
 
         declared = declared_judge_model(rollout.grader_cls, rollout.grader_config)
         listed = [str(model) for model in self.config.getini("osmosis_judge_models")]

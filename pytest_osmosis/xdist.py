@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-from pytest_osmosis import blame
 from pytest_osmosis.collect import split_item_nodeid
+from pytest_osmosis.execution import blame
 
 
 class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types

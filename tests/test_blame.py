@@ -1,4 +1,4 @@
-"""The blame slot (pytest_osmosis/blame.py): which row's code a worker's loop runs.
+"""The blame slot (pytest_osmosis/execution/blame.py): which row's code a worker's loop runs.
 
 Under xdist a worker runs rows ahead, so when it dies the controller reads this slot to
 know which row killed it. The slot must name the row whose task step is running (also
@@ -34,7 +34,7 @@ from workspaces import (
     write_workspace,
 )
 
-from pytest_osmosis import blame
+from pytest_osmosis.execution import blame
 
 ROW_A = "configs/eval/calc.toml::row_0_run_0"
 ROW_B = "configs/eval/calc.toml::row_1_run_0"
@@ -447,7 +447,7 @@ def test_a_killed_controllers_directory_is_swept_by_the_next_one(
 
 CRASH = r"""
 import asyncio, ctypes, os, sys
-from pytest_osmosis import blame
+from pytest_osmosis.execution import blame
 
 directory, how = sys.argv[1], sys.argv[2]
 loop = asyncio.new_event_loop()

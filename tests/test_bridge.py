@@ -129,7 +129,7 @@ def test_the_model_package_never_imports_the_judge_or_pytest() -> None:
                 continue
             for name in names:
                 if name.split(".")[0] == "pytest" or name.startswith(
-                    ("pytest_osmosis.judge", "pytest_osmosis.rubric")
+                    ("pytest_osmosis.rubric.judge", "pytest_osmosis.rubric.command")
                 ):
                     found.append(f"{path.name}:{node.lineno} imports {name}")
     assert found == []

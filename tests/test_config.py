@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from reference_paths import REFERENCE_WORKSPACE
 
-from pytest_osmosis.config import (
+from pytest_osmosis.errors import ConfigError
+from pytest_osmosis.workspace.config import (
     EvalConfig,
     Experiment,
     generated_run_name,
@@ -18,7 +19,6 @@ from pytest_osmosis.config import (
     validate_rollout_paths,
     validate_run_name,
 )
-from pytest_osmosis.errors import ConfigError
 
 EXPERIMENT = (
     '[experiment]\nrollout = "r"\nentrypoint = "main.py"\n'

@@ -1041,7 +1041,8 @@ def test_any_selection_is_a_dataset_or_a_dataset_error(
 @given(st.text(alphabet="0123456789,- x", max_size=12))
 def test_every_caller_reads_a_selector_by_one_grammar(spec: str) -> None:
     """The option check, the dataset and the run browser accept exactly the same selectors."""
-    from pytest_osmosis import config, runs
+    from pytest_osmosis.results import runs
+    from pytest_osmosis.workspace import config
 
     try:
         ranges: list[tuple[int, int]] | None = parse_row_selector(spec)

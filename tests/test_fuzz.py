@@ -23,7 +23,11 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from pytest_osmosis.config import (
+from pytest_osmosis.dataset import clear_dataset_cache, open_dataset, resolve_dataset_path
+from pytest_osmosis.errors import ConfigError, DatasetError, RunDirectoryError
+from pytest_osmosis.results import normalize_record, read_journal
+from pytest_osmosis.results.journal import journal_line
+from pytest_osmosis.workspace.config import (
     ENV_NAME_RE,
     SECRET_NAME_RE,
     EvalConfig,
@@ -31,10 +35,6 @@ from pytest_osmosis.config import (
     resolve_settings,
     validate_rollout_paths,
 )
-from pytest_osmosis.dataset import clear_dataset_cache, open_dataset, resolve_dataset_path
-from pytest_osmosis.errors import ConfigError, DatasetError, RunDirectoryError
-from pytest_osmosis.results import normalize_record, read_journal
-from pytest_osmosis.results.journal import journal_line
 
 FUNCTION_FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 

@@ -44,7 +44,7 @@ def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> N
     )
     # The rollout's own frame is shown; pytest's and ours are not.
     result.stdout.fnmatch_lines(["*main.py*in run*", "*raise RuntimeError*"])
-    assert "pytest_osmosis/runner.py" not in result.stdout.str()
+    assert "pytest_osmosis/execution/runner.py" not in result.stdout.str()
     assert "_pytest/" not in result.stdout.str()
     rows = read_index(only_run_dir(pytester.path))
     assert [(r["row_index"], r["status"], r.get("error_type")) for r in rows] == [

@@ -23,8 +23,8 @@ from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import read_index, toml_text
 
-from pytest_osmosis import loader
 from pytest_osmosis.results import source_digest
+from pytest_osmosis.workspace import loader
 
 pytest_plugins = ["pytester"]
 
@@ -219,7 +219,7 @@ def test_lazy_import_at_run_time_resolves_to_the_importing_rollout(tmp_path: Pat
             "def by_importlib():\n"
             "    return importlib.import_module('multiply_rollout.late').NAME\n"
         )
-    from pytest_osmosis import isolation
+    from pytest_osmosis.workspace import isolation
 
     modules = {}
     for name in ("one", "two"):

@@ -27,17 +27,17 @@ from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 from workspaces import calc_rows, only_run_dir, read_index, write_workspace
 
 import pytest_osmosis.plugin
-from pytest_osmosis._sdk_api import GraderContext, RolloutSample
 from pytest_osmosis.errors import ConfigError, DatasetError
-from pytest_osmosis.judge import JudgeError, RubricJudge
-from pytest_osmosis.rubric import (
+from pytest_osmosis.rubric.command import (
     RESULT_FILENAME,
     Progress,
     add_rubric_parser,
     load_records,
     resolve_rubric_text,
 )
-from pytest_osmosis.rubric_grader import ARTIFACT_NAME, RubricGrader
+from pytest_osmosis.rubric.grader import ARTIFACT_NAME, RubricGrader
+from pytest_osmosis.rubric.judge import JudgeError, RubricJudge
+from pytest_osmosis.workspace._sdk_api import GraderContext, RolloutSample
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "example_workspace" / "rubric"
 
@@ -695,7 +695,7 @@ import httpx
 
 from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, LocalBackend
 from pytest_osmosis.rollout import get_rollout_context
-from pytest_osmosis.rubric_grader import RubricGrader
+from pytest_osmosis.rubric.grader import RubricGrader
 
 
 class Ask(AgentWorkflow):
@@ -893,8 +893,8 @@ def test_rubric_grader_settings_are_checked_where_they_are_written() -> None:
 def test_importing_the_rubric_modules_does_not_import_litellm() -> None:
     code = (
         "import sys\n"
-        "import pytest_osmosis.rubric, pytest_osmosis.judge, pytest_osmosis.rubric_items\n"
-        "import pytest_osmosis.rubric_grader\n"
+        "import pytest_osmosis.rubric.command, pytest_osmosis.rubric.judge, pytest_osmosis.rubric_items\n"
+        "import pytest_osmosis.rubric.grader\n"
         "assert 'litellm' not in sys.modules, 'litellm imported'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -37,11 +37,11 @@ from osmosis_ai.eval.local.runner import _classify_outcome  # noqa: E402
 from osmosis_ai.rollout.server.app import _handle_rollout  # noqa: E402
 from workspaces import only_run_dir, read_index, toml_text  # noqa: E402
 
-from pytest_osmosis.loader import LoadedRollout  # noqa: E402
+from pytest_osmosis.execution.runner import Budgets, WorkItem, execute  # noqa: E402
 from pytest_osmosis.model.bridge import Bridge  # noqa: E402
 from pytest_osmosis.model.routes import ModelRoute  # noqa: E402
 from pytest_osmosis.results import build_trajectory  # noqa: E402
-from pytest_osmosis.runner import Budgets, WorkItem, execute  # noqa: E402
+from pytest_osmosis.workspace.loader import LoadedRollout  # noqa: E402
 
 try:
     import agents

@@ -253,8 +253,9 @@ def test_escaped_forms_of_a_value_are_redacted() -> None:
 def test_provider_messages_are_scrubbed_by_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bridge (model/errors.py), judge and the runner's headline all call secrets.scrub
     (escaped forms too)."""
-    from pytest_osmosis import judge, runner
+    from pytest_osmosis.execution import runner
     from pytest_osmosis.model import errors as bridge
+    from pytest_osmosis.rubric import judge
 
     monkeypatch.setenv("SOME_PROVIDER_TOKEN", QUOTED)
     monkeypatch.setenv("A_CREDENTIAL", LONG)

@@ -20,7 +20,7 @@ from typing import Any
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.report.compare import compare_runs, comparison_markdown, escape_markdown
 from pytest_osmosis.report.html import render_html
-from pytest_osmosis.runs import dataset_row, load_run, run_info
+from pytest_osmosis.results.runs import dataset_row, load_run, run_info
 from pytest_osmosis.words import ATTEMPTS, ERRORED, outcomes_text, pass_rate_basis
 
 __all__ = [

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_osmosis.report.stats import newcombe_difference, per_row_passes
-from pytest_osmosis.runs import dataset_row
+from pytest_osmosis.results.runs import dataset_row
 from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, PASSED, SKIPPED, one_line, percent
 
 
@@ -46,7 +46,7 @@ def _side(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def compare_runs(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any]:
-    """*current* against *baseline* (both from :func:`pytest_osmosis.runs.load_run`).
+    """*current* against *baseline* (both from :func:`pytest_osmosis.results.runs.load_run`).
 
     A row regressed when its share of passing attempts fell, improved when it rose.
     The pass-rate change is ``current - baseline`` over attempts not skipped, with Newcombe's

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pytest_osmosis.runs import dataset_row, error_messages, list_artifacts, read_trajectory
+from pytest_osmosis.results.runs import dataset_row, error_messages, list_artifacts, read_trajectory
 from pytest_osmosis.words import OUTCOME_WORDS
 
 MAX_TEXT = 20_000

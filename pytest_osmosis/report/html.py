@@ -19,7 +19,7 @@ from pytest_osmosis.report.assets import CSS, JS
 from pytest_osmosis.report.data import build_rows
 from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
-from pytest_osmosis.runs import dataset_row, format_duration, parse_time, run_info
+from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
 from pytest_osmosis.words import (
     ERRORED,
     OUTCOME_WORDS,

@@ -52,7 +52,7 @@ SOURCE_EXCLUDED_PATTERNS: tuple[str, ...] = ("uv.lock", "*.egg-info")
 
 def validate_run_name(name: str) -> str:
     """Return *name* if it is a valid run name (one safe path segment), else raise."""
-    from pytest_osmosis.config import run_name_problem
+    from pytest_osmosis.workspace.config import run_name_problem
 
     problem = run_name_problem(name)
     if problem is not None:

@@ -1,7 +1,7 @@
 """`RubricGrader`: grade a rollout's final answer against a rubric with an LLM judge.
 
 It asks the judge exactly what ``pytest-osmosis rubric`` asks (same prompt, answer
-format and score rules, `pytest_osmosis.judge`). Inside a run the call goes through the
+format and score rules, `pytest_osmosis.rubric.judge`). Inside a run the call goes through the
 plugin's loopback bridge, as any model call of a rollout does, so the judge's tokens are
 counted in the row and no provider key reaches the rollout; the bridge sends it to
 ``judge_model`` (named in the ``X-Osmosis-Judge-Model`` header) instead of the run's model.
@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from pytest_osmosis.errors import ConfigError
-from pytest_osmosis.judge import (
+from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER
+from pytest_osmosis.model.routes import (
+    EMBEDDED_MODEL_PATH,
+    JUDGE_MISSING_API_KEY,
+    JUDGE_MODEL_NOT_FOUND,
+    JUDGE_PROVIDER_ERROR,
+)
+from pytest_osmosis.rollout import Grader, GraderContext, get_rollout_context
+from pytest_osmosis.rubric.judge import (
     _EMBEDDED_EXPLANATION_CHARS,
     _EMBEDDED_MAX_TOKENS,
     JudgeError,
@@ -38,14 +46,6 @@ from pytest_osmosis.judge import (
     message_text,
     one_line,
 )
-from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER
-from pytest_osmosis.model.routes import (
-    EMBEDDED_MODEL_PATH,
-    JUDGE_MISSING_API_KEY,
-    JUDGE_MODEL_NOT_FOUND,
-    JUDGE_PROVIDER_ERROR,
-)
-from pytest_osmosis.rollout import Grader, GraderContext, get_rollout_context
 
 __all__ = ["ARTIFACT_NAME", "JUDGE_MODEL_HEADER", "RubricGrader"]
 

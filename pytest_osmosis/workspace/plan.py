@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis import __version__
-from pytest_osmosis.config import (
+from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
+from pytest_osmosis.errors import ConfigError, DatasetError
+from pytest_osmosis.workspace.config import (
     MAX_ITEMS,
     EvalConfig,
     EvalSettings,
@@ -26,8 +28,6 @@ from pytest_osmosis.config import (
     validate_rollout_paths,
     validate_run_name,
 )
-from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
-from pytest_osmosis.errors import ConfigError, DatasetError
 
 Overrides = Mapping[str, tuple[object, str]]
 

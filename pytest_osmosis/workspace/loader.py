@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis import isolation
 from pytest_osmosis.errors import RolloutLoadError
+from pytest_osmosis.workspace import isolation
 
 
 @dataclass(frozen=True)
@@ -365,8 +365,8 @@ class _Guard:
         Deleting a ``__new__`` set on a class does not give back ``object.__new__``'s own
         argument handling (CPython), so it stays: outside a load it only builds the object.
         """
-        import pytest_osmosis._sdk_api as ours
         import pytest_osmosis.rollout  # noqa: F401  (imports the SDK when present)
+        import pytest_osmosis.workspace._sdk_api as ours
 
         bases: list[type[Any]] = [ours.ExecutionBackend]
         sdk = sys.modules.get("osmosis_ai.rollout.backend.base")
@@ -427,7 +427,7 @@ def _user_traceback(exc: BaseException, rollout_dir: Path) -> str:
 
 
 def _backend_classes() -> list[type[Any]]:
-    import pytest_osmosis._sdk_api as _sdk_api
+    import pytest_osmosis.workspace._sdk_api as _sdk_api
 
     classes: list[type[Any]] = [_sdk_api.LocalBackend]
     sdk = sys.modules.get("osmosis_ai.rollout")
@@ -515,7 +515,7 @@ def _only_instance(module: types.ModuleType, cls: type[Any]) -> Any:
 
 
 def _resolve_override(spec: str, module: types.ModuleType, option: str) -> type[Any]:
-    from pytest_osmosis._sdk_api import resolve_object
+    from pytest_osmosis.workspace._sdk_api import resolve_object
 
     try:
         if ":" not in spec:

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_osmosis.errors import ResourceExhaustedError
-from pytest_osmosis.executor import LoopStopped, stalled_by_others, start_owned
-from pytest_osmosis.loader import LoadedRollout
+from pytest_osmosis.execution.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.outcome import RowResult
 from pytest_osmosis.secrets import scrub
 from pytest_osmosis.words import one_line
+from pytest_osmosis.workspace.loader import LoadedRollout
 
 logger = logging.getLogger(__name__)
 
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+_PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)  # the whole package
 
 
 class BridgeLike(Protocol):

@@ -73,7 +73,7 @@ class RubricRecord:
 
 
 def _parse_record(payload: dict[str, Any], index: int, line: int, path: Path) -> RubricRecord:
-    from pytest_osmosis.judge import extract_candidate
+    from pytest_osmosis.rubric.judge import extract_candidate
 
     where = f"{path}: line {line}"
     messages = payload.get("messages")
@@ -239,9 +239,9 @@ async def evaluate_records(
 ) -> list[RecordResult]:
     """Judge every (record, run) pair, at most `concurrency` at once, in record order.
 
-    `judge` is a `pytest_osmosis.judge.RubricJudge` (anything with the same ``judge``).
+    `judge` is a `pytest_osmosis.rubric.judge.RubricJudge` (anything with the same ``judge``).
     """
-    from pytest_osmosis.judge import JudgeError
+    from pytest_osmosis.rubric.judge import JudgeError
 
     semaphore = asyncio.Semaphore(concurrency)
 
@@ -257,7 +257,7 @@ async def evaluate_records(
             except JudgeError as exc:
                 outcome: tuple[float | None, str | None, str | None] = (None, None, str(exc))
             except Exception as exc:  # noqa: BLE001 - one line per record, never a traceback
-                from pytest_osmosis.judge import one_line
+                from pytest_osmosis.rubric.judge import one_line
 
                 outcome = (None, None, f"{type(exc).__name__}: {one_line(str(exc))}")
             else:
@@ -430,7 +430,7 @@ def run_rubric_command(
     def say(line: str) -> None:
         print(line, file=out)
 
-    from pytest_osmosis.judge import RubricJudge
+    from pytest_osmosis.rubric.judge import RubricJudge
 
     try:
         if args.number < 1:
@@ -482,7 +482,7 @@ def run_rubric_command(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pytest_osmosis.rubric ...``: the command without the umbrella CLI."""
+    """``python -m pytest_osmosis.rubric.command ...``: the command without the umbrella CLI."""
     parser = _configure_parser(
         argparse.ArgumentParser(
             prog="pytest-osmosis rubric", description=__doc__, allow_abbrev=False

@@ -1,0 +1,1 @@
+"""LLM-as-judge: the verdict, the RubricGrader, and the ``rubric`` command."""

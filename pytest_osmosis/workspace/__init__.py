@@ -1,0 +1,1 @@
+"""An Osmosis workspace read: eval configs, plans, and rollouts imported in isolation."""

@@ -1,0 +1,53 @@
+"""The package's layout shows its architecture: only top-level modules know pytest.
+
+Subpackages (workspace/, dataset/, execution/, model/, rubric/, results/, report/) are
+plain libraries that a command, a benchmark or another runner can use without pytest;
+the top-level modules (plugin, collect, session, controller, xdist, ...) adapt them to
+pytest. A subpackage importing pytest, its internals, xdist or pluggy fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest_osmosis
+
+PACKAGE = Path(pytest_osmosis.__file__).resolve().parent
+PYTEST_WORLD = ("pytest", "_pytest", "xdist", "pluggy", "pytest_timeout")
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_only_top_level_modules_import_pytest() -> None:
+    offenders = {
+        str(path.relative_to(PACKAGE)): sorted(_imported_roots(path) & set(PYTEST_WORLD))
+        for path in sorted(PACKAGE.glob("*/**/*.py"))
+        if _imported_roots(path) & set(PYTEST_WORLD)
+    }
+    assert offenders == {}
+
+
+def test_the_subpackages_exist_and_say_what_they_are() -> None:
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert packages == ["dataset", "execution", "model", "report", "results", "rubric", "workspace"]
+    for name in packages:
+        assert ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text())), name
+
+
+def test_the_public_import_paths_stay() -> None:
+    import importlib
+
+    for name in ("pytest_osmosis.plugin", "pytest_osmosis.rollout", "pytest_osmosis.hookspecs"):
+        importlib.import_module(name)
+    from pytest_osmosis.cli import main
+
+    assert callable(main)
