@@ -335,6 +335,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pytest_osmosis.report import (
         compare_runs,
         comparison_markdown,
+        redacted,
         run_markdown,
         write_report,
     )
@@ -355,6 +356,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         run = load_run(run_dir)
         comparison = compare_runs(run, load_run(baseline_dir)) if baseline_dir else None
         text = comparison_markdown(comparison) if comparison else run_markdown(run)
+        text = redacted(text, run)  # as a written report is
         if args.json:
             payload["resource"] = {"format": "markdown", "path": None}
             payload["markdown"] = text

@@ -688,6 +688,16 @@ def test_trajectories_projections_and_report_are_redacted(
     html = later.read_bytes()
     assert b"artifact " + REDACTED.encode() in html
     assert not leaks({"later.html": html}), leaks({"later.html": html})
+    # Markdown to stdout (a PR comment), plain and as JSON, is redacted as a file is.
+    for extra in ((), ("--json",)):
+        printed = subprocess.run(
+            [sys.executable, "-m", "pytest_osmosis", "report", str(run_dir), "--format",
+             "markdown", *extra],
+            env=env,
+            check=True,
+            capture_output=True,
+        ).stdout
+        assert printed and not leaks({"markdown": printed}), leaks({"markdown": printed})
 
 
 # --------------------------------------------------------------------------- #

@@ -156,11 +156,11 @@ def write_report(
         text = comparison_markdown(comparison) if comparison is not None else run_markdown(run)
     else:
         text = render_html(run, target.parent, comparison)
-    _write_text(target, _redacted(text, run))
+    _write_text(target, redacted(text, run))
     return target, comparison
 
 
-def _redacted(text: str, run: Mapping[str, Any]) -> str:
+def redacted(text: str, run: Mapping[str, Any]) -> str:
     """*text* without secrets: the report embeds artifacts, messages and errors verbatim.
 
     Besides what this process knows (a session's ``[secrets]``, provider keys), the
