@@ -126,7 +126,9 @@ class EvalSession:
         self._slot: blame.Slot | None = None
         #: Where a row's ``os._exit`` names the row (single process; see _record_killed_rows).
         self._exit_paths: list[str] = []
-        self._restore_exit = None if is_worker else blame.witness_exits(self._exit_paths)
+        self._restore_exit = (
+            None if is_worker else blame.witness_exits(self._exit_paths, self._journal_finished)
+        )
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
@@ -270,6 +272,19 @@ class EvalSession:
             )
         if not self.is_worker and self.runs:
             self._exit_paths[:] = [_exit_witness(run.plan) for run in self.runs.values()]
+
+    def _journal_finished(self) -> None:
+        """A row is ending the process (``os._exit``): journal the rows that finished ahead
+        of it but were not reported yet, so that the next session does not run them again."""
+        if self._executor is None:
+            return
+        for nodeid, result in self._executor.finished().items():
+            found = self.item_key(nodeid)
+            if found is None or not isinstance(result, dict):
+                continue
+            run = self.runs[found[0]]
+            if run.rundir.pending([found[1]]) and not result.get("storage_fault"):
+                run.rundir.append(result)
 
     def load_rollout(self, plan: EvalPlan) -> LoadedRollout:
         if plan.config_path not in self._rollouts:

@@ -377,6 +377,68 @@ def test_a_row_that_kills_the_session_is_recorded_by_the_next_one(
     third.assert_outcomes(passed=3)
 
 
+FINISHED_AHEAD_ROLLOUT = r"""
+import asyncio
+import os
+from pathlib import Path
+
+from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader
+
+
+class Workflow(AgentWorkflow):
+    async def run(self, ctx):
+        meta = ctx.metadata
+        if meta.get("dies"):
+            # Wait (by events, not time) until the other rows' trajectories are written,
+            # then give their tasks a few loop turns to complete, and end the process.
+            trials = Path(meta["run_dir"], "rollout_trials")
+            while len(list(trials.glob("*/trajectory.json"))) < int(meta["others"]):
+                await asyncio.sleep(0.02)
+            for _ in range(50):
+                await asyncio.sleep(0)
+            os._exit(7)
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": "ok"}])
+
+
+class AlwaysRight(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+"""
+
+
+def test_rows_finished_ahead_of_a_row_calling_os_exit_are_kept(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:
+    """Row 0 ends the process after rows 1 and 2 finished ahead of it (started at once,
+    not reported yet): their results are journalled before the process ends, so the next
+    session records row 0 ``worker_crashed`` and runs nothing else again."""
+    root = pytester.path
+    run_dir = root / ".osmosis" / "evals" / "ahead"
+    rows = [
+        {"user_prompt": f"row {i}", "ground_truth": "ok", "metadata": {"i": i}} for i in range(3)
+    ]
+    rows[0]["metadata"].update(dies=True, run_dir=str(run_dir), others=2)
+    write_workspace(
+        root, rows=rows, rollout_source=FINISHED_AHEAD_ROLLOUT, evaluation={"batch_size": 3}
+    )
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "ahead")
+    first = pytester.runpytest_subprocess(*args, "--osmosis-concurrency", "3")
+    assert first.ret == 7, first.stdout.str()
+    journal = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert sorted(r["row_index"] for r in journal) == [1, 2], journal
+    second = pytester.runpytest_subprocess(*args)
+    out = second.stdout.str()
+    assert second.ret == 1, out
+    records = {r["row_index"]: (r["status"], r.get("error_type")) for r in read_index(run_dir)}
+    assert records == {
+        0: ("failed", "worker_crashed"),
+        1: ("success", None),
+        2: ("success", None),
+    }, out
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    assert len(lines) == 3, lines  # rows 1 and 2 were not run (and journalled) again
+
+
 # -- Ctrl-C twice during the preflight wait --------------------------------------------
 
 

@@ -215,13 +215,16 @@ def enter(nodeid: str) -> None:
 NO_ROW = ""
 
 
-def witness_exits(paths: list[str]) -> Callable[[], None]:
+def witness_exits(
+    paths: list[str], before_exit: Callable[[], None] | None = None
+) -> Callable[[], None]:
     """Make ``os._exit`` called from a row's code leave ``<status>\\n<node id>`` in each path.
 
     Without xdist no process outlives the one a row kills, so the next session learns
     from this file which row it was. Only a row's own call is witnessed: a kill from
     outside (``kill -9``, the OOM killer) leaves nothing, and no row is blamed for it.
-    ``paths`` may grow after the call. Returns what puts the real ``os._exit`` back.
+    ``paths`` may grow after the call; ``before_exit`` (journalling what finished) runs
+    after the witness is written. Returns what puts the real ``os._exit`` back.
     """
     real = os._exit
 
@@ -232,6 +235,9 @@ def witness_exits(paths: list[str]) -> Callable[[], None]:
             for path in paths:
                 with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as file:
                     file.write(text)
+            if before_exit is not None:
+                with contextlib.suppress(BaseException):  # dying anyway: never in the way
+                    before_exit()
         real(status)
 
     os._exit = exit_witnessed

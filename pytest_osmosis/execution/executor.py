@@ -294,6 +294,12 @@ class Executor:
             self._futures.pop(key, None)
         return result
 
+    def finished(self) -> dict[str, Any]:
+        """Results of items that completed but nobody has taken yet (key -> result)."""
+        with self._lock:
+            done = [(k, f) for k, f in self._futures.items() if f.done() and not f.cancelled()]
+        return {key: future.result() for key, future in done if future.exception() is None}
+
     def abandon(self, key: str) -> None:
         """Give up on ``key``: cancel it (if its code ever yields) and forget it."""
         with self._lock:
