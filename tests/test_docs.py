@@ -3,11 +3,13 @@
 Code cites the contract as ``contract §x.y`` (docs/contract.md keeps the research spec's
 section numbers), and docs/how-it-works.md names the module of every step. These tests
 read files only: every cited section must be a heading of docs/contract.md, every module
-how-it-works.md names must exist, and the docs' relative links must resolve.
+the docs name must exist, every ``module.py::name`` (or ``module.py::Class.method``) they
+name must be defined there, and the docs' relative links must resolve.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -34,6 +36,13 @@ _APPENDIX_HEADING = re.compile(r"^#{2,4}\s+Appendix ([A-Z])\b", re.MULTILINE)
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 _PY_PATH = re.compile(r"(?<![\w./])((?:[A-Za-z_]\w*/)*[A-Za-z_]\w*\.py)\b")
 _DOTTED = re.compile(r"\bpytest_osmosis(?:\.[A-Za-z_]\w*)+")
+#: ``plugin.py::pytest_configure``, ``session.py::EvalSession.open_runs``: a module and a
+#: name defined in it (a call's arguments after the name are allowed, ``f(x=1)``).
+_QUALIFIED = re.compile(
+    r"(?<![\w./])((?:[A-Za-z_]\w*/)*[A-Za-z_]\w*\.py)::([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?)"
+)
+#: Paths into the official SDK's source (``osmosis_ai/eval/local/upload.py``), not ours.
+_SDK_PATH = "osmosis_ai/"
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
@@ -96,24 +105,99 @@ def _named_modules(text: str) -> set[str]:
     """Module paths in code spans: ``plugin.py::X``, ``results/rundir.py``, ``pytest_osmosis.x``."""
     named: set[str] = set()
     for span in _CODE_SPAN.findall(text):
-        named.update(_PY_PATH.findall(span))
+        named.update(p for p in _PY_PATH.findall(span) if not p.startswith(_SDK_PATH))
         named.update(_DOTTED.findall(span))
     return named
 
 
+def _module_file(name: str) -> Path:
+    """``results/rundir.py`` is ``pytest_osmosis/results/rundir.py``; rooted paths stay."""
+    rooted = name.startswith(("tests/", "pytest_osmosis/", "docs/", "bench/"))
+    return ROOT / name if rooted else PACKAGE / name
+
+
 def _exists(name: str) -> bool:
     if name.endswith(".py"):
-        rooted = name.startswith(("tests/", "pytest_osmosis/", "docs/", "bench/"))
-        return (ROOT / name).is_file() if rooted else (PACKAGE / name).is_file()
+        return _module_file(name).is_file()
     path = ROOT.joinpath(*name.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
-def test_every_module_how_it_works_names_exists() -> None:
-    named = _named_modules(HOW_IT_WORKS.read_text(encoding="utf-8"))
+def _bound_names(body: list[ast.stmt]) -> dict[str, ast.stmt]:
+    """Names a module or class body defines: def, class, assignment (also under if/try)."""
+    names: dict[str, ast.stmt] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Name):
+                        names[leaf.id] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names[node.target.id] = node
+        elif isinstance(node, ast.If):
+            names.update(_bound_names(node.body))
+            names.update(_bound_names(node.orelse))
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody):
+                names.update(_bound_names(block))
+            for handler in node.handlers:
+                names.update(_bound_names(handler.body))
+    return names
+
+
+def _defines(module: Path, qualified: str) -> bool:
+    """Whether ``module`` defines ``name`` at top level, or ``Class.member`` in its class."""
+    names = _bound_names(ast.parse(module.read_text(encoding="utf-8")).body)
+    first, _, member = qualified.partition(".")
+    node = names.get(first)
+    if node is None:
+        return False
+    if not member:
+        return True
+    return isinstance(node, ast.ClassDef) and member in _bound_names(node.body)
+
+
+def _qualified_names(text: str) -> set[tuple[str, str]]:
+    """``(module path, name)`` for every ``path.py::name`` in a code span."""
+    return {
+        (path, name)
+        for span in _CODE_SPAN.findall(text)
+        for path, name in _QUALIFIED.findall(span)
+        if not path.startswith(_SDK_PATH)
+    }
+
+
+@pytest.mark.parametrize("doc", ["how-it-works.md", "contract.md"])
+def test_every_module_the_docs_name_exists(doc: str) -> None:
+    named = _named_modules((DOCS / doc).read_text(encoding="utf-8"))
     assert len(named) >= 20, f"the module pattern found too little: {sorted(named)}"
     missing = sorted(name for name in named if not _exists(name))
-    assert not missing, f"docs/how-it-works.md names modules that do not exist: {missing}"
+    assert not missing, f"docs/{doc} names modules that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", ["how-it-works.md", "contract.md"])
+def test_every_name_the_docs_give_a_module_is_defined_there(doc: str) -> None:
+    qualified = _qualified_names((DOCS / doc).read_text(encoding="utf-8"))
+    assert len(qualified) >= 20, f"the name pattern found too little: {sorted(qualified)}"
+    undefined = sorted(
+        f"{path}::{name}"
+        for path, name in qualified
+        if not _module_file(path).is_file() or not _defines(_module_file(path), name)
+    )
+    assert not undefined, f"docs/{doc} names what its module does not define: {undefined}"
+
+
+def test_the_name_check_reads_definitions_not_mentions() -> None:
+    """The checker itself: a def, a method, an assignment count; a mere mention does not."""
+    here = "tests/test_docs.py"
+    assert _defines(_module_file(here), "_defines")
+    assert _defines(_module_file(here), "_QUALIFIED")
+    assert not _defines(_module_file(here), "ast")  # imported, not defined
+    assert _defines(_module_file("session.py"), "EvalSession.open_runs")
+    assert not _defines(_module_file("session.py"), "EvalSession.no_such_method")
+    assert _qualified_names("`a/b.py::C.d(x=1)` and `osmosis_ai/x.py::y`") == {("a/b.py", "C.d")}
 
 
 @pytest.mark.parametrize("doc", ["how-it-works.md", "contract.md", "sdk-call-routes.md"])
