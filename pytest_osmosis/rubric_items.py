@@ -242,12 +242,7 @@ class RubricItem(pytest.Item):
             from pytest_osmosis.rubric.judge import JudgeError, one_line
 
             try:
-                verdict = await judge.judge(
-                    record.solution_str,
-                    ground_truth=record.ground_truth,
-                    original_input=record.original_input,
-                    metadata=record.metadata,
-                )
+                verdict = await record.judged_by(judge)
             except JudgeError as exc:
                 return {"error": str(exc)}
             except Exception as exc:  # noqa: BLE001 - one line per item, never a traceback

@@ -20,9 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ConfigError, DatasetError, OsmosisError
+
+if TYPE_CHECKING:
+    from pytest_osmosis.rubric.judge import RubricJudge, Verdict
 
 __all__ = [
     "CONCURRENCY",
@@ -70,6 +73,15 @@ class RubricRecord:
     @property
     def label(self) -> str:
         return self.record_id or f"record[{self.index}]"
+
+    async def judged_by(self, judge: RubricJudge) -> Verdict:
+        """The judge's verdict on this record, with its context: one way for every caller."""
+        return await judge.judge(
+            self.solution_str,
+            ground_truth=self.ground_truth,
+            original_input=self.original_input,
+            metadata=self.metadata,
+        )
 
 
 def _parse_record(payload: dict[str, Any], index: int, line: int, path: Path) -> RubricRecord:
@@ -248,12 +260,7 @@ async def evaluate_records(
     async def one(record: RubricRecord) -> tuple[float | None, str | None, str | None]:
         async with semaphore:
             try:
-                verdict = await judge.judge(
-                    record.solution_str,
-                    ground_truth=record.ground_truth,
-                    original_input=record.original_input,
-                    metadata=record.metadata,
-                )
+                verdict = await record.judged_by(judge)
             except JudgeError as exc:
                 outcome: tuple[float | None, str | None, str | None] = (None, None, str(exc))
             except Exception as exc:  # noqa: BLE001 - one line per record, never a traceback
