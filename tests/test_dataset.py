@@ -1054,6 +1054,9 @@ def test_every_caller_reads_a_selector_by_one_grammar(spec: str) -> None:
     except ValueError:
         option_ok = False
     assert option_ok == (ranges is not None)
+    huge = ranges is not None and any(end - start > runs.MAX_RANGE_ROWS for start, end in ranges)
+    if huge or sum(end - start + 1 for start, end in ranges or []) > 100_000:
+        return  # the run browser does not expand such a selector; nothing more to compare
     rows = runs.parse_row_selector(spec)
     assert (rows is not None) == (ranges is not None)
     if rows is not None:

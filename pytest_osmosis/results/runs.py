@@ -145,13 +145,18 @@ def parse_time(value: Any) -> datetime | None:
     return parsed
 
 
+#: Rows one range of a manifest's selector may name before it is taken for unreadable
+#: (the list is built in memory; a run holds at most 10,000,000 work items anyway).
+MAX_RANGE_ROWS = 10_000_000
+
+
 def parse_row_selector(selector: Any) -> list[int] | None:
     """``"0-9,12"`` (manifest ``selected_source_rows``) -> ``[0, ..., 9, 12]``; None: unreadable."""
     try:
         ranges = dataset_row_ranges(selector) if isinstance(selector, str) else None
     except RowSelectorError:
         return None
-    if ranges is None or any(stop - start > 10_000_000 for start, stop in ranges):
+    if ranges is None or any(stop - start > MAX_RANGE_ROWS for start, stop in ranges):
         return None
     return [row for start, stop in ranges for row in range(start, stop + 1)]
 
