@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.errors import DatasetError
+from pytest_osmosis.words import one_line as fold
 
 METADATA = "metadata"
 CONTRACT_COLUMNS = ("system_prompt", "user_prompt", "ground_truth", "label", METADATA)
@@ -41,7 +42,7 @@ def short(value: str) -> str:
 
 def one_line(exc: BaseException) -> str:
     """Library messages may span lines; ours are one line."""
-    return " ".join(str(exc).split())
+    return fold(str(exc))
 
 
 _JSON_KINDS = {bool: "boolean", int: "number", float: "number", str: "string", list: "array"}

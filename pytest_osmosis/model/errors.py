@@ -33,14 +33,18 @@ _CONNECT_ERRORS = frozenset(
 _CREDENTIAL_HINT = re.compile(r"api[ _-]?key|credential", re.IGNORECASE)
 
 
+def provider_line(text: str, secret_values: tuple[str, ...] = ()) -> str:
+    """Provider text as one line: no traceback, no ``litellm.`` prefix, no secret (uncut)."""
+    flat = " ".join(text.split("Traceback (most recent call last)", 1)[0].split())
+    if flat.startswith("litellm."):
+        flat = flat[len("litellm.") :]
+    return scrub(flat, secret_values)
+
+
 def _one_line(exc: BaseException, secret_values: tuple[str, ...] = ()) -> str:
     """A provider error as one short line, with anything that looks like a secret removed."""
     text = str(getattr(exc, "message", None) or exc) or type(exc).__name__
-    text = text.split("Traceback (most recent call last)", 1)[0]
-    text = " ".join(text.split())
-    if text.startswith("litellm."):
-        text = text[len("litellm.") :]
-    return scrub(text, secret_values)[:500]
+    return provider_line(text, secret_values)[:500]
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_osmosis.errors import ConfigError, OsmosisError
+from pytest_osmosis.model.errors import provider_line
 from pytest_osmosis.model.litellm import _litellm
 from pytest_osmosis.model.routes import (
     DEFAULT_API_KEY_ENV,
@@ -31,7 +32,7 @@ from pytest_osmosis.model.routes import (
     provider_of,
     resolve_route,
 )
-from pytest_osmosis.secrets import scrub
+from pytest_osmosis.words import one_line as fold
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -257,11 +258,7 @@ def parse_verdict(content: Any, score_min: float, score_max: float) -> Verdict:
 
 def one_line(text: str, limit: int = 300) -> str:
     """Provider text as one short line, with values of secret-looking variables removed."""
-    flat = " ".join(text.split("Traceback (most recent call last)", 1)[0].split())
-    if flat.startswith("litellm."):
-        flat = flat[len("litellm.") :]
-    flat = scrub(flat)
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    return fold(provider_line(text), limit)
 
 
 def _exception_detail(exc: BaseException) -> str:

@@ -66,7 +66,8 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _one_line(message: str) -> str:
+def _newlines_escaped(message: str) -> str:
+    """A message keeps every character of the value it quotes, on one line (not folded)."""
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
@@ -304,12 +305,12 @@ def load_eval_config(path: Path) -> EvalConfig:
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(_one_line(f"{path}: invalid TOML{_toml_problem(exc)}")) from None
+        raise ConfigError(_newlines_escaped(f"{path}: invalid TOML{_toml_problem(exc)}")) from None
     try:
         return EvalConfig.model_validate(raw)
     except ValidationError as exc:
         issues = "; ".join(_issue(error) for error in exc.errors())
-        raise ConfigError(_one_line(f"{path}: {issues}")) from None
+        raise ConfigError(_newlines_escaped(f"{path}: {issues}")) from None
 
 
 def _resolved(path: Path) -> Path | None:
@@ -323,7 +324,7 @@ def validate_rollout_paths(workspace: Path, experiment: Experiment, config_path:
     """Return the absolute entrypoint, which must stay inside ``rollouts/<rollout>/``."""
 
     def fail(key: str, problem: str) -> ConfigError:
-        return ConfigError(_one_line(f"{config_path}: experiment.{key}: {problem}"))
+        return ConfigError(_newlines_escaped(f"{config_path}: experiment.{key}: {problem}"))
 
     rollout, entrypoint = experiment.rollout, experiment.entrypoint
     if (
@@ -490,7 +491,7 @@ def _override(name: str, raw: object, source: str) -> object:
     try:
         return check(parse(raw.strip()) if isinstance(raw, str) else raw)
     except ValueError as exc:
-        raise ConfigError(_one_line(f"{source}: {exc}, got {_show(raw)}")) from None
+        raise ConfigError(_newlines_escaped(f"{source}: {exc}, got {_show(raw)}")) from None
 
 
 def run_name_problem(name: str) -> str | None:
@@ -515,7 +516,7 @@ def validate_run_name(name: str, *, source: str = "run name") -> str:
     """Return ``name`` if it is a safe single directory name, else a ``ConfigError``."""
     problem = run_name_problem(name)
     if problem is not None:
-        raise ConfigError(_one_line(f"{source}: {problem}, got {_show(name)}"))
+        raise ConfigError(_newlines_escaped(f"{source}: {problem}, got {_show(name)}"))
     return name
 
 
