@@ -220,13 +220,25 @@ class Controller:
 
     def _write_reports(self) -> None:
         from pytest_osmosis.errors import OsmosisError
-        from pytest_osmosis.report import write_report_for_run
+        from pytest_osmosis.report import write_index, write_report_for_run
 
+        roots: dict[Path, list[ControllerRun]] = {}
         for run in self.session.runs.values():
             try:
-                run.report_path = write_report_for_run(run.plan.run_dir)
+                run.report_path = write_report_for_run(
+                    run.plan.run_dir, dataset=run.plan.dataset.path
+                )
             except OsmosisError as exc:
                 run.report_error = str(exc)
+            roots.setdefault(run.plan.output_root, []).append(run)
+        for root, runs in roots.items():
+            # runs.html beside the run directories: this session's runs among the others.
+            try:
+                index = write_index(root)
+            except OsmosisError:
+                continue  # a read-only root: the run's own report is what was asked for
+            for run in runs:
+                run.index_path = index
 
     def _gate(self, session: pytest.Session) -> None:
         from pytest_osmosis.gate import Verdict, decide

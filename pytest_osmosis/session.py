@@ -95,6 +95,7 @@ class ControllerRun:
     metrics: dict[str, Any] = field(default_factory=dict)
     report_path: Path | None = None
     report_error: str | None = None
+    index_path: Path | None = None
     created: bool = False
     """This session made the run directory (removed again if the preflight fails)."""
     storage_fault: str | None = None
