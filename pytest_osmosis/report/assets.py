@@ -74,6 +74,7 @@ tbody tr:focus{outline:2px solid var(--accent);outline-offset:-2px}
 border-left:1px solid var(--line);box-shadow:-6px 0 24px rgba(0,0,0,.08);overflow:auto;
 padding:16px 20px 40px;z-index:10}
 #detail[hidden]{display:none}
+#detail.wide{width:min(920px,62vw)}
 #detail h3{margin:0 0 4px;font-size:18px}
 #detail h4{margin:18px 0 6px;font-size:14px}
 #close{float:right;font:inherit;border:1px solid var(--line);background:#fff;border-radius:6px;
@@ -373,6 +374,7 @@ JS = r"""
     var r = byKey[key];
     if (!r) return;
     renderDetail(r);
+    drawer.classList.remove("wide");
     drawer.hidden = false;
     if (selected) selected.classList.remove("selected");
     selected = tbody.querySelector('tr[data-key="' + key + '"]');
@@ -420,6 +422,7 @@ JS = r"""
     var p = cmpByRow[row];
     if (!p) return;
     renderCompare(p);
+    drawer.classList.add("wide");
     drawer.hidden = false;
     if (selected) selected.classList.remove("selected");
     selected = cmpBody.querySelector('tr[data-cmp="' + row + '"]');

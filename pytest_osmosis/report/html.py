@@ -15,7 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis import __version__
+from pytest_osmosis import __version__, outcome
 from pytest_osmosis.report.assets import CSS, JS
 from pytest_osmosis.report.compare import side_by_side
 from pytest_osmosis.report.data import CELL_CHARS, DatasetInputs, build_rows, input_text
@@ -470,8 +470,10 @@ def _answers_cell(attempts: Sequence[Mapping[str, Any]]) -> str:
     """``1/2 passed`` and the first attempt's answer (or error type), on one line."""
     if not attempts:
         return '<td class="muted">not run</td>'
-    passes = sum(1 for a in attempts if a.get("outcome") == "passed")
-    counted = sum(1 for a in attempts if a.get("outcome") != "skipped")
+    passes = sum(1 for a in attempts if a.get("outcome") == outcome.PASSED)
+    counted = sum(1 for a in attempts if a.get("outcome") != outcome.SKIPPED)
+    if not counted:
+        return f'<td class="muted">every attempt {_e(SKIPPED)}</td>'
     first = attempts[0]
     said = first.get("ans") or (f"[{first['err']}]" if first.get("err") else "")
     return (

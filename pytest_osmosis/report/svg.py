@@ -278,13 +278,16 @@ def time_chart(
         x = LEFT + (t - first) / span * plot_w if span > 0 else LEFT + plot_w / 2
         return x, TOP + PLOT_H - value * PLOT_H
 
+    # Runs minutes apart need seconds on the axis; runs months apart need only the day.
+    shape = "%H:%M:%S" if span < 3600 else "%m-%d %H:%M" if span < 3 * 86400 else "%Y-%m-%d"
     for tick in range(5 if span > 0 else 1):
         t = first + span * tick / 4 if span > 0 else first
         x, _ = xy(t, 0)
         when = datetime.fromtimestamp(t, timezone.utc)
+        anchor = "end" if tick == 4 else "middle"  # the last label would leave the plot
         parts.append(
             f'<text class="tick" x="{x:.1f}" y="{TOP + PLOT_H + 14}" '
-            f'text-anchor="middle">{when:%m-%d %H:%M}</text>'
+            f'text-anchor="{anchor}">{when.strftime(shape)}</text>'
         )
     for index, (title, line) in enumerate(series):
         css = f"s{min(index, SERIES_COLOURS - 1)}"
