@@ -1,8 +1,7 @@
 """The report's per-attempt columns, compare view and runs.html, in a real Chromium.
 
-Playwright (from PyPI) drives Debian's ``chromium`` through ``executable_path``: no browser
-is downloaded. Each page is a file:// URL; every request the page makes is recorded and
-must be file: or data:, and console errors or uncaught exceptions fail the test.
+The browser is Debian's chromium driven by Playwright (``chromium_page``): every request
+a page makes must be local, and console errors or uncaught exceptions fail the test.
 
 The run is a copy of the official SDK's reference run inside a copy of the workspace that
 made it, so the dataset file (found by the manifest's sha256) gives the input of the rows
@@ -15,11 +14,11 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium_page import Watched, needs_chromium
 from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE
 
 from pytest_osmosis.cli import main
@@ -29,28 +28,9 @@ from pytest_osmosis.report.stats import wilson_interval
 from pytest_osmosis.results.metrics import aggregate_metrics
 from pytest_osmosis.words import percent
 
-CHROMIUM = next(
-    (
-        found
-        for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-        if (found := shutil.which(name))
-    ),
-    None,
-)
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--host-resolver-rules=MAP * ~NOTFOUND",  # even a stray lookup resolves nowhere
-]
+pytest_plugins = ["chromium_page"]
 pytestmark = [
-    pytest.mark.skipif(
-        CHROMIUM is None,
-        reason="no chromium binary on PATH (Debian: apt-get install chromium); the report's "
-        "browser checks need a real browser",
-    ),
+    needs_chromium,
     pytest.mark.skipif(
         not REFERENCE_RUN.is_dir() or not REFERENCE_WORKSPACE.is_dir(),
         reason=f"the SDK's reference run and workspace are not at {REFERENCE_RUN.parent}",
@@ -109,58 +89,6 @@ def root(tmp_path: Path) -> Path:
     index[2]["cost_usd"] = 0.5
     write_jsonl(run / "index.jsonl", index)
     return evals
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield launched
-        launched.close()
-
-
-class Watched:
-    """A page and what went wrong on it: console errors, exceptions, non-local requests."""
-
-    def __init__(self, browser: Any) -> None:
-        self.context = browser.new_context(viewport={"width": 1500, "height": 950})
-        self.page = self.context.new_page()
-        self.problems: list[str] = []
-        self.page.on(
-            "console",
-            lambda m: (
-                self.problems.append(f"console.{m.type}: {m.text}")
-                if m.type in ("error", "assert")
-                else None
-            ),
-        )
-        self.page.on("pageerror", lambda e: self.problems.append(f"exception: {e}"))
-        self.page.on(
-            "request",
-            lambda r: (
-                None
-                if r.url.startswith(("file:", "data:", "about:"))
-                else self.problems.append(f"network request: {r.url}")
-            ),
-        )
-
-    def open(self, path: Path, fragment: str = "") -> Any:
-        self.page.goto(path.as_uri() + fragment)
-        return self.page
-
-    def drawer_text(self) -> str:
-        self.page.wait_for_selector("#detail:not([hidden])")
-        return str(self.page.inner_text("#detail"))
-
-
-@pytest.fixture
-def watched(browser: Any) -> Iterator[Watched]:
-    page = Watched(browser)
-    yield page
-    page.context.close()
-    assert page.problems == []
 
 
 def cells(page: Any, key: str) -> dict[str, str]:

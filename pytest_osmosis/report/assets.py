@@ -370,16 +370,19 @@ JS = r"""
     });
   }
   var selected = null;
+  function showDrawer(tr, wide) {
+    drawer.classList.toggle("wide", wide);
+    drawer.hidden = false;
+    if (selected) selected.classList.remove("selected");
+    selected = tr;
+    if (selected) selected.classList.add("selected");
+    drawer.scrollTop = 0;
+  }
   function openKey(key) {
     var r = byKey[key];
     if (!r) return;
     renderDetail(r);
-    drawer.classList.remove("wide");
-    drawer.hidden = false;
-    if (selected) selected.classList.remove("selected");
-    selected = tbody.querySelector('tr[data-key="' + key + '"]');
-    if (selected) selected.classList.add("selected");
-    drawer.scrollTop = 0;
+    showDrawer(tbody.querySelector('tr[data-key="' + key + '"]'), false);
   }
   function closeDetail() {
     drawer.hidden = true;
@@ -422,12 +425,7 @@ JS = r"""
     var p = cmpByRow[row];
     if (!p) return;
     renderCompare(p);
-    drawer.classList.add("wide");
-    drawer.hidden = false;
-    if (selected) selected.classList.remove("selected");
-    selected = cmpBody.querySelector('tr[data-cmp="' + row + '"]');
-    if (selected) selected.classList.add("selected");
-    drawer.scrollTop = 0;
+    showDrawer(cmpBody.querySelector('tr[data-cmp="' + row + '"]'), true);
   }
   if (cmp) {
     cmp.rows.forEach(function (p) { cmpByRow[String(p.r)] = p; });
