@@ -9,16 +9,13 @@ run (see test_report_views.py for the per-attempt columns, the comparison and ru
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import stat
 import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
 from chromium_page import Watched, needs_chromium
-from reference_paths import REFERENCE_RUN
+from reference_paths import REFERENCE_RUN, writable_copy
 
 from pytest_osmosis.report import write_report_for_run
 
@@ -30,17 +27,9 @@ pytestmark = [
 ]
 
 
-def copy_run(source: Path, destination: Path) -> Path:
-    shutil.copytree(source, destination)
-    for path in [destination, *destination.rglob("*")]:
-        mode = os.lstat(path).st_mode
-        os.chmod(path, mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if path.is_dir() else 0))
-    return destination
-
-
 @pytest.fixture
 def report(tmp_path: Path) -> Path:
-    return write_report_for_run(copy_run(REFERENCE, tmp_path / "evals" / "reference-run"))
+    return write_report_for_run(writable_copy(REFERENCE, tmp_path / "evals" / "reference-run"))
 
 
 def index_of(report: Path) -> list[dict[str, Any]]:

@@ -11,15 +11,13 @@ that failed before producing a sample.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
 from chromium_page import Watched, needs_chromium
-from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE
+from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE, writable_copy
 
 from pytest_osmosis.cli import main
 from pytest_osmosis.report import write_index, write_report, write_report_for_run
@@ -39,14 +37,6 @@ pytestmark = [
 LONG_ANSWER = "The sum is four. " + "Let me explain the arithmetic step by step. " * 40
 
 
-def copy_tree(source: Path, destination: Path) -> Path:
-    shutil.copytree(source, destination)
-    for path in [destination, *destination.rglob("*")]:
-        mode = os.lstat(path).st_mode
-        os.chmod(path, mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if path.is_dir() else 0))
-    return destination
-
-
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -64,9 +54,9 @@ def edit_json(path: Path, change: Any) -> None:
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """``<workspace>/.osmosis/evals`` holding a copy of the reference run."""
-    workspace = copy_tree(REFERENCE_WORKSPACE, tmp_path / "ws")
+    workspace = writable_copy(REFERENCE_WORKSPACE, tmp_path / "ws")
     evals = workspace / ".osmosis" / "evals"
-    run = copy_tree(REFERENCE_RUN, evals / "reference-run")
+    run = writable_copy(REFERENCE_RUN, evals / "reference-run")
     index = jsonl(run / "index.jsonl")
     trial = run / "rollout_trials"
 
@@ -203,7 +193,7 @@ def test_without_the_dataset_inputs_come_from_trajectories(
 
 def _baseline(root: Path) -> Path:
     """A run where row 1 failed both attempts and row 2 passed both: 1 regressed, 2 improved."""
-    baseline = copy_tree(root / "reference-run", root / "baseline")
+    baseline = writable_copy(root / "reference-run", root / "baseline")
     index = jsonl(baseline / "index.jsonl")
     index[2]["reward"] = index[3]["reward"] = 0.0
     index[4]["reward"] = 1.0

@@ -427,19 +427,26 @@ JS = r"""
     renderCompare(p);
     showDrawer(cmpBody.querySelector('tr[data-cmp="' + row + '"]'), true);
   }
+  // A click (or Enter) on a row of *body* routes through the URL (#<name>=<key>), so the
+  // back button and a pasted link open the same view.
+  function linkRows(body, name, open) {
+    var attribute = name === "row" ? "data-key" : "data-" + name;
+    body.addEventListener("click", function (event) {
+      if (event.target.closest("a")) return;
+      var tr = event.target.closest("tr");
+      if (!tr) return;
+      var key = tr.getAttribute(attribute);
+      if (location.hash === "#" + name + "=" + key) open(key);
+      else location.hash = name + "=" + key;
+    });
+    body.addEventListener("keydown", function (event) {
+      if (event.key === "Enter" && event.target.tagName === "TR") event.target.click();
+    });
+  }
   if (cmp) {
     cmp.rows.forEach(function (p) { cmpByRow[String(p.r)] = p; });
     cmpBody = document.getElementById("row-by-row").tBodies[0];
-    cmpBody.addEventListener("click", function (event) {
-      var tr = event.target.closest("tr");
-      if (!tr) return;
-      var row = tr.getAttribute("data-cmp");
-      if (location.hash === "#cmp=" + row) openCompare(row);
-      else location.hash = "cmp=" + row;
-    });
-    cmpBody.addEventListener("keydown", function (event) {
-      if (event.key === "Enter" && event.target.tagName === "TR") event.target.click();
-    });
+    linkRows(cmpBody, "cmp", openCompare);
     var fChange = document.getElementById("f-change");
     fChange.addEventListener("change", function () {
       Array.prototype.forEach.call(cmpBody.rows, function (tr) {
@@ -455,17 +462,7 @@ JS = r"""
     var c = /^#cmp=(\d+)$/.exec(location.hash);
     if (c && cmp) openCompare(c[1]);
   }
-  tbody.addEventListener("click", function (event) {
-    if (event.target.closest("a")) return;
-    var tr = event.target.closest("tr");
-    if (!tr) return;
-    var key = tr.getAttribute("data-key");
-    if (location.hash === "#row=" + key) openKey(key);
-    else location.hash = "row=" + key;
-  });
-  tbody.addEventListener("keydown", function (event) {
-    if (event.key === "Enter" && event.target.tagName === "TR") event.target.click();
-  });
+  linkRows(tbody, "row", openKey);
   document.getElementById("close").addEventListener("click", closeDetail);
   document.addEventListener("keydown", function (event) {
     if (event.key === "Escape" && !drawer.hidden) closeDetail();
