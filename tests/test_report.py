@@ -457,12 +457,22 @@ def workspace_run(tmp_path: Path) -> Path:
     return copy_run(REFERENCE, workspace / ".osmosis" / "evals" / "reference-run")
 
 
+def with_inputs(page: Page) -> list[dict[str, Any]]:
+    """The page's records, each with its input (``in``) put back from the shared list."""
+    data = page.data
+    return [{**r, "in": data["inputs"][r["ii"]]} if "ii" in r else r for r in data["rows"]]
+
+
 def test_the_dataset_is_used_only_when_its_sha256_is_the_manifests(
     workspace_run: Path, tmp_path: Path
 ) -> None:
     data = workspace_run.parents[2] / "data" / "ref.jsonl"
-    rows = Page(write_report_for_run(workspace_run).read_text()).data["rows"]
+    page = Page(write_report_for_run(workspace_run).read_text())
+    rows = with_inputs(page)
     assert [r["in_src"] for r in rows] == ["dataset"] * 12
+    # Both attempts of a row share one copy of its input.
+    assert len(page.data["inputs"]) == 6
+    assert [r["ii"] for r in page.data["rows"]] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
     assert rows[-1]["in"] == [
         ["system", "You are a calculator."],
         ["user", "make the workflow go boom"],
@@ -478,7 +488,7 @@ def test_the_dataset_is_used_only_when_its_sha256_is_the_manifests(
     elsewhere.parent.mkdir()
     elsewhere.write_bytes(original)
     path, _ = write_report(workspace_run, dataset_hints=(elsewhere,))
-    rows = Page(path.read_text()).data["rows"]
+    rows = with_inputs(Page(path.read_text()))
     assert rows[-1]["in"][-1] == ["user", "make the workflow go boom"]
     assert f"Inputs from <code>{elsewhere}</code>" in path.read_text()
 

@@ -659,12 +659,13 @@ def test_run_directory_files_hold_names_never_values(
 
 
 def report_rows(report: Path) -> list[dict[str, Any]]:
-    """The per-attempt records a report embeds (its ``report-data`` JSON)."""
+    """The per-attempt records a report embeds (its ``report-data`` JSON), with inputs."""
     text = report.read_text()
     start = text.index('<script type="application/json" id="report-data">')
     body = text[text.index(">", start) + 1 : text.index("</script>", start)]
-    rows: list[dict[str, Any]] = json.loads(body)["rows"]
-    return rows
+    data = json.loads(body)
+    rows: list[dict[str, Any]] = data["rows"]
+    return [{**r, "in": data["inputs"][r["ii"]]} if "ii" in r else r for r in rows]
 
 
 @pytest.mark.parametrize("mode", ["capture", "xdist"])

@@ -128,8 +128,14 @@ JS = r"""
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var rows = data.rows;
   var words = data.words || {};
+  var inputs = data.inputs || [];
   var byKey = {};
-  rows.forEach(function (r) { byKey[r.r + "." + r.n] = r; });
+  function inputOf(r) { return r.ii === undefined ? [] : inputs[r.ii]; }
+  rows.forEach(function (r) {
+    byKey[r.r + "." + r.n] = r;
+    var said = inputOf(r).map(function (m) { return m[1]; });
+    r.q = [r.q].concat(said, [r.lab || "", r.ans || "", r.expl || ""]).join(" ").toLowerCase();
+  });
   var table = document.getElementById("rows");
   var tbody = table.tBodies[0];
   var trs = Array.prototype.slice.call(tbody.rows);
@@ -284,11 +290,12 @@ JS = r"""
   function renderInput(parent, r) {
     add(parent, el("h4", null, "Input"));
     var box = add(parent, el("div", "input"));
-    if (!r.in || !r.in.length) {
+    var messages = inputOf(r);
+    if (!messages.length) {
       add(box, el("div", "muted", "Not known: no trajectory, and the dataset file was not found."));
       return;
     }
-    r.in.forEach(function (m) {
+    messages.forEach(function (m) {
       var step = add(box, el("div", "step " + m[0]));
       add(add(step, el("div", "step-head")), el("span", "src", m[0]));
       add(step, el("pre", "in-msg", m[1]));

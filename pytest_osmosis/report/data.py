@@ -31,7 +31,7 @@ MAX_STEPS = 400
 EMBED_BUDGET = 24 * 1024 * 1024
 #: Characters of an input, label, answer or explanation the page holds for the drawer
 #: (every row's, so a 10,000-row report stays openable); the table cell shows fewer.
-MAX_FIELD = 4000
+MAX_FIELD = 2000
 CELL_CHARS = 160
 #: The artifact ``RubricGrader`` writes its judge's verdict to (rubric/grader.py).
 JUDGEMENT_ARTIFACT = "rubric_judgement.json"
@@ -329,6 +329,8 @@ def build_rows(
         else:
             budget -= size
             record.update(detail)
+        # What the search box matches besides the input, label, answer and explanation
+        # (the page adds those from the record, so they are not embedded twice).
         record["q"] = " ".join(
             str(x)
             for x in (
@@ -337,13 +339,30 @@ def build_rows(
                 record.get("err", ""),
                 record.get("rid", ""),
                 record.get("msg", ""),
-                " ".join(text for _, text in record.get("in", [])),
-                record.get("lab", ""),
-                record.get("ans", ""),
-                record.get("expl", ""),
             )
         ).lower()
     return records
+
+
+def share_inputs(*groups: list[dict[str, Any]]) -> list[list[list[str]]]:
+    """Move each record's ``in`` into one shared list (records keep its index ``ii``).
+
+    Every attempt of a row has the same input, often with a long system prompt: kept
+    once, a 10,000-row report does not carry it n times.
+    """
+    shared: list[list[list[str]]] = []
+    seen: dict[str, int] = {}
+    for records in groups:
+        for record in records:
+            messages = record.pop("in", None)
+            if not messages:
+                continue
+            key = json.dumps(messages, ensure_ascii=False)
+            if key not in seen:
+                seen[key] = len(shared)
+                shared.append(messages)
+            record["ii"] = seen[key]
+    return shared
 
 
 def _describe(
@@ -379,7 +398,7 @@ def _describe(
 
 
 def input_text(record: Mapping[str, Any]) -> str:
-    """The question of a record's input: its last user message (else its last message)."""
+    """The question of a record's input (``in``): its last user message, else its last."""
     messages = record.get("in") or []
     users = [text for role, text in messages if role == "user"]
     return users[-1] if users else (messages[-1][1] if messages else "")

@@ -18,7 +18,13 @@ from typing import Any
 from pytest_osmosis import __version__, outcome
 from pytest_osmosis.report.assets import CSS, JS
 from pytest_osmosis.report.compare import side_by_side
-from pytest_osmosis.report.data import CELL_CHARS, DatasetInputs, build_rows, input_text
+from pytest_osmosis.report.data import (
+    CELL_CHARS,
+    DatasetInputs,
+    build_rows,
+    input_text,
+    share_inputs,
+)
 from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
 from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
@@ -560,17 +566,19 @@ def render_html(
         '<aside id="detail" hidden aria-label="attempt detail">'
         '<button type="button" id="close" title="close (Esc)">close</button>'
         '<div id="detail-body"></div></aside>',
-        '<script type="application/json" id="report-data">'
-        + _json_script(
-            {
-                "rows": records,
-                "words": OUTCOME_WORDS,
-                "cmp": {"rows": pairs, "names": [comparison["baseline"]["name"], info["name"]]}
-                if comparison is not None
-                else None,
-            }
-        )
-        + "</script>",
+    ]
+    # After the table and the comparison are drawn: they read each record's own input.
+    shared = share_inputs(records, pairs)
+    data = {
+        "rows": records,
+        "inputs": shared,
+        "words": OUTCOME_WORDS,
+        "cmp": {"rows": pairs, "names": [comparison["baseline"]["name"], info["name"]]}
+        if comparison is not None
+        else None,
+    }
+    parts += [
+        f'<script type="application/json" id="report-data">{_json_script(data)}</script>',
         f"<script>{JS}</script>",
         "</body></html>",
     ]
