@@ -460,7 +460,9 @@ def workspace_run(tmp_path: Path) -> Path:
 def with_inputs(page: Page) -> list[dict[str, Any]]:
     """The page's records, each with its input (``in``) put back from the shared list."""
     data = page.data
-    return [{**r, "in": data["inputs"][r["ii"]]} if "ii" in r else r for r in data["rows"]]
+    return [
+        {**r, "in": [data["inputs"][i] for i in r["ii"]]} if "ii" in r else r for r in data["rows"]
+    ]
 
 
 def test_the_dataset_is_used_only_when_its_sha256_is_the_manifests(
@@ -470,9 +472,17 @@ def test_the_dataset_is_used_only_when_its_sha256_is_the_manifests(
     page = Page(write_report_for_run(workspace_run).read_text())
     rows = with_inputs(page)
     assert [r["in_src"] for r in rows] == ["dataset"] * 12
-    # Both attempts of a row share one copy of its input.
-    assert len(page.data["inputs"]) == 6
-    assert [r["ii"] for r in page.data["rows"]] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5]
+    # One copy of each message: the system prompt all rows share, each row's question.
+    assert len(page.data["inputs"]) == 7
+    assert [r["ii"] for r in page.data["rows"][::2]] == [
+        [0, 1],
+        [0, 2],
+        [0, 3],
+        [0, 4],
+        [0, 5],
+        [0, 6],
+    ]
+    assert [r["ii"] for r in page.data["rows"][::2]] == [r["ii"] for r in page.data["rows"][1::2]]
     assert rows[-1]["in"] == [
         ["system", "You are a calculator."],
         ["user", "make the workflow go boom"],

@@ -665,7 +665,7 @@ def report_rows(report: Path) -> list[dict[str, Any]]:
     body = text[text.index(">", start) + 1 : text.index("</script>", start)]
     data = json.loads(body)
     rows: list[dict[str, Any]] = data["rows"]
-    return [{**r, "in": data["inputs"][r["ii"]]} if "ii" in r else r for r in rows]
+    return [{**r, "in": [data["inputs"][i] for i in r["ii"]]} if "ii" in r else r for r in rows]
 
 
 @pytest.mark.parametrize("mode", ["capture", "xdist"])

@@ -130,7 +130,7 @@ JS = r"""
   var words = data.words || {};
   var inputs = data.inputs || [];
   var byKey = {};
-  function inputOf(r) { return r.ii === undefined ? [] : inputs[r.ii]; }
+  function inputOf(r) { return (r.ii || []).map(function (i) { return inputs[i]; }); }
   rows.forEach(function (r) {
     byKey[r.r + "." + r.n] = r;
     var said = inputOf(r).map(function (m) { return m[1]; });

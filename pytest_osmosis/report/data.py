@@ -344,24 +344,27 @@ def build_rows(
     return records
 
 
-def share_inputs(*groups: list[dict[str, Any]]) -> list[list[list[str]]]:
-    """Move each record's ``in`` into one shared list (records keep its index ``ii``).
+def share_inputs(*groups: list[dict[str, Any]]) -> list[list[str]]:
+    """Move each record's ``in`` into one shared list of messages (the record keeps
+    their indices, ``ii``).
 
-    Every attempt of a row has the same input, often with a long system prompt: kept
-    once, a 10,000-row report does not carry it n times.
+    Every attempt of a row has the same input, and every row often the same long system
+    prompt: kept once, a 10,000-row report does not carry it 10,000 times.
     """
-    shared: list[list[list[str]]] = []
-    seen: dict[str, int] = {}
+    shared: list[list[str]] = []
+    seen: dict[tuple[str, str], int] = {}
     for records in groups:
         for record in records:
             messages = record.pop("in", None)
             if not messages:
                 continue
-            key = json.dumps(messages, ensure_ascii=False)
-            if key not in seen:
-                seen[key] = len(shared)
-                shared.append(messages)
-            record["ii"] = seen[key]
+            indices = []
+            for role, text in messages:
+                if (role, text) not in seen:
+                    seen[(role, text)] = len(shared)
+                    shared.append([role, text])
+                indices.append(seen[(role, text)])
+            record["ii"] = indices
     return shared
 
 
