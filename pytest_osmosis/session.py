@@ -53,8 +53,8 @@ from pytest_osmosis.workspace.plan import (
 
 if TYPE_CHECKING:
     from pytest_osmosis.collect import EvalItem
-    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.gate import GateOptions, Verdict
+    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.results import RunDirectory, RunLog
 

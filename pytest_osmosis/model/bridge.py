@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.direct import DirectClient, direct_base, is_plain, missing_keys
 from pytest_osmosis.model.errors import (
     _CONNECT_ERRORS,
     _CREDENTIAL_HINT,
@@ -31,7 +32,6 @@ from pytest_osmosis.model.errors import (
     _one_line,
     _out_of_descriptors,
 )
-from pytest_osmosis.model.direct import DirectClient, direct_base, is_plain, missing_keys
 from pytest_osmosis.model.litellm import _litellm, _litellm_imported
 from pytest_osmosis.model.ratelimit import Backoff, is_rate_limit, retry_after
 from pytest_osmosis.model.routes import (

@@ -123,19 +123,38 @@ def is_plain(body: Mapping[str, Any]) -> bool:
             return False
         if message.get("role") == "tool" and not isinstance(message.get("content"), str):
             return False
+        if _holds_none(message.get("tool_calls")):
+            return False
     return True
+
+
+def _holds_none(value: Any) -> bool:
+    if value is None:
+        return False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if item is None:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def request_body(body: Mapping[str, Any], route: ModelRoute) -> bytes:
     """The JSON LiteLLM's ``openai/`` provider sends for a plain ``body`` on ``route``.
 
-    Its order: the model (provider prefix dropped), the messages, the route's temperature,
-    then the body's fields as the rollout wrote them (the route's own settings win); the
-    OpenAI SDK's compact UTF-8 encoding.
+    Its order: the model (provider prefix dropped), the messages (a key whose value is
+    null left out, as LiteLLM leaves it out), the route's temperature, then the body's
+    fields as the rollout wrote them (the route's own settings win); the OpenAI SDK's
+    compact UTF-8 encoding.
     """
+    messages = [{k: v for k, v in m.items() if v is not None} for m in body["messages"]]
     data: dict[str, Any] = {
         "model": route.litellm_model[len(OPENAI_PREFIX) :],
-        "messages": body["messages"],
+        "messages": messages,
     }
     if "temperature" in route.kwargs:
         data["temperature"] = route.kwargs["temperature"]
@@ -205,8 +224,9 @@ def _error_text(raw: bytes) -> str:
     except ValueError:
         return text
     error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
+    message = error.get("message") if isinstance(error, dict) else None
+    if isinstance(message, str):
+        return message
     if isinstance(error, str):
         return error
     return text
