@@ -655,6 +655,12 @@ class EvalSession:
         """
         from pytest_osmosis.model.litellm import litellm_ready, start_import
 
+        # Imported here first, so the check never waits for LiteLLM's thread to finish
+        # importing a module both need (aiohttp's client above all).
+        import aiohttp  # noqa: F401
+
+        import pytest_osmosis.model.preflight  # noqa: F401
+
         needing = sorted(path for path in set(model_paths) if _rows_need_litellm(path))
         try:
             if in_process and needing:

@@ -266,7 +266,7 @@ class DirectClient:
             if status >= 400:
                 kind = _BY_STATUS.get(status, InternalServerError if status >= 500 else APIError)
                 raise kind(
-                    f"{kind.__name__}: {status} from {self.url}: {_error_text(raw)}",
+                    f"{status} from {self.url}: {_error_text(raw)}",
                     status_code=status,
                     headers=response.headers,
                 )
