@@ -653,13 +653,12 @@ class EvalSession:
         while the models are checked, unless no row needs it; an xdist controller checks
         OpenAI-compatible routes directly and others in a child process (model/preflight.py).
         """
-        from pytest_osmosis.model.litellm import litellm_ready, start_import
-
         # Imported here first, so the check never waits for LiteLLM's thread to finish
         # importing a module both need (aiohttp's client above all).
         import aiohttp  # noqa: F401
 
         import pytest_osmosis.model.preflight  # noqa: F401
+        from pytest_osmosis.model.litellm import litellm_ready, start_import
 
         needing = sorted(path for path in set(model_paths) if _rows_need_litellm(path))
         try:

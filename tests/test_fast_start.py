@@ -204,6 +204,13 @@ def test_an_embedded_session_never_imports_litellm(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- byte for byte
 
 
+TOOL_CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
+}
+
+
 class _Stub:
     """An OpenAI-compatible endpoint that keeps every request as it arrived, bytes and all."""
 
@@ -243,13 +250,7 @@ class _Stub:
             message = {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
-                    }
-                ],
+                "tool_calls": [TOOL_CALL],
             }
             finish = "tool_calls"
         answer = {
@@ -318,13 +319,7 @@ PLAIN_BODIES: list[dict[str, Any]] = [
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [
-                    {
-                        "id": "call_1",
-                        "type": "function",
-                        "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'},
-                    }
-                ],
+                "tool_calls": [TOOL_CALL],
             },
             {"role": "tool", "tool_call_id": "call_1", "content": "5"},
             {"role": "user", "name": "checker", "content": "And now?"},

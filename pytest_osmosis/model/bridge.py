@@ -298,9 +298,11 @@ class Bridge:
                 f"or {EMBEDDED_MODEL_PATH!r} ({_one_line(exc, self._secrets)})"
             ) from None
         try:
-            # By the route the rows' calls take, as the SDK's preflight does.
+            # By the route the rows' calls take, as the SDK's preflight does; our own
+            # embedded model need not write a whole answer to prove it runs.
+            tokens = 1 if route.model_path == EMBEDDED_MODEL_PATH else 256
             await self._complete(
-                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256}
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
             )
         except Exception as exc:
             self._classify_preflight(litellm, exc)
