@@ -47,6 +47,11 @@ class Controller:
         if session.config.option.collectonly:
             return
         from pytest_osmosis.discover import find_eval_configs
+        from pytest_osmosis.milestones import Milestones
+
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        milestones = Milestones(reporter, quiet=session.config.option.verbose < 0)
+        self.session.milestones = milestones
 
         named = _named_paths(session.config)
         if self.session.collect_all:
@@ -63,6 +68,7 @@ class Controller:
             if run.rundir.pending(run_keys(run.plan))
         ]
         if not models:
+            milestones.finish()
             return
         # xdist's controller runs no rows (no LiteLLM here): its workers start once the
         # model is known good, and each imports LiteLLM before its first row.
@@ -74,6 +80,7 @@ class Controller:
             self.session.abandon_runs()
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
+        milestones.finish()
 
     def keep_recorded(self, entries: list[RecordedEntry]) -> None:
         """Note the recorded items a finished run deselected: --junitxml still lists them."""
