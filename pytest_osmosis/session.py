@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.collect import EvalItem
     from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
 
 
@@ -73,6 +74,9 @@ class SessionOptions:
     report: bool = False
     secrets_file: str | None = None
     main_timeout: float = DEFAULT_MAIN_TIMEOUT
+    cache_mode: str = "off"
+    """The model-call cache (model/cache.py): off, use, record or replay."""
+    cache_max_age_s: float | None = None
 
 
 @dataclass
@@ -120,6 +124,7 @@ class EvalSession:
         self._executor: Executor | None = None
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
+        self._caches: dict[Path, CallCache] = {}  # output root -> its model-call cache
         self._prefetched = False
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
@@ -563,6 +568,12 @@ class EvalSession:
         )
         bridge = await self.bridge(plan.settings.model_path)
         bridge.allow_judge_models(self._judge_models(rollout))
+        cache = self.call_cache(plan.output_root)
+        cached = (
+            cache.attempt(plan.config.experiment.dataset, row.source_row_index, item.run_index)
+            if cache is not None
+            else None
+        )
         run_dir = plan.run_dir
         storage_faults: list[str] = []
 
@@ -601,6 +612,7 @@ class EvalSession:
             pass_threshold=plan.settings.pass_threshold,
             prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
             write_trajectory=save_trajectory,
+            cache=cached,
         )
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
@@ -626,20 +638,56 @@ class EvalSession:
             self._bridge_lock = asyncio.Lock()
         async with self._bridge_lock:
             if model_path not in self._bridges:
-                route = await asyncio.get_running_loop().run_in_executor(
-                    None, resolve_route, model_path
-                )
+                offline = self.options.cache_mode == "replay"
+                if offline:  # answers come from the cache: no key, no engine to start
+                    from pytest_osmosis.model.cache import offline_route
+
+                    route = offline_route(model_path)
+                else:
+                    route = await asyncio.get_running_loop().run_in_executor(
+                        None, resolve_route, model_path
+                    )
                 bridge = Bridge(route)
+                bridge.offline = offline
                 await bridge.start()
                 self._bridges[model_path] = bridge
             return self._bridges[model_path]
+
+    def call_cache(self, output_root: Path) -> CallCache | None:
+        """The model-call cache beside the runs under `output_root` (None when it is off).
+
+        Opened once per process and root; ``replay`` refuses a missing file (ConfigError).
+        """
+        mode = self.options.cache_mode
+        if mode == "off":
+            return None
+        cache = self._caches.get(output_root)
+        if cache is None:
+            from pytest_osmosis.model.cache import CallCache, cache_path
+
+            cache = CallCache(cache_path(output_root), mode, self.options.cache_max_age_s)
+            cache.open()
+            self._caches[output_root] = cache
+        return cache
 
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
 
         ``in_process`` (a process that runs rows) imports LiteLLM here and checks on the
         rows' loop; an xdist controller checks in a child process (see model/preflight.py).
+        The model-call cache is opened first (a bad one stops the session here, in one line);
+        ``--osmosis-cache replay`` calls no model, so the cache existing is its whole check,
+        and ``use`` does not check a model the cache already holds answers of.
         """
+        answered = set()
+        for run in self.runs.values():
+            cache = self.call_cache(run.plan.output_root)
+            model = run.plan.settings.model_path
+            if cache is not None and (cache.replay or (cache.mode == "use" and cache.knows(model))):
+                answered.add(model)
+        model_paths = [model for model in model_paths if model not in answered]
+        if not model_paths:
+            return
         try:
             self.executor.call(self._preflight_all(model_paths, in_process))
         except KeyboardInterrupt:
@@ -693,6 +741,9 @@ class EvalSession:
                     pass
             executor.close()
             self._executor = None
+        caches, self._caches = list(self._caches.values()), {}
+        for cache in caches:
+            cache.close()  # what the bridges queued is written before the session ends
         if self._restore_exit is not None:
             self._restore_exit()
             self._restore_exit = None

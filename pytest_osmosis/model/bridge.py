@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.cache import CachedAttempt, offline_judge
 from pytest_osmosis.model.errors import (
     _CONNECT_ERRORS,
     _CREDENTIAL_HINT,
@@ -115,6 +116,10 @@ class Bridge:
         self._reasoning: dict[str, dict[str, dict[str, Any]]] = {}
         """Per rollout: reasoning fields by the id of the tool call they came with."""
         self._rate_limited: dict[str, int] = {}
+        self._cached: dict[str, CachedAttempt] = {}
+        """Per open rollout using the model-call cache: its row and attempt there."""
+        self.offline = False
+        """Replaying a model-call cache: no call reaches a provider, no judge is resolved."""
         self.backoff = Backoff()
         """Back-off of the run's model; each judge model has its own."""
         self._lock = threading.Lock()
@@ -220,8 +225,13 @@ class Bridge:
         if runner is not None:
             await runner.cleanup()
 
-    def open_rollout(self, rollout_id: str) -> tuple[str, str]:
-        """Accept calls for `rollout_id`; returns (chat_completions_url, api_key)."""
+    def open_rollout(
+        self, rollout_id: str, cache: CachedAttempt | None = None
+    ) -> tuple[str, str]:
+        """Accept calls for `rollout_id`; returns (chat_completions_url, api_key).
+
+        With `cache`, its calls go through the model-call cache as that row and attempt.
+        """
         if not rollout_id or "/" in rollout_id:
             raise ValueError(f"rollout id must be one URL path segment, got {rollout_id!r}")
         with self._lock:
@@ -232,6 +242,8 @@ class Bridge:
                 self._keys[rollout_id] = key
             self._tokens.setdefault(rollout_id, None)
             self._calls.setdefault(rollout_id, [])
+            if cache is not None:
+                self._cached[rollout_id] = cache
         return f"{self.base_url}/v1/rollouts/{rollout_id}", key.decode()[len("Bearer ") :]
 
     def close_rollout(self, rollout_id: str) -> int | None:
@@ -240,6 +252,7 @@ class Bridge:
             self._keys.pop(rollout_id, None)
             self._calls.pop(rollout_id, None)
             self._reasoning.pop(rollout_id, None)
+            self._cached.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
 
     def allow_judge_models(self, models: Iterable[str]) -> None:
@@ -354,7 +367,7 @@ class Bridge:
                     try:
                         # Off the loop: osmosis/embedded starts a local server here.
                         known = await asyncio.get_running_loop().run_in_executor(
-                            None, _resolve_judge, model
+                            None, offline_judge if self.offline else _resolve_judge, model
                         )
                     except _JudgeUnavailable as exc:
                         logger.warning("osmosis bridge: %s", exc)  # once, not once per row
@@ -464,6 +477,24 @@ class Bridge:
         )
 
     async def _complete(
+        self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
+    ) -> Any:
+        """One model call: through the model-call cache (model/cache.py) when the rollout
+        has one (looked up before the provider, stored after), else straight to it."""
+        target = target or self._main
+        with self._lock:
+            cached = self._cached.get(rollout_id or "")
+        if cached is None:
+            return await self._upstream(body, rollout_id, target)
+        model = target.route.model_path
+        response, hit = await cached.serve(
+            model, body, lambda: self._upstream(body, rollout_id, target), self._secrets
+        )
+        if hit and not target.judge and rollout_id is not None:
+            self._remember_reasoning(response, rollout_id)
+        return response
+
+    async def _upstream(
         self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
     ) -> Any:
         """One provider call for a chat body, made the way osmosis-ai 0.3.8's bridge makes it."""
