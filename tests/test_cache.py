@@ -127,3 +127,278 @@ def test_bad_cache_options_are_one_line(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--osmosis-eval", "--osmosis-cache-max-age", "7 days")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--osmosis-cache-max-age: expected a positive age like*"])
+
+
+def test_n_attempts_hit_distinct_entries(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    """Each attempt of a row has its own entry: deleting attempt 1's fails attempt 1 alone."""
+    from pytest_osmosis.model.cache import CallCache
+
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]), evaluation={"n": 3})
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=3)
+    path = _cache_file(pytester.path)
+    entries = _entries(path)
+    assert len({key for key, *_ in entries}) == 3
+    body = {"model": "anything", "messages": [{"role": "user", "content": QUESTIONS[0][0]}]}
+    keys = [
+        CallCache(path, "use").attempt("calc", 0, attempt).key("openai/test-model", body)[0]
+        for attempt in range(3)
+    ]
+    assert sorted(keys) == sorted(key for key, *_ in entries)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM calls WHERE key = ?", (keys[1],))
+    _fresh_runs(pytester.path)
+    model_env.reset()
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider", "-rf"
+    )
+
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        ["cache_miss: no recorded answer for row 0 run 1 call 1 *", "*row 0 run 1: errored (cache_miss)*"]
+    )
+    assert model_env.requests_total == 0
+
+
+TOOL_ROLLOUT = r'''
+import json
+import os
+
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context,
+)
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+
+
+def _message(response, stream):
+    if not stream:
+        return response.json()["choices"][0]["message"]
+    for line in response.text.splitlines():  # the bridge streams one whole chunk
+        if line.startswith("data: {"):
+            return {"role": "assistant", **json.loads(line[6:])["choices"][0]["delta"]}
+
+
+class ToolAgent(AgentWorkflow):
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        stream = bool((ctx.metadata or {}).get("stream"))
+        messages = list(ctx.prompt)
+        async with httpx.AsyncClient(timeout=120) as client:
+            for _ in range(4):
+                response = await client.post(
+                    rollout.chat_completions_url + "/chat/completions",
+                    headers={"Authorization": f"Bearer {rollout.api_key}"},
+                    json={"model": "m", "messages": messages, "tools": TOOLS, "stream": stream},
+                )
+                response.raise_for_status()
+                message = _message(response, stream)
+                for call in message.get("tool_calls") or []:
+                    call.pop("index", None)
+                messages.append(message)
+                if not message.get("tool_calls"):
+                    break
+                for call in message["tool_calls"]:
+                    args = json.loads(call["function"]["arguments"])
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call["id"], "content": str(args["a"] + args["b"])}
+                    )
+        return AgentWorkflowOutput(messages=messages)
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"].strip() == ctx.label else 0.0)
+'''
+
+
+def test_a_two_turn_tool_calling_agent_replays_both_turns(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    from model_server import ToolRule
+
+    model_env.tool_rules = [ToolRule("add", "add", {"a": 1, "b": 2})]
+    rows = [
+        {"user_prompt": "Please add 1 and 2", "ground_truth": "3"},
+        {"user_prompt": "Now add 1 and 2, streamed", "ground_truth": "3", "metadata": {"stream": True}},
+    ]
+    write_workspace(pytester.path, rows=rows, rollout_source=TOOL_ROLLOUT)
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=2)
+    # Two turns a row: the tool call, then the answer after the tool's result.
+    assert [len(b["messages"]) for b in model_env.bodies].count(3) == 2
+    assert len(_entries(_cache_file(pytester.path))) == 4
+    recorded = _results(pytester.path)
+    _fresh_runs(pytester.path)
+    model_env.reset()  # no tool rules any more: a call reaching the model would answer wrong
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider"
+    )
+
+    result.assert_outcomes(passed=2)
+    assert model_env.requests_total == 0
+    assert _results(pytester.path) == recorded
+    for trial in (only_run_dir(pytester.path) / "rollout_trials").iterdir():
+        doc = json.loads((trial / "trajectory.json").read_text())
+        assert len([s for s in doc["steps"] if s["source"] == "agent"]) == 2
+
+
+JUDGE_ROLLOUT = r'''
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context,
+)
+
+
+async def ask(messages, judge=None):
+    rollout = get_rollout_context()
+    headers = {"Authorization": f"Bearer {rollout.api_key}"}
+    if judge:
+        headers["X-Osmosis-Judge-Model"] = judge
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(
+            rollout.chat_completions_url + "/chat/completions",
+            headers=headers, json={"model": "m", "messages": messages},
+        )
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"]
+
+
+class Ask(AgentWorkflow):
+    async def run(self, ctx):
+        answer = await ask(ctx.prompt)
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class Judged(Grader):
+    async def grade(self, ctx):
+        final = ctx.sample.messages[-1]["content"]
+        verdict = await ask([{"role": "user", "content": f"grade {final} against {ctx.label}"}],
+                            judge="openai/judge-model")
+        ctx.set_reward(1.0 if "PASS" in verdict else 0.0)
+'''
+
+
+def test_judge_calls_are_cached_and_replay_needs_no_key(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    model_env.replies = {"grade": "PASS"}
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:2]), rollout_source=JUDGE_ROLLOUT)
+    pytester.makeini("[pytest]\nosmosis_judge_models = openai/judge-model\n")
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=2)
+    models = sorted(model for _, model, *_ in _entries(_cache_file(pytester.path)))
+    assert models == ["openai/judge-model"] * 2 + ["openai/test-model"] * 2
+    _fresh_runs(pytester.path)
+    model_env.reset()
+    for name in ("OPENAI_API_KEY", "OPENAI_API_BASE", "OPENAI_BASE_URL"):  # offline CI
+        monkeypatch.delenv(name)
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider"
+    )
+
+    result.assert_outcomes(passed=2)
+    assert model_env.requests_total == 0
+
+
+SECRET = "tool-token-0123456789"
+
+SECRET_ROLLOUT = r'''
+import os
+
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context,
+)
+
+
+class Ask(AgentWorkflow):
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        messages = list(ctx.prompt)
+        if (ctx.metadata or {}).get("do") == "send_secret":
+            messages.insert(0, {"role": "system", "content": "token " + os.environ["TOOL_TOKEN"]})
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(
+                rollout.chat_completions_url + "/chat/completions",
+                headers={"Authorization": f"Bearer {rollout.api_key}"},
+                json={"model": "m", "messages": messages},
+            )
+        response.raise_for_status()
+        answer = response.json()["choices"][0]["message"]["content"]
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class Any(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+'''
+
+
+def test_secrets_never_enter_the_cache(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("TOOL_TOKEN", SECRET)
+    model_env.replies = {"leak": f"the token is {SECRET}"}
+    rows = calc_rows(
+        [("What is 2 + 2?", "4"), ("What is 1 + 1?", "2", "send_secret"), ("please leak", "x")]
+    )
+    write_workspace(
+        pytester.path, rows=rows, rollout_source=SECRET_ROLLOUT, secrets=["TOOL_TOKEN"]
+    )
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=3)
+    path = _cache_file(pytester.path)
+    entries = _entries(path)
+    assert [json.loads(e[2])["choices"][0]["message"]["content"] for e in entries] == ["4"]
+    stored = b"".join(p.read_bytes() for p in path.parent.iterdir())
+    for value in (SECRET, "sk-test-model-server", "Bearer"):  # nor the bridge's bearer
+        assert value.encode() not in stored
+    _fresh_runs(pytester.path)
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider", "-rf"
+    )
+
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        ["cache_miss: no recorded answer for row 1 run 0 call 1 *(a call whose request holds a secret*"]
+    )
+
+
+def test_entries_older_than_the_max_age_are_called_again(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:2]))
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=2)
+    path = _cache_file(pytester.path)
+    with sqlite3.connect(path) as conn:  # row 0's answer is 8 days old, row 1's 6 days
+        conn.execute("UPDATE calls SET created = created - 6 * 86400")
+        old = """created - 2 * 86400 WHERE response LIKE '%"content": "4"%'"""
+        assert conn.execute(f"UPDATE calls SET created = {old}").rowcount == 1
+    _fresh_runs(pytester.path)
+    model_env.reset()
+
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "--osmosis-cache-max-age", "7d",
+        "-p", "no:cacheprovider",
+    ).assert_outcomes(passed=2)
+
+    assert [m[-1]["content"] for m in (b["messages"] for b in model_env.bodies)] == [
+        "What is 2 + 2?"
+    ]
+    assert len(_entries(path)) == 2  # the old entry was replaced, not duplicated
