@@ -402,3 +402,144 @@ def test_entries_older_than_the_max_age_are_called_again(
         "What is 2 + 2?"
     ]
     assert len(_entries(path)) == 2  # the old entry was replaced, not duplicated
+
+
+KILL_ROLLOUT = r'''
+import os
+import signal
+from pathlib import Path
+
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context,
+)
+
+
+class Ask(AgentWorkflow):
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(
+                rollout.chat_completions_url + "/chat/completions",
+                headers={"Authorization": f"Bearer {rollout.api_key}"},
+                json={"model": "m", "messages": ctx.prompt},
+            )
+        response.raise_for_status()
+        answer = response.json()["choices"][0]["message"]["content"]
+        marker = (ctx.metadata or {}).get("kill")
+        if marker and Path(marker).exists():
+            # The answer was just handed to the cache's writer: die with it queued or
+            # being written, as kill -9 from outside would.
+            os.kill(os.getpid(), signal.SIGKILL)
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"].strip() == ctx.label else 0.0)
+'''
+
+
+def _integrity(path: Path) -> str:
+    with sqlite3.connect(path) as conn:
+        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+def test_xdist_workers_share_the_cache_and_a_killed_worker_tears_nothing(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    marker = pytester.path / "kill-marker"
+    marker.touch()
+    rows = [{"user_prompt": f"What is {i} + 10?", "ground_truth": str(i + 10)} for i in range(8)]
+    rows[3]["metadata"] = {"kill": str(marker)}
+    write_workspace(pytester.path, rows=rows, rollout_source=KILL_ROLLOUT)
+    path = _cache_file(pytester.path)
+    common = ("--osmosis-eval", "-n", "2", "-p", "no:cacheprovider", "--osmosis-cache")
+
+    first = pytester.runpytest_subprocess(*common, "use", "--osmosis-name", "first")
+    first.assert_outcomes(passed=7, failed=1)  # the killed worker's row: worker_crashed
+    assert _integrity(path) == "ok"
+    answers = [json.loads(e[2])["choices"][0]["message"]["content"] for e in _entries(path)]
+    assert len(answers) == len(set(answers)) >= 7  # no call stored twice, none torn
+
+    marker.unlink()
+    model_env.reset()
+    second = pytester.runpytest_subprocess(*common, "use", "--osmosis-name", "second")
+    second.assert_outcomes(passed=8)
+    assert model_env.requests_total == 8 - len(answers)  # only what the kill lost is called
+    model_env.reset()
+    third = pytester.runpytest_subprocess(*common, "replay", "--osmosis-name", "third")
+    third.assert_outcomes(passed=8)
+    assert model_env.requests_total == 0
+    assert len(_entries(path)) == 8 and _integrity(path) == "ok"
+
+
+MID_WRITE = r'''
+import json, os, sqlite3, sys, time
+from pathlib import Path
+
+import pytest_osmosis.model.cache as cache_module
+from pytest_osmosis.model.cache import CallCache, _Entry
+
+path, fd = Path(sys.argv[1]), int(sys.argv[2])
+
+
+def entry(i):
+    response = {"choices": [{"message": {"content": str(i) + "x" * 20000}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+    return _Entry(i.to_bytes(32, "big"), "m", response, 1.0, (), ())
+
+
+first = CallCache(path, "use").open()
+for i in range(10):
+    first.store(entry(i))
+first.close()  # ten entries written and committed
+
+connect = cache_module._connect
+
+
+def stalling(path):
+    """The writer's connection: it stops inside its first statement and says so."""
+    conn = connect(path)
+    said = []
+
+    def progress():
+        if not said:
+            said.append(1)
+            os.write(fd, b"writing\n")
+        time.sleep(0.05)
+        return 0
+
+    conn.set_progress_handler(progress, 50)
+    return conn
+
+
+second = CallCache(path, "use").open()
+cache_module._connect = stalling  # the writer thread connects at its first batch
+for i in range(10, 200):
+    second.store(entry(i))
+time.sleep(600)
+'''
+
+
+def test_a_writer_killed_mid_write_leaves_every_committed_entry_whole(tmp_path: Path) -> None:
+    path = tmp_path / ".cache" / CACHE_FILENAME
+    script = tmp_path / "writer.py"
+    script.write_text(MID_WRITE)
+    read, write = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(path), str(write)], pass_fds=(write,)
+    )
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as said:
+            assert said.readline() == b"writing\n"  # inside the second transaction
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(60)
+    assert child.returncode == -signal.SIGKILL
+    assert _integrity(path) == "ok"
+    entries = _entries(path)
+    contents = [json.loads(r)["choices"][0]["message"]["content"] for _, _, r, _ in entries]
+    assert sorted(int(text[:-20000]) for text in contents) == list(range(10))
