@@ -543,3 +543,39 @@ def test_a_writer_killed_mid_write_leaves_every_committed_entry_whole(tmp_path: 
     entries = _entries(path)
     contents = [json.loads(r)["choices"][0]["message"]["content"] for _, _, r, _ in entries]
     assert sorted(int(text[:-20000]) for text in contents) == list(range(10))
+
+
+def test_a_second_session_replays_while_another_writes(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """Session A records (its answers held by the model server, its writer busy); session B
+    replays other rows from the same file meanwhile, without waiting for A and without
+    calling the model."""
+    from workspaces import Background, wait_until
+
+    rows_b = [{"user_prompt": f"What is {i} * 2?", "ground_truth": str(i * 2)} for i in range(4)]
+    write_workspace(pytester.path, name="b", dataset="b", rows=rows_b)
+    rows_a = [{"user_prompt": f"What is {i} + 100?", "ground_truth": str(i + 100)} for i in range(12)]
+    for row in rows_a[6:]:
+        row["user_prompt"] += " (held)"
+    write_workspace(pytester.path, name="a", dataset="a", rows=rows_a)
+    common = ("-p", "no:cacheprovider", "--osmosis-cache")
+    pytester.runpytest_subprocess("configs/eval/b.toml", *common, "use").assert_outcomes(passed=4)
+    path = _cache_file(pytester.path)
+    model_env.reset()
+    model_env.hold = "(held)"
+
+    writing = Background(
+        pytester, "configs/eval/a.toml", "--osmosis-concurrency", "12", *common, "record"
+    )
+    # A has written its first six answers and holds six more calls open, with the file open.
+    wait_until(lambda: model_env.holding == 6, "session A holds six calls")
+    wait_until(lambda: len(_entries(path)) == 4 + 6, "session A wrote six entries")
+    replaying = pytester.runpytest_subprocess(
+        "configs/eval/b.toml", *common, "replay", "--osmosis-name", "b-replay"
+    )
+    replaying.assert_outcomes(passed=4)
+    assert not [b for b in model_env.bodies if "* 2" in b["messages"][-1]["content"]]
+    model_env.hold = ""
+    writing.join().assert_outcomes(passed=12)
+    assert len(_entries(path)) == 16 and _integrity(path) == "ok"
