@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,9 @@ def test_a_second_run_with_use_calls_no_model_and_gives_the_same_results(
 
     _fresh_runs(pytester.path)
     model_env.reset()
-    second = pytester.runpytest("--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider")
+    second = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    )
     second.assert_outcomes(passed=6)
     assert model_env.requests_total == 0
     assert _results(pytester.path) == recorded  # rewards and tokens: the recorded usage
@@ -157,12 +158,15 @@ def test_n_attempts_hit_distinct_entries(pytester: pytest.Pytester, model_env) -
 
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
-        ["cache_miss: no recorded answer for row 0 run 1 call 1 *", "*row 0 run 1: errored (cache_miss)*"]
+        [
+            "cache_miss: no recorded answer for row 0 run 1 call 1 *",
+            "*row 0 run 1: errored (cache_miss)*",
+        ]
     )
     assert model_env.requests_total == 0
 
 
-TOOL_ROLLOUT = r'''
+TOOL_ROLLOUT = r"""
 import json
 import os
 
@@ -214,7 +218,7 @@ class ToolAgent(AgentWorkflow):
 class Exact(Grader):
     async def grade(self, ctx):
         ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"].strip() == ctx.label else 0.0)
-'''
+"""
 
 
 def test_a_two_turn_tool_calling_agent_replays_both_turns(
@@ -225,7 +229,11 @@ def test_a_two_turn_tool_calling_agent_replays_both_turns(
     model_env.tool_rules = [ToolRule("add", "add", {"a": 1, "b": 2})]
     rows = [
         {"user_prompt": "Please add 1 and 2", "ground_truth": "3"},
-        {"user_prompt": "Now add 1 and 2, streamed", "ground_truth": "3", "metadata": {"stream": True}},
+        {
+            "user_prompt": "Now add 1 and 2, streamed",
+            "ground_truth": "3",
+            "metadata": {"stream": True},
+        },
     ]
     write_workspace(pytester.path, rows=rows, rollout_source=TOOL_ROLLOUT)
     pytester.runpytest(
@@ -250,7 +258,7 @@ def test_a_two_turn_tool_calling_agent_replays_both_turns(
         assert len([s for s in doc["steps"] if s["source"] == "agent"]) == 2
 
 
-JUDGE_ROLLOUT = r'''
+JUDGE_ROLLOUT = r"""
 import httpx
 
 from pytest_osmosis.rollout import (
@@ -284,7 +292,7 @@ class Judged(Grader):
         verdict = await ask([{"role": "user", "content": f"grade {final} against {ctx.label}"}],
                             judge="openai/judge-model")
         ctx.set_reward(1.0 if "PASS" in verdict else 0.0)
-'''
+"""
 
 
 def test_judge_calls_are_cached_and_replay_needs_no_key(
@@ -313,7 +321,7 @@ def test_judge_calls_are_cached_and_replay_needs_no_key(
 
 SECRET = "tool-token-0123456789"
 
-SECRET_ROLLOUT = r'''
+SECRET_ROLLOUT = r"""
 import os
 
 import httpx
@@ -343,7 +351,7 @@ class Ask(AgentWorkflow):
 class Any(Grader):
     async def grade(self, ctx):
         ctx.set_reward(1.0)
-'''
+"""
 
 
 def test_secrets_never_enter_the_cache(
@@ -354,9 +362,7 @@ def test_secrets_never_enter_the_cache(
     rows = calc_rows(
         [("What is 2 + 2?", "4"), ("What is 1 + 1?", "2", "send_secret"), ("please leak", "x")]
     )
-    write_workspace(
-        pytester.path, rows=rows, rollout_source=SECRET_ROLLOUT, secrets=["TOOL_TOKEN"]
-    )
+    write_workspace(pytester.path, rows=rows, rollout_source=SECRET_ROLLOUT, secrets=["TOOL_TOKEN"])
     pytester.runpytest(
         "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
     ).assert_outcomes(passed=3)
@@ -374,7 +380,9 @@ def test_secrets_never_enter_the_cache(
 
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
-        ["cache_miss: no recorded answer for row 1 run 0 call 1 *(a call whose request holds a secret*"]
+        [
+            "cache_miss: no recorded answer for row 1 run 0 call 1 *(a call whose request holds a secret*"
+        ]
     )
 
 
@@ -394,8 +402,13 @@ def test_entries_older_than_the_max_age_are_called_again(
     model_env.reset()
 
     pytester.runpytest(
-        "--osmosis-eval", "--osmosis-cache", "use", "--osmosis-cache-max-age", "7d",
-        "-p", "no:cacheprovider",
+        "--osmosis-eval",
+        "--osmosis-cache",
+        "use",
+        "--osmosis-cache-max-age",
+        "7d",
+        "-p",
+        "no:cacheprovider",
     ).assert_outcomes(passed=2)
 
     assert [m[-1]["content"] for m in (b["messages"] for b in model_env.bodies)] == [
@@ -404,7 +417,7 @@ def test_entries_older_than_the_max_age_are_called_again(
     assert len(_entries(path)) == 2  # the old entry was replaced, not duplicated
 
 
-KILL_ROLLOUT = r'''
+KILL_ROLLOUT = r"""
 import os
 import signal
 from pathlib import Path
@@ -438,7 +451,7 @@ class Ask(AgentWorkflow):
 class Exact(Grader):
     async def grade(self, ctx):
         ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"].strip() == ctx.label else 0.0)
-'''
+"""
 
 
 def _integrity(path: Path) -> str:
@@ -555,7 +568,9 @@ def test_a_second_session_replays_while_another_writes(
 
     rows_b = [{"user_prompt": f"What is {i} * 2?", "ground_truth": str(i * 2)} for i in range(4)]
     write_workspace(pytester.path, name="b", dataset="b", rows=rows_b)
-    rows_a = [{"user_prompt": f"What is {i} + 100?", "ground_truth": str(i + 100)} for i in range(12)]
+    rows_a = [
+        {"user_prompt": f"What is {i} + 100?", "ground_truth": str(i + 100)} for i in range(12)
+    ]
     for row in rows_a[6:]:
         row["user_prompt"] += " (held)"
     write_workspace(pytester.path, name="a", dataset="a", rows=rows_a)
@@ -579,3 +594,42 @@ def test_a_second_session_replays_while_another_writes(
     model_env.hold = ""
     writing.join().assert_outcomes(passed=12)
     assert len(_entries(path)) == 16 and _integrity(path) == "ok"
+
+
+def test_the_cache_command_lists_prunes_clears_and_finds_it(
+    pytester: pytest.Pytester, model_env, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    from pytest_osmosis.cli import main
+
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS), rollout_source=JUDGE_ROLLOUT)
+    pytester.makeini("[pytest]\nosmosis_judge_models = openai/judge-model\n")
+    model_env.replies = {"grade": "PASS"}
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=3)
+    output = str(pytester.path / ".osmosis" / "evals")
+    path = _cache_file(pytester.path)
+    capsys.readouterr()
+
+    assert main(["cache", "path", "--output", output]) == 0
+    assert capsys.readouterr().out == f"{path}\n"
+    assert main(["cache", "list", "--output", output]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{path}: 6 entries, ")
+    assert lines[2].split()[:2] == ["model", "entries"]
+    assert [line.split()[:2] for line in lines[4:]] == [
+        ["openai/judge-model", "3"],
+        ["openai/test-model", "3"],
+    ]
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE calls SET created = created - 3 * 86400 WHERE model LIKE '%judge%'")
+    assert main(["cache", "prune", "--max-age", "2d", "--output", output, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == 3
+    assert main(["cache", "list", "--output", output, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["models"]
+    assert [(m["model"], m["entries"]) for m in listed] == [("openai/test-model", 3)]
+    assert main(["cache", "prune", "--max-age", "soon", "--output", output]) == 2
+    assert "--max-age: expected a positive age" in capsys.readouterr().err
+    assert main(["cache", "clear", "--output", output]) == 0
+    assert capsys.readouterr().out == f"removed 3 entries from {path}\n"
+    assert _entries(path) == []

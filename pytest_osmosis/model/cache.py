@@ -52,8 +52,11 @@ __all__ = [
     "CachedAttempt",
     "CallCache",
     "cache_path",
+    "cache_size",
+    "cache_stats",
     "offline_judge",
     "parse_max_age",
+    "remove_entries",
 ]
 
 logger = logging.getLogger(__name__)
@@ -94,9 +97,7 @@ def parse_max_age(text: str, where: str = "--osmosis-cache-max-age") -> float:
     """Seconds from ``30m``, ``12h``, ``7d``, ``2w`` (Inspect's spelling); one line if bad."""
     match = _AGE.fullmatch(text.strip())
     if match is None or float(match.group(1)) <= 0:
-        raise ConfigError(
-            f"{where}: expected a positive age like 30m, 12h, 7d or 2w, got {text!r}"
-        )
+        raise ConfigError(f"{where}: expected a positive age like 30m, 12h, 7d or 2w, got {text!r}")
     return float(match.group(1)) * _UNIT_S[match.group(2).lower()]
 
 
@@ -357,9 +358,7 @@ class CachedAttempt:
         started = time.perf_counter()
         response = await call()
         latency_ms = (time.perf_counter() - started) * 1000.0
-        cache.store(
-            _Entry(key, model, _plain(response), latency_ms, (request.decode(),), secrets)
-        )
+        cache.store(_Entry(key, model, _plain(response), latency_ms, (request.decode(),), secrets))
         return response, False
 
 
@@ -371,6 +370,63 @@ def offline_judge(model: str) -> _Target:
 def offline_route(model: str) -> ModelRoute:
     """The run's model as `replay` needs it: its name keys the cache; nothing is started."""
     return ModelRoute(model_path=model, litellm_model=model)
+
+
+# ----------------------------------------------------------------- maintenance (the command)
+
+
+def _existing(path: Path) -> sqlite3.Connection | None:
+    if not path.is_file():
+        return None
+    try:
+        return _connect(path)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"model-call cache {path}: cannot open it: {exc}") from None
+
+
+def cache_stats(path: Path) -> list[dict[str, Any]]:
+    """Per model: entries, bytes of answers, tokens recorded, oldest and newest (unix time)."""
+    conn = _existing(path)
+    if conn is None:
+        return []
+    try:
+        rows = conn.execute(
+            "SELECT model, COUNT(*), SUM(LENGTH(response)), SUM(COALESCE(total_tokens, 0)), "
+            "SUM(latency_ms), MIN(created), MAX(created) FROM calls GROUP BY model ORDER BY model"
+        ).fetchall()
+    except sqlite3.Error as exc:
+        raise ConfigError(f"model-call cache {path}: cannot read it: {exc}") from None
+    finally:
+        conn.close()
+    keys = ("model", "entries", "bytes", "tokens", "latency_ms", "oldest", "newest")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def remove_entries(
+    path: Path, *, model: str | None = None, older_than_s: float | None = None
+) -> int:
+    """Delete entries (of `model`, older than `older_than_s`, or all); returns how many."""
+    conn = _existing(path)
+    if conn is None:
+        return 0
+    where, params = [], []
+    if model is not None:
+        where.append("model = ?")
+        params.append(model)
+    if older_than_s is not None:
+        where.append("created < ?")
+        params.append(time.time() - older_than_s)
+    sql = "DELETE FROM calls" + (" WHERE " + " AND ".join(where) if where else "")
+    try:
+        removed = int(conn.execute(sql, params).rowcount)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if removed:
+            conn.execute("VACUUM")  # give the space back (waits for other sessions' writes)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"model-call cache {path}: cannot remove entries: {exc}") from None
+    finally:
+        conn.close()
+    return removed
 
 
 def cache_size(path: Path) -> int:
