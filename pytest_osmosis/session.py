@@ -389,7 +389,8 @@ class EvalSession:
             from pytest_osmosis.model.litellm import import_litellm
 
             try:
-                import_litellm()
+                if self.options.cache_mode != "replay":  # replayed answers need no LiteLLM
+                    import_litellm()
             except ModelPreflightError as exc:
                 model = item.parent.plan.settings.model_path
                 pytest.exit(

@@ -449,7 +449,8 @@ class Bridge:
         model = body.get("model")
         echo = model if isinstance(model, str) and model else self.route.model_path
         try:
-            await _litellm_imported()
+            if not self.offline:  # a replayed answer needs no LiteLLM (~3 s of import)
+                await _litellm_imported()
         except ModelPreflightError as exc:
             return _json_error(503, str(exc))
         try:

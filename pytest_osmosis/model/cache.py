@@ -409,7 +409,8 @@ def remove_entries(
     conn = _existing(path)
     if conn is None:
         return 0
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if model is not None:
         where.append("model = ?")
         params.append(model)
