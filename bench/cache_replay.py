@@ -14,11 +14,7 @@ cache the sessions wrote) under 0.3 ms, and under 10% of a replayed row's CPU.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import sys
-import time
-from pathlib import Path
 
 import _common as c
 

@@ -150,6 +150,7 @@ class CallCache:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._failed_write: str | None = None
+        self._failed_read = False
 
     @property
     def replay(self) -> bool:
@@ -196,10 +197,16 @@ class CallCache:
         """The recorded answer for `key`, or None (absent, or older than the max age)."""
         reader = self._reader if self._reader is not None else self.open()._reader
         assert reader is not None
-        with self._read_lock:
-            row = reader.execute(
-                "SELECT response, created FROM calls WHERE key = ?", (key,)
-            ).fetchone()
+        try:
+            with self._read_lock:
+                row = reader.execute(
+                    "SELECT response, created FROM calls WHERE key = ?", (key,)
+                ).fetchone()
+        except sqlite3.Error as exc:  # a damaged file: a miss (use calls the model), said once
+            if not self._failed_read:
+                self._failed_read = True
+                logger.warning("model-call cache %s: cannot read it: %s", self.path, exc)
+            return None
         if row is None:
             return None
         if self.max_age_s is not None and time.time() - row[1] > self.max_age_s:
@@ -244,7 +251,11 @@ class CallCache:
             for entry in batch:
                 if entry is None:
                     continue
-                text = json.dumps(entry.response, ensure_ascii=False)
+                try:
+                    text = json.dumps(entry.response, ensure_ascii=False, allow_nan=False)
+                except (TypeError, ValueError):  # not JSON: served once, never replayed
+                    self.refused += 1
+                    continue
                 if any(scrub(t, entry.secrets) != t for t in (text, *entry.checked)):
                     self.refused += 1
                     continue
