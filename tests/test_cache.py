@@ -633,3 +633,60 @@ def test_the_cache_command_lists_prunes_clears_and_finds_it(
     assert main(["cache", "clear", "--output", output]) == 0
     assert capsys.readouterr().out == f"removed 3 entries from {path}\n"
     assert _entries(path) == []
+
+
+REPEAT_ROLLOUT = r'''
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context,
+)
+
+
+class AskTwice(AgentWorkflow):
+    """The same request twice in one attempt (self-consistency sampling, a retry)."""
+
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        ids = []
+        async with httpx.AsyncClient(timeout=120) as client:
+            for _ in range(2):
+                response = await client.post(
+                    rollout.chat_completions_url + "/chat/completions",
+                    headers={"Authorization": f"Bearer {rollout.api_key}"},
+                    json={"model": "m", "messages": ctx.prompt, "temperature": 1.0},
+                )
+                response.raise_for_status()
+                ids.append(response.json()["id"])
+        (ctx.artifacts_dir / "ids.txt").write_text(" ".join(ids))
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": "ok"}])
+
+
+class Any(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+'''
+
+
+def test_the_same_request_twice_in_an_attempt_replays_both_answers_in_order(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]), rollout_source=REPEAT_ROLLOUT)
+
+    def ids() -> list[str]:
+        (found,) = (only_run_dir(pytester.path) / "artifacts").rglob("ids.txt")
+        return found.read_text().split()
+
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=1)
+    recorded = ids()
+    assert len(set(recorded)) == 2 and len(_entries(_cache_file(pytester.path))) == 2
+    _fresh_runs(pytester.path)
+    model_env.reset()
+
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=1)
+
+    assert ids() == recorded and model_env.requests_total == 0
