@@ -257,6 +257,12 @@ class CallCache:
                     self.refused += 1
                     continue
                 if any(scrub(t, entry.secrets) != t for t in (text, *entry.checked)):
+                    if not self.refused:  # once: which call it was would name the secret's row
+                        logger.warning(
+                            "model-call cache %s: calls whose request or answer holds a secret "
+                            "value are not stored (replay will miss them)",
+                            self.path,
+                        )
                     self.refused += 1
                     continue
                 usage = _usage(entry.response) or {}
