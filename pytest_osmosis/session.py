@@ -101,6 +101,10 @@ class ControllerRun:
     report_error: str | None = None
     created: bool = False
     """This session made the run directory (removed again if the preflight fails)."""
+    cache_calls: int = 0
+    """Model calls this session's rows made through the model-call cache..."""
+    cache_hits: int = 0
+    """...and how many of them it answered."""
     storage_fault: str | None = None
     """Why the run directory took no more results (a full disk, deleted): nothing more is
     written there, not even the final snapshots."""

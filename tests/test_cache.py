@@ -66,6 +66,9 @@ def test_a_second_run_with_use_calls_no_model_and_gives_the_same_results(
     )
     second.assert_outcomes(passed=6)
     assert model_env.requests_total == 0
+    second.stdout.fnmatch_lines(
+        [f"cache      6 of 6 model calls answered from {_cache_file(pytester.path)}"]
+    )
     assert _results(pytester.path) == recorded  # rewards and tokens: the recorded usage
     metrics = json.loads((only_run_dir(pytester.path) / "metrics.json").read_text())
     assert metrics["summary"]["tokens_used"] == sum(r[4] for r in recorded)
@@ -253,6 +256,7 @@ def test_a_two_turn_tool_calling_agent_replays_both_turns(
     result.assert_outcomes(passed=2)
     assert model_env.requests_total == 0
     assert _results(pytester.path) == recorded
+    result.stdout.fnmatch_lines(["cache      4 of 4 model calls answered from *"])
     for trial in (only_run_dir(pytester.path) / "rollout_trials").iterdir():
         doc = json.loads((trial / "trajectory.json").read_text())
         assert len([s for s in doc["steps"] if s["source"] == "agent"]) == 2

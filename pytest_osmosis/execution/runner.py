@@ -200,6 +200,9 @@ async def execute(
             "has_trajectory": has_trajectory,
             "trajectory_problem": trajectory_problem,
             "rate_limited": rate_limited,
+            # Model calls through the model-call cache, and how many it answered.
+            "cache_calls": cache.calls if cache is not None else 0,
+            "cache_hits": cache.hits if cache is not None else 0,
             # The exception itself, for --pdb in this process; never sent to the xdist controller.
             "exception": cause,
         },

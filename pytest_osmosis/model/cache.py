@@ -322,6 +322,8 @@ class CachedAttempt:
     source_row: int
     attempt: int
     calls: int = 0
+    hits: int = 0
+    """Calls answered from the cache."""
     missed: str | None = None
     """The first call `replay` had no answer for, as one line (the row's ``cache_miss``)."""
     _repeats: dict[bytes, int] = field(default_factory=dict)
@@ -358,6 +360,7 @@ class CachedAttempt:
             found = cache.lookup(key)
             if found is not None:
                 cache.hits += 1
+                self.hits += 1
                 return found, True
             cache.misses += 1
             if cache.replay:
