@@ -488,6 +488,7 @@ def test_xdist_workers_share_the_cache_and_a_killed_worker_tears_nothing(
     model_env.reset()
     third = pytester.runpytest_subprocess(*common, "replay", "--osmosis-name", "third")
     third.assert_outcomes(passed=8)
+    third.stdout.fnmatch_lines(["cache      8 of 8 model calls answered from *"])  # both workers'
     assert model_env.requests_total == 0
     assert len(_entries(path)) == 8 and _integrity(path) == "ok"
 
