@@ -28,6 +28,7 @@ BENCHMARKS = (
     ("startup", "6"),
     ("scale", "7"),
     ("first_result", "8"),
+    ("cache_replay", "9"),
 )
 
 

@@ -110,6 +110,8 @@ class Controller:
             run.rundir.append(result)
             run.executed += 1
             run.rate_limited += int(result.get("rate_limited") or 0)
+            run.cache_calls += int(result.get("cache_calls") or 0)
+            run.cache_hits += int(result.get("cache_hits") or 0)
             self._last_result = result
             details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
             if result.get("reward") is not None:

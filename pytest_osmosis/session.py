@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
 
 
@@ -75,6 +76,9 @@ class SessionOptions:
     report: bool = False
     secrets_file: str | None = None
     main_timeout: float = DEFAULT_MAIN_TIMEOUT
+    cache_mode: str = "off"
+    """The model-call cache (model/cache.py): off, use, record or replay."""
+    cache_max_age_s: float | None = None
 
 
 @dataclass
@@ -100,6 +104,10 @@ class ControllerRun:
     index_path: Path | None = None
     created: bool = False
     """This session made the run directory (removed again if the preflight fails)."""
+    cache_calls: int = 0
+    """Model calls this session's rows made through the model-call cache..."""
+    cache_hits: int = 0
+    """...and how many of them it answered."""
     storage_fault: str | None = None
     """Why the run directory took no more results (a full disk, deleted): nothing more is
     written there, not even the final snapshots."""
@@ -123,6 +131,7 @@ class EvalSession:
         self._executor: Executor | None = None
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
+        self._caches: dict[Path, CallCache] = {}  # output root -> its model-call cache
         self._prefetched = False
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
@@ -397,7 +406,8 @@ class EvalSession:
 
             model = item.parent.plan.settings.model_path
             try:
-                if _rows_need_litellm(model):
+                # replayed answers need no LiteLLM
+                if _rows_need_litellm(model) and self.options.cache_mode != "replay":
                     import_litellm()
             except ModelPreflightError as exc:
                 pytest.exit(
@@ -576,6 +586,12 @@ class EvalSession:
         )
         bridge = await self.bridge(plan.settings.model_path)
         bridge.allow_judge_models(self._judge_models(rollout))
+        cache = self.call_cache(plan.output_root)
+        cached = (
+            cache.attempt(plan.config.experiment.dataset, row.source_row_index, item.run_index)
+            if cache is not None
+            else None
+        )
         run_dir = plan.run_dir
         storage_faults: list[str] = []
 
@@ -614,6 +630,7 @@ class EvalSession:
             pass_threshold=plan.settings.pass_threshold,
             prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
             write_trajectory=save_trajectory,
+            cache=cached,
         )
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
@@ -639,13 +656,37 @@ class EvalSession:
             self._bridge_lock = asyncio.Lock()
         async with self._bridge_lock:
             if model_path not in self._bridges:
-                route = await asyncio.get_running_loop().run_in_executor(
-                    None, resolve_route, model_path
-                )
+                offline = self.options.cache_mode == "replay"
+                if offline:  # answers come from the cache: no key, no engine to start
+                    from pytest_osmosis.model.cache import offline_route
+
+                    route = offline_route(model_path)
+                else:
+                    route = await asyncio.get_running_loop().run_in_executor(
+                        None, resolve_route, model_path
+                    )
                 bridge = Bridge(route)
+                bridge.offline = offline
                 await bridge.start()
                 self._bridges[model_path] = bridge
             return self._bridges[model_path]
+
+    def call_cache(self, output_root: Path) -> CallCache | None:
+        """The model-call cache beside the runs under `output_root` (None when it is off).
+
+        Opened once per process and root; ``replay`` refuses a missing file (ConfigError).
+        """
+        mode = self.options.cache_mode
+        if mode == "off":
+            return None
+        cache = self._caches.get(output_root)
+        if cache is None:
+            from pytest_osmosis.model.cache import CallCache, cache_path
+
+            cache = CallCache(cache_path(output_root), mode, self.options.cache_max_age_s)
+            cache.open()
+            self._caches[output_root] = cache
+        return cache
 
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
@@ -653,7 +694,19 @@ class EvalSession:
         ``in_process`` (a process that runs rows) imports LiteLLM here, on a thread of its own
         while the models are checked, unless no row needs it; an xdist controller checks
         OpenAI-compatible routes directly and others in a child process (model/preflight.py).
+        The model-call cache is opened first (a bad one stops the session here, in one line);
+        ``--osmosis-cache replay`` calls no model, so the cache existing is its whole check,
+        and ``use`` does not check a model the cache already holds answers of.
         """
+        answered = set()
+        for run in self.runs.values():
+            cache = self.call_cache(run.plan.output_root)
+            model = run.plan.settings.model_path
+            if cache is not None and (cache.replay or (cache.mode == "use" and cache.knows(model))):
+                answered.add(model)
+        model_paths = [model for model in model_paths if model not in answered]
+        if not model_paths:
+            return
         # Imported here first, so the check never waits for LiteLLM's thread to finish
         # importing a module both need (aiohttp's client above all).
         import aiohttp  # noqa: F401
@@ -732,6 +785,9 @@ class EvalSession:
                     pass
             executor.close()
             self._executor = None
+        caches, self._caches = list(self._caches.values()), {}
+        for cache in caches:
+            cache.close()  # what the bridges queued is written before the session ends
         if self._restore_exit is not None:
             self._restore_exit()
             self._restore_exit = None

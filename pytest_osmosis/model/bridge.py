@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.cache import CachedAttempt, offline_judge
 from pytest_osmosis.model.direct import DirectClient, direct_base, is_plain, missing_keys
 from pytest_osmosis.model.errors import (
     _CONNECT_ERRORS,
@@ -116,6 +117,10 @@ class Bridge:
         self._reasoning: dict[str, dict[str, dict[str, Any]]] = {}
         """Per rollout: reasoning fields by the id of the tool call they came with."""
         self._rate_limited: dict[str, int] = {}
+        self._cached: dict[str, CachedAttempt] = {}
+        """Per open rollout using the model-call cache: its row and attempt there."""
+        self.offline = False
+        """Replaying a model-call cache: no call reaches a provider, no judge is resolved."""
         self.backoff = Backoff()
         """Back-off of the run's model; each judge model has its own."""
         self._lock = threading.Lock()
@@ -229,8 +234,13 @@ class Bridge:
         if self._direct is not None:
             await self._direct.close()
 
-    def open_rollout(self, rollout_id: str) -> tuple[str, str]:
-        """Accept calls for `rollout_id`; returns (chat_completions_url, api_key)."""
+    def open_rollout(
+        self, rollout_id: str, cache: CachedAttempt | None = None
+    ) -> tuple[str, str]:
+        """Accept calls for `rollout_id`; returns (chat_completions_url, api_key).
+
+        With `cache`, its calls go through the model-call cache as that row and attempt.
+        """
         if not rollout_id or "/" in rollout_id:
             raise ValueError(f"rollout id must be one URL path segment, got {rollout_id!r}")
         with self._lock:
@@ -241,6 +251,8 @@ class Bridge:
                 self._keys[rollout_id] = key
             self._tokens.setdefault(rollout_id, None)
             self._calls.setdefault(rollout_id, [])
+            if cache is not None:
+                self._cached[rollout_id] = cache
         return f"{self.base_url}/v1/rollouts/{rollout_id}", key.decode()[len("Bearer ") :]
 
     def close_rollout(self, rollout_id: str) -> int | None:
@@ -249,6 +261,7 @@ class Bridge:
             self._keys.pop(rollout_id, None)
             self._calls.pop(rollout_id, None)
             self._reasoning.pop(rollout_id, None)
+            self._cached.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
 
     def allow_judge_models(self, models: Iterable[str]) -> None:
@@ -372,7 +385,7 @@ class Bridge:
                     try:
                         # Off the loop: osmosis/embedded starts a local server here.
                         known = await asyncio.get_running_loop().run_in_executor(
-                            None, _resolve_judge, model
+                            None, offline_judge if self.offline else _resolve_judge, model
                         )
                     except _JudgeUnavailable as exc:
                         logger.warning("osmosis bridge: %s", exc)  # once, not once per row
@@ -453,7 +466,9 @@ class Bridge:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
         echo = model if isinstance(model, str) and model else self.route.model_path
-        if not self._rows_direct:  # a direct bridge imports LiteLLM only for what needs it
+        # A direct bridge imports LiteLLM only for what needs it; a replayed answer needs
+        # none (~3 s of import).
+        if not self._rows_direct and not self.offline:
             try:
                 await _litellm_imported()
             except ModelPreflightError as exc:
@@ -485,13 +500,31 @@ class Bridge:
     async def _complete(
         self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
     ) -> Any:
+        """One model call: through the model-call cache (model/cache.py) when the rollout
+        has one (looked up before the provider, stored after), else straight to it."""
+        target = target or self._main
+        with self._lock:
+            cached = self._cached.get(rollout_id or "")
+        if cached is None:
+            return await self._upstream(body, rollout_id, target)
+        model = target.route.model_path
+        response, hit = await cached.serve(
+            model, body, lambda: self._upstream(body, rollout_id, target), self._secrets
+        )
+        if hit and not target.judge and rollout_id is not None:
+            self._remember_reasoning(response, rollout_id)
+        return response
+
+    async def _upstream(
+        self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
+    ) -> Any:
         """One provider call for a chat body, made the way osmosis-ai 0.3.8's bridge makes it."""
         target = target or self._main
         route = target.route
         responses = False
         if not target.judge:
             body = self._with_reasoning(body, rollout_id)
-        direct = self._upstream(body, rollout_id, target)
+        direct = self._direct_client(body, rollout_id, target)
         if direct is not None:
             call = body
         else:
@@ -531,7 +564,7 @@ class Bridge:
             self._remember_reasoning(response, rollout_id)
         return response
 
-    def _upstream(
+    def _direct_client(
         self, body: dict[str, Any], rollout_id: str | None, target: _Target
     ) -> DirectClient | None:
         """The direct client where this call may skip LiteLLM, else None (LiteLLM calls).
