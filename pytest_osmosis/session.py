@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.results import RunDirectory, RunLog
+    from pytest_osmosis.results.regrade import SourceRun
 
 
 @dataclass
@@ -73,6 +74,10 @@ class SessionOptions:
     report: bool = False
     secrets_file: str | None = None
     main_timeout: float = DEFAULT_MAIN_TIMEOUT
+    # Regrade and plan (regrade.py, preview.py)
+    regrade: str | None = None
+    plan: bool = False
+    confirm: bool = False
 
 
 @dataclass
@@ -134,6 +139,9 @@ class EvalSession:
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
         self._fd_capped = False
+        #: ``--osmosis-regrade``: the run whose samples are graded again, and its config.
+        self.regrade: SourceRun | None = None
+        self.regrade_config: Path | None = None
         raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     # -- planning --------------------------------------------------------------------
@@ -145,7 +153,7 @@ class EvalSession:
             raise self._errors[path]
         if path not in self._plans:
             try:
-                plan = build_plan(path, self.options.overrides, self.options.output)
+                plan = build_plan(path, self.overrides(), self.options.output)
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
@@ -165,10 +173,22 @@ class EvalSession:
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
         blame_dir = workerinput.get("osmosis_blame_dir")
         self._blame_slot = (str(blame_dir), str(workerinput["workerid"])) if blame_dir else None
+        if workerinput.get("osmosis_regrade"):
+            from pytest_osmosis.regrade import take_worker_input
+
+            take_worker_input(self, workerinput["osmosis_regrade"])
+
+    def overrides(self) -> Overrides:
+        """The plan's overrides: the options', and under a regrade the regraded run's rows,
+        attempts and model."""
+        if self.regrade is None:
+            return self.options.overrides
+        return self.regrade.overrides(self.options.overrides)
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
         from pytest_osmosis.results import RunDirectory, RunLog
+        from pytest_osmosis.results.regrade import RegradeError
         from pytest_osmosis.secrets import (
             MissingSecretsError,
             SecretsFileError,
@@ -183,8 +203,11 @@ class EvalSession:
         for path in config_paths:
             path = path.resolve()
             try:
-                plan = build_plan(path, self.options.overrides, self.options.output)
+                plan = build_plan(path, self.overrides(), self.options.output)
                 inputs = run_inputs(plan)
+                if self.regrade is not None:
+                    self.regrade.check_inputs(inputs, path)
+                    inputs = self.regrade.regrade_inputs(inputs)
                 plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
                 # Secrets first: the rollout's import code may read (or print) them.
                 required = plan.config.secrets.required
@@ -194,7 +217,7 @@ class EvalSession:
                 add_named_secrets(self.config, required, resolved)
                 # A rollout that cannot be imported must fail before its run directory exists.
                 self.load_rollout(plan)
-            except (RunDirectoryError, MissingSecretsError, SecretsFileError):
+            except (RunDirectoryError, MissingSecretsError, SecretsFileError, RegradeError):
                 raise
             except OsmosisError as exc:
                 self._errors[path] = exc  # collection reports it, naming the file
@@ -544,6 +567,10 @@ class EvalSession:
 
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
         blame.enter(item.nodeid)  # a crash in this row's code is pinned on it (xdist workers)
+        if self.regrade is not None:
+            from pytest_osmosis.regrade import execute_regrade
+
+            return await execute_regrade(self, item, self.regrade)
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
         from pytest_osmosis.secrets import redactor_for

@@ -1,0 +1,176 @@
+"""``--osmosis-regrade RUN``: grade a finished run's recorded samples again, as pytest items.
+
+The session is an ordinary one (items, journal, new run directory, results table, gate)
+with two differences: its plan takes the rows, attempts and model from the run it
+regrades, and an item grades the attempt's recorded sample with the current grader
+instead of running the workflow (:func:`execute_regrade`, through the runner's own grader
+step). Reading the old run is ``results/regrade.py``; this module adapts it to the session:
+which config the run belongs to (:func:`choose_regrade`), what xdist workers are told
+(:func:`worker_input`, :func:`take_worker_input`) and one item's regrade.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_osmosis.results.regrade import (
+    TAKEN_FROM_RUN,
+    RegradeError,
+    SourceRun,
+    config_problem,
+    open_source_run,
+)
+
+if TYPE_CHECKING:
+    import pytest
+
+    from pytest_osmosis.collect import EvalItem
+    from pytest_osmosis.session import EvalSession
+
+
+def choose_regrade(
+    session: EvalSession, config: pytest.Config, configs: list[Path]
+) -> list[Path]:
+    """Controller: open the run to regrade and return the one config it was made from.
+
+    Raises :class:`RegradeError` in one line: a selection option given with it, the run
+    not found or not finished, no config of this session made it.
+    """
+    ref = session.options.regrade or ""
+    for name in TAKEN_FROM_RUN:
+        given = session.options.overrides.get(name)
+        if given is not None and not given[1].startswith("ini "):
+            raise RegradeError(
+                f"{given[1]}: a regrade grades the rows, attempts and model of the run it "
+                "regrades; leave it out"
+            )
+    source = open_source_run(ref, session.options.output, config.invocation_params.dir)
+    chosen = _config_of(source, configs, named=not session.collect_all)
+    session.regrade = source
+    session.regrade_config = chosen
+    return [chosen]
+
+
+def _config_of(source: SourceRun, configs: list[Path], *, named: bool) -> Path:
+    def relative(path: Path) -> str:
+        return path.relative_to(path.parent.parent.parent).as_posix()
+
+    if source.config_path is None:
+        if len(configs) == 1:
+            return configs[0]
+        raise RegradeError(
+            f"--osmosis-regrade: run {source.name!r} does not say which config made it; "
+            "name the config: pytest configs/eval/<name>.toml --osmosis-regrade "
+            f"{source.name}"
+        )
+    matches = [path for path in configs if relative(path) == source.config_path]
+    if not matches:
+        if named and configs:
+            raise RegradeError(
+                f"--osmosis-regrade: {config_problem(source, relative(configs[0]))}; "
+                "name that config, or leave the configs out"
+            )
+        raise RegradeError(
+            f"--osmosis-regrade: run {source.name!r} was made from {source.config_path}, "
+            "which this session does not collect (run pytest in that workspace)"
+        )
+    # Several workspaces with the same layout: the one the run directory lives in.
+    inside = [p for p in matches if source.path.is_relative_to(p.parent.parent.parent)]
+    return (inside or matches)[0]
+
+
+def worker_input(session: EvalSession) -> list[str] | None:
+    """What an xdist worker needs to regrade: the run's directory and the config."""
+    if session.regrade is None or session.regrade_config is None:
+        return None
+    return [str(session.regrade.path), str(session.regrade_config)]
+
+
+def take_worker_input(session: EvalSession, value: list[str]) -> None:
+    """Worker: open the same run (read-only) the controller chose."""
+    path, config_path = value
+    session.regrade = open_source_run(path, None, Path(path))
+    session.regrade_config = Path(config_path)
+
+
+async def execute_regrade(session: EvalSession, item: EvalItem, source: SourceRun) -> dict[str, Any]:
+    """Grade one recorded attempt again; one whose workflow failed keeps its failure."""
+    from pytest_osmosis.execution.runner import Budgets, WorkItem, execute
+    from pytest_osmosis.outcome import RowResult
+    from pytest_osmosis.results import prepare_trial_dir, write_trajectory
+    from pytest_osmosis.results.redact import redact_trajectory
+    from pytest_osmosis.results.regrade import regraded_trajectory
+    from pytest_osmosis.secrets import redactor_for
+
+    plan = item.parent.plan
+    run_dir = plan.run_dir
+    storage_faults: list[str] = []
+
+    def prepare(rollout_id: str) -> Path | None:
+        try:
+            source.copy_trial(rollout_id, run_dir)
+        except OSError as exc:
+            storage_faults.append(f"cannot copy the artifacts of {rollout_id} into {run_dir}: {exc}")
+        return prepare_trial_dir(run_dir, rollout_id)
+
+    kept = source.kept(item.key)
+    if kept is not None:
+        prepare(str(kept["rollout_id"]))
+        result = RowResult(
+            row_index=item.row_index,
+            run_index=item.run_index,
+            source_row_index=item.source_row_index,
+            rollout_id=str(kept["rollout_id"]),
+            status="failed",
+            pass_threshold=plan.settings.pass_threshold,
+            tokens=kept.get("tokens"),
+            duration_ms=float(kept.get("duration_ms") or 0.0),
+            error_type=kept.get("error_type") or "rollout_failed",
+            message=str(kept["message"]),
+            extra={"has_trajectory": False, "trajectory_problem": None, "rate_limited": 0},
+        ).as_dict()
+        return {**result, "storage_fault": storage_faults[0]} if storage_faults else result
+    recorded = source.recorded(item.key)
+    if recorded is None:  # the run is complete, so only a hand edit gets here
+        raise RegradeError(f"run {source.name!r} has no record of {item.nodeid}")
+    rollout = session.load_rollout(plan)
+    row = plan.dataset.row(item.row_index)
+    work = WorkItem(
+        row_index=item.row_index,
+        run_index=item.run_index,
+        source_row_index=row.source_row_index,
+        prompt=row.initial_messages,
+        label=row.label,
+        metadata=row.metadata,
+    )
+    bridge = await session.bridge(plan.settings.model_path)
+    bridge.allow_judge_models(session._judge_models(rollout))
+    redactor = redactor_for(session.config)
+
+    def save_trajectory(
+        rollout_id: str, sample: Any, work: WorkItem, step_usage: Any = None
+    ) -> bool:
+        """The recorded trajectory with the new reward (its steps are the recorded ones)."""
+        trial_dir = run_dir / "rollout_trials" / rollout_id
+        document = regraded_trajectory(recorded.document, sample.reward)
+        try:
+            write_trajectory(trial_dir, redact_trajectory(document, redactor))
+        except OSError as exc:
+            storage_faults.append(f"cannot write a trajectory in {trial_dir}: {exc}")
+            return False
+        return True
+
+    result = await execute(
+        work,
+        rollout,
+        bridge=bridge,
+        budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
+        pass_threshold=plan.settings.pass_threshold,
+        prepare_artifacts=prepare,
+        write_trajectory=save_trajectory,
+        recorded=recorded,
+    )
+    if storage_faults:
+        result = {**result, "storage_fault": storage_faults[0]}
+    return result
