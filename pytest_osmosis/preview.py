@@ -11,8 +11,10 @@ reads the TOML, the dataset and an existing run's manifest and journal, nothing 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,45 +187,42 @@ def confirm(session: EvalSession, config: pytest.Config) -> None:
     ``--yes``). Declining removes the run directories this session created and exits 2,
     as an interrupt before any row does.
     """
-    if not _stdin_is_terminal():
-        return
     runs = list(session.runs.values())
     pending = sum(run.pending_at_start for run in runs)
     if not runs or pending == 0:
         return
-    paths = [run.plan.config_path for run in runs]
-    plans = [plan_config(session, config, path, len(paths) > 1) for path in paths]
-    _write(config, plans)
-    models = sorted({run.plan.settings.model_path for run in runs})
-    question = f"osmosis: run {pending} work items with {', '.join(models)}? [y/N] "
-    if _ask(config, question):
-        return
-    session.abandon_runs()
-    session.close()
-    pytest.exit("osmosis: not started (declined at the prompt)", returncode=2)
-
-
-def _stdin_is_terminal() -> bool:
-    try:
-        return os.isatty(0)
-    except OSError:
-        return False
-
-
-def _ask(config: pytest.Config, question: str) -> bool:
-    """One line from the terminal, with pytest's capture set aside while it is read."""
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None:
-        capture.suspend_global_capture(in_=True)
-    try:
-        sys.stdout.write(question)
+    with _terminal(config) as interactive:
+        if not interactive:
+            return
+        paths = [run.plan.config_path for run in runs]
+        _write(config, [plan_config(session, config, path, len(paths) > 1) for path in paths])
+        models = sorted({run.plan.settings.model_path for run in runs})
+        sys.stdout.write(f"osmosis: run {pending} work items with {', '.join(models)}? [y/N] ")
         sys.stdout.flush()
         try:
             with open(0, closefd=False) as stdin:  # noqa: PTH123 - fd 0, not a path
                 answer = stdin.readline()
         except (OSError, KeyboardInterrupt):
             answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return
+    session.abandon_runs()
+    session.close()
+    pytest.exit("osmosis: not started (declined at the prompt)", returncode=2)
+
+
+@contextlib.contextmanager
+def _terminal(config: pytest.Config) -> Iterator[bool]:
+    """pytest's capture set aside (it puts /dev/null on fd 0); whether stdin is a terminal."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    try:
+        try:
+            interactive = os.isatty(0)
+        except OSError:
+            interactive = False
+        yield interactive
     finally:
         if capture is not None:
             capture.resume_global_capture()
-    return answer.strip().lower() in ("y", "yes")
