@@ -139,6 +139,13 @@ OPTIONS = (
         override=False,
     ),
     _Option(
+        "rollout_dir",
+        "--osmosis-rollout-dir",
+        "load the rollout (its workflow and grader) from DIR instead of rollouts/<rollout>",
+        "DIR",
+        override=False,
+    ),
+    _Option(
         "plan",
         "--osmosis-plan",
         "print what each config would run (model, rows, n, concurrency, budgets, run name) "
@@ -149,8 +156,7 @@ OPTIONS = (
     _Option(
         "confirm",
         "--osmosis-confirm",
-        "print the plan and ask before the first model call (skipped when stdin is not a "
-        "terminal)",
+        "print the plan and ask before the first model call (skipped when stdin is not a terminal)",
         is_flag=True,
         override=False,
     ),
@@ -474,6 +480,7 @@ def pytest_configure(config: pytest.Config) -> None:
         report=bool(plain("report")),
         secrets_file=plain("secrets_file"),
         regrade=plain("regrade"),
+        rollout_dir=_path(config, plain("rollout_dir")),
         plan=bool(plain("plan")),
         confirm=bool(plain("confirm")),
     )
@@ -491,6 +498,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     install_redaction(config)
     register_roles(config, session)
+
+
+def _path(config: pytest.Config, value: str | None) -> Path | None:
+    return None if value is None else (config.invocation_params.dir / value).resolve()
 
 
 def register_roles(config: pytest.Config, session: EvalSession) -> None:

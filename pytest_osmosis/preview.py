@@ -75,9 +75,7 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
             0,
         )
     retry = session.options.retry_failed
-    pending = [
-        key for key in keys if key not in records or (retry and is_retried(records[key]))
-    ]
+    pending = [key for key in keys if key not in records or (retry and is_retried(records[key]))]
     recorded = len(keys) - len(pending) if not retry else len(records)
     if not pending:
         return f"finished earlier: all {len(keys)} recorded, nothing runs", 0
@@ -111,9 +109,7 @@ def plan_config(
             if session.regrade is not None:
                 session.regrade.check_inputs(inputs, path)
                 inputs = session.regrade.regrade_inputs(inputs)
-            plan.run_name = choose_run_name(
-                plan, session.options.name, inputs, utc_now(), several
-            )
+            plan.run_name = choose_run_name(plan, session.options.name, inputs, utc_now(), several)
         session.load_rollout(plan)
     except OsmosisError as exc:
         shown.rows.append(("error", str(exc)))

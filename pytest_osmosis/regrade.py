@@ -11,6 +11,7 @@ which config the run belongs to (:func:`choose_regrade`), what xdist workers are
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from pytest_osmosis.results.regrade import (
     SourceRun,
     config_problem,
     open_source_run,
+    workspace_config,
 )
 
 if TYPE_CHECKING:
@@ -29,9 +31,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.session import EvalSession
 
 
-def choose_regrade(
-    session: EvalSession, config: pytest.Config, configs: list[Path]
-) -> list[Path]:
+def choose_regrade(session: EvalSession, config: pytest.Config, configs: list[Path]) -> list[Path]:
     """Controller: open the run to regrade and return the one config it was made from.
 
     Raises :class:`RegradeError` in one line: a selection option given with it, the run
@@ -94,7 +94,9 @@ def take_worker_input(session: EvalSession, value: list[str]) -> None:
     session.regrade_config = Path(config_path)
 
 
-async def execute_regrade(session: EvalSession, item: EvalItem, source: SourceRun) -> dict[str, Any]:
+async def execute_regrade(
+    session: EvalSession, item: EvalItem, source: SourceRun
+) -> dict[str, Any]:
     """Grade one recorded attempt again; one whose workflow failed keeps its failure."""
     from pytest_osmosis.execution.runner import Budgets, WorkItem, execute
     from pytest_osmosis.outcome import RowResult
@@ -111,7 +113,7 @@ async def execute_regrade(session: EvalSession, item: EvalItem, source: SourceRu
         try:
             source.copy_trial(rollout_id, run_dir)
         except OSError as exc:
-            storage_faults.append(f"cannot copy the artifacts of {rollout_id} into {run_dir}: {exc}")
+            storage_faults.append(f"cannot copy the artifacts of {rollout_id}: {exc}")
         return prepare_trial_dir(run_dir, rollout_id)
 
     kept = source.kept(item.key)
@@ -174,3 +176,65 @@ async def execute_regrade(session: EvalSession, item: EvalItem, source: SourceRu
     if storage_faults:
         result = {**result, "storage_fault": storage_faults[0]}
     return result
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _own_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rollout-dir",
+        metavar="DIR",
+        help="take the workflow and grader from DIR instead of the workspace's "
+        "rollouts/<rollout> (--osmosis-rollout-dir)",
+    )
+    parser.add_argument(
+        "--output",
+        metavar="ROOT",
+        help="root of run directories (default: .osmosis/evals of the nearest workspace)",
+    )
+
+
+def add_regrade_parser(subparsers: Any) -> None:
+    """``pytest-osmosis regrade RUN [--rollout-dir DIR] [-- PYTEST ARGS]`` (cli.EXTENSIONS)."""
+    parser = subparsers.add_parser(
+        "regrade",
+        help="grade a finished run's recorded samples again with the current grader",
+        allow_abbrev=False,
+        description="Run pytest with --osmosis-regrade RUN on the config the run was made "
+        "from: only the grader runs, over the run's recorded samples, into a new run "
+        "directory. Exits with pytest's status.",
+    )
+    parser.add_argument(
+        "run", metavar="NAME|PATH", help="run name under the root, or its directory"
+    )
+    _own_options(parser)
+    parser.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        metavar="-- PYTEST ARGS",
+        help="more pytest arguments, e.g. -- -n 2 --osmosis-name regraded",
+    )
+    parser.set_defaults(handler=run_regrade_command)
+
+
+def run_regrade_command(args: argparse.Namespace) -> int:
+    """Find the run and its config, then pytest in this process; pytest's exit status."""
+    import pytest
+
+    # argparse hands everything after RUN to `rest`: our options before `--`, pytest's after.
+    rest = list(args.rest)
+    cut = rest.index("--") if "--" in rest else len(rest)
+    own = argparse.ArgumentParser(prog="pytest-osmosis regrade", add_help=False)
+    _own_options(own)
+    own.parse_args(rest[:cut], namespace=args)
+    root = Path(args.output).expanduser().resolve() if args.output else None
+    source = open_source_run(args.run, root, Path.cwd())
+    config = workspace_config(source)
+    argv = [str(config)] if config is not None else []
+    argv += ["--osmosis-regrade", str(source.path)]
+    if args.rollout_dir:
+        argv += ["--osmosis-rollout-dir", str(Path(args.rollout_dir).expanduser().resolve())]
+    if root is not None:
+        argv += ["--osmosis-output", str(root)]
+    return int(pytest.main([*argv, *rest[cut + 1 :]]))

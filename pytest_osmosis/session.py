@@ -76,6 +76,7 @@ class SessionOptions:
     main_timeout: float = DEFAULT_MAIN_TIMEOUT
     # Regrade and plan (regrade.py, preview.py)
     regrade: str | None = None
+    rollout_dir: Path | None = None
     plan: bool = False
     confirm: bool = False
 
@@ -153,7 +154,7 @@ class EvalSession:
             raise self._errors[path]
         if path not in self._plans:
             try:
-                plan = build_plan(path, self.overrides(), self.options.output)
+                plan = self._build_plan(path)
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
@@ -177,6 +178,11 @@ class EvalSession:
             from pytest_osmosis.regrade import take_worker_input
 
             take_worker_input(self, workerinput["osmosis_regrade"])
+
+    def _build_plan(self, path: Path) -> EvalPlan:
+        return build_plan(
+            path, self.overrides(), self.options.output, rollout_dir=self.options.rollout_dir
+        )
 
     def overrides(self) -> Overrides:
         """The plan's overrides: the options', and under a regrade the regraded run's rows,
@@ -203,7 +209,7 @@ class EvalSession:
         for path in config_paths:
             path = path.resolve()
             try:
-                plan = build_plan(path, self.overrides(), self.options.output)
+                plan = self._build_plan(path)
                 inputs = run_inputs(plan)
                 if self.regrade is not None:
                     self.regrade.check_inputs(inputs, path)

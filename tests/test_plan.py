@@ -81,7 +81,9 @@ def test_plan_says_a_named_run_resumes(pytester: pytest.Pytester, model_env) -> 
     _workspace(pytester.path)
     pytester.runpytest("--osmosis-eval", "--osmosis-name", "nightly", "-k", "row_0_", *PLAIN)
     requests = model_env.requests_total
-    result = pytester.runpytest("--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *PLAIN)
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *PLAIN
+    )
     plan = _plan_lines(result.stdout.str())
     assert plan["run"] == "nightly (resumes: 2 recorded, 2 to run)"
     assert plan["work items"] == "4 (2 to run)"

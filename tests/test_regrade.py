@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from workspaces import calc_rows, read_index, write_workspace
 ROLLOUT = """
 import json
 import os
+import sys
 
 import httpx
 
@@ -138,9 +140,10 @@ def _check_regraded(root: Path, first: Path, second: Path) -> None:
         assert after["extra"]["osmosis"]["reward"] == new[index]["reward"]
         assert after["steps"] == before["steps"]
         artifact = second / "rollout_trials" / rollout_id / "artifacts" / "answer.txt"
-        assert artifact.read_text() == (
-            first / "rollout_trials" / rollout_id / "artifacts" / "answer.txt"
-        ).read_text()
+        assert (
+            artifact.read_text()
+            == (first / "rollout_trials" / rollout_id / "artifacts" / "answer.txt").read_text()
+        )
     manifest = json.loads((second / "manifest.json").read_text())
     first_manifest = json.loads((first / "manifest.json").read_text())
     assert manifest["inputs"]["regraded_from"] == {
@@ -166,8 +169,11 @@ def test_regrade_grades_recorded_samples_with_the_current_grader(
     assert "workflow exploded on purpose (recorded in run 'first')" in out
     # Three judge calls (one per regraded row) and the model check, all through the bridge.
     assert model_env.requests_total - requests == 3 + 1
-    judged = [body for path, body in model_env.requests if body.get("messages", [{}])[-1].get(
-        "content") == "1 + 1?"]
+    judged = [
+        body
+        for path, body in model_env.requests
+        if body.get("messages", [{}])[-1].get("content") == "1 + 1?"
+    ]
     assert len(judged) == 3
     _check_regraded(pytester.path, first, pytester.path / ".osmosis" / "evals" / "second")
 
@@ -206,22 +212,40 @@ def test_regrade_resumes_and_runs_nothing_twice(
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ("missing", "--osmosis-regrade: run 'nope' not found as a path or under *; runs there: "
-         "first"),
-        ("incomplete", "--osmosis-regrade: run 'part' (*) is not a completed run (its status "
-         "is 'incomplete')*"),
-        ("dataset", "--osmosis-regrade: the dataset of * is not the one run 'first' was made "
-         "from*"),
-        ("config", "--osmosis-regrade: run 'first' was made from configs/eval/calc.toml, not "
-         "configs/eval/other.toml; name that config, or leave the configs out"),
-        ("rows", "--osmosis-rows: a regrade grades the rows, attempts and model of the run it "
-         "regrades; leave it out"),
-        ("plain-resume", "*run 'first' * was created with different resolved inputs (changed: "
-         "regraded_from)*"),
+        (
+            "missing",
+            "--osmosis-regrade: run 'nope' not found as a path or under *; runs there: first",
+        ),
+        (
+            "incomplete",
+            "--osmosis-regrade: run 'part' (*) is not a completed run (its status "
+            "is 'incomplete')*",
+        ),
+        (
+            "dataset",
+            "--osmosis-regrade: the dataset of * is not the one run 'first' was made from*",
+        ),
+        (
+            "config",
+            "--osmosis-regrade: run 'first' was made from configs/eval/calc.toml, not "
+            "configs/eval/other.toml; name that config, or leave the configs out",
+        ),
+        (
+            "rows",
+            "--osmosis-rows: a regrade grades the rows, attempts and model of the run it "
+            "regrades; leave it out",
+        ),
+        (
+            "plain-resume",
+            "*run 'first' * was created with different resolved inputs (changed: regraded_from)*",
+        ),
     ],
 )
 def test_regrade_refuses_bad_input_in_one_line(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, case: str,
+    pytester: pytest.Pytester,
+    model_env,
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
     expected: str,
 ) -> None:  # type: ignore[no-untyped-def]
     config = _workspace(pytester.path, monkeypatch)
@@ -256,10 +280,45 @@ def test_regrade_refuses_bad_input_in_one_line(
     assert errors[0].startswith("ERROR: ")
     from fnmatch import fnmatch
 
-    assert fnmatch(errors[0][len("ERROR: "):], expected), errors[0]
+    assert fnmatch(errors[0][len("ERROR: ") :], expected), errors[0]
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     assert _workflow_runs(pytester.path) == runs
     assert model_env.requests_total == requests
     assert not os.path.exists(pytester.path / ".osmosis" / "evals" / "second") or case == (
         "plain-resume"
     )
+
+
+def test_the_command_regrades_with_the_grader_of_another_rollout_dir(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """``pytest-osmosis regrade RUN --rollout-dir DIR``: the workspace's grader is left as it
+    was; the one in DIR grades."""
+    first = _first_run(pytester, monkeypatch)
+    checkout = pytester.path / "checkout"
+    source = (pytester.path / "rollouts" / "calc" / "main.py").read_text()
+    (checkout / "calc").mkdir(parents=True)
+    (checkout / "calc" / "main.py").write_text(
+        source.replace("GRADER_VERSION = 1", "GRADER_VERSION = 2")
+    )
+    elsewhere = pytester.mkdir("elsewhere")
+    result = pytester.run(
+        sys.executable, "-m", "pytest_osmosis", "regrade", str(first),
+        "--rollout-dir", str(checkout / "calc"),
+        "--", "--osmosis-name", "second", *PLAIN,
+        timeout=300,
+    )  # fmt: skip
+    assert elsewhere.is_dir()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.assert_outcomes(passed=2, failed=2)
+    _check_regraded(pytester.path, first, pytester.path / ".osmosis" / "evals" / "second")
+
+
+def test_the_command_names_a_missing_run_in_one_line(pytester: pytest.Pytester) -> None:
+    write_workspace(pytester.path)
+    result = pytester.run(sys.executable, "-m", "pytest_osmosis", "regrade", "nope", timeout=120)
+    assert result.ret == 2
+    assert result.errlines == [
+        f"pytest-osmosis: error: --osmosis-regrade: run 'nope' not found as a path or under "
+        f"{pytester.path / '.osmosis' / 'evals'}"
+    ]

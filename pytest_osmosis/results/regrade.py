@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.errors import ConfigError, OsmosisError
 from pytest_osmosis.results.index import (
     CANONICAL_TRAJECTORY_FILENAME,
     METRICS_FILENAME,
@@ -42,7 +42,7 @@ REGRADED_FROM = "regraded_from"
 TAKEN_FROM_RUN = ("rows", "limit", "n", "model_path", "sample", "seed")
 
 
-class RegradeError(OsmosisError):
+class RegradeError(ConfigError):
     """The run named for a regrade cannot be regraded (one line naming why)."""
 
 
@@ -257,3 +257,14 @@ def config_problem(source: SourceRun, relative: str) -> str | None:
     if source.config_path is None or source.config_path == relative:
         return None
     return f"run {source.name!r} was made from {source.config_path}, not {relative}"
+
+
+def workspace_config(source: SourceRun) -> Path | None:
+    """The config the run names, found above its directory (``<ws>/.osmosis/evals/<run>``)."""
+    if source.config_path is None:
+        return None
+    for directory in source.path.parents:
+        candidate = directory / source.config_path
+        if candidate.is_file():
+            return candidate
+    return None

@@ -444,7 +444,7 @@ def trajectory_messages(document: Mapping[str, Any]) -> list[dict[str, Any]]:
     for step in steps if isinstance(steps, Sequence) else ():
         if not isinstance(step, Mapping):
             continue
-        extra = step.get("extra") if isinstance(step.get("extra"), Mapping) else {}
+        extra = _mapping(step.get("extra"))
         original = extra.get("original_role")
         orphan_tools = original in ("tool", "function") and not step.get("message")
         if not orphan_tools:
@@ -458,20 +458,30 @@ def trajectory_messages(document: Mapping[str, Any]) -> list[dict[str, Any]]:
                 message["reasoning_content"] = reasoning
             calls = step.get("tool_calls") or extra.get("tool_calls")
             if isinstance(calls, Sequence) and calls:
-                message["tool_calls"] = [_openai_tool_call(c) for c in calls if isinstance(c, Mapping)]
+                message["tool_calls"] = [
+                    _openai_tool_call(call) for call in calls if isinstance(call, Mapping)
+                ]
             messages.append(message)
         observation = step.get("observation")
         results = observation.get("results") if isinstance(observation, Mapping) else None
         for result in results if isinstance(results, Sequence) else ():
             if not isinstance(result, Mapping):
                 continue
-            result_extra = result.get("extra") if isinstance(result.get("extra"), Mapping) else {}
-            call_id = result.get("source_call_id") or result_extra.get("tool_call_id")
-            tool: dict[str, Any] = {"role": "tool", "content": _message_content(result.get("content"))}
+            call_id = result.get("source_call_id") or _mapping(result.get("extra")).get(
+                "tool_call_id"
+            )
+            tool: dict[str, Any] = {
+                "role": "tool",
+                "content": _message_content(result.get("content")),
+            }
             if call_id is not None:
                 tool["tool_call_id"] = call_id
             messages.append(tool)
     return messages
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _message_content(value: Any) -> Any:
