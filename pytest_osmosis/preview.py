@@ -110,8 +110,13 @@ def plan_config(
                 session.regrade.check_inputs(inputs, path)
                 inputs = session.regrade.regrade_inputs(inputs)
             plan.run_name = choose_run_name(plan, session.options.name, inputs, utc_now(), several)
+            if session.regrade is not None:
+                session.regrade.check_target(plan.run_dir)
         session.load_rollout(plan)
     except OsmosisError as exc:
+        # Collection reports it too, as open_runs would have kept it (a rollout imported a
+        # second time may not fail the same way).
+        session._errors[path] = exc
         shown.rows.append(("error", str(exc)))
         return shown
     settings, experiment, dataset = plan.settings, plan.config.experiment, plan.dataset
@@ -165,15 +170,24 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
 
 
 def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> None:
-    """Print every config's plan; ``--osmosis-plan`` then ends the session (exit 0)."""
+    """Print every config's plan; ``--osmosis-plan`` then ends the session: exit 0, or 4
+    when a config cannot run (its plan says why)."""
     several = len(configs) > 1
     plans = [plan_config(session, config, path.resolve(), several) for path in configs]
     _write(config, plans)
-    if session.options.plan:
+    if not session.options.plan:
+        return
+    broken = sum(1 for shown in plans if any(label == "error" for label, _ in shown.rows))
+    if broken:
         pytest.exit(
-            "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)",
-            returncode=pytest.ExitCode.OK,
+            f"osmosis: --osmosis-plan: {broken} of {len(plans)} config(s) cannot run "
+            "(the error is in their plan); nothing ran",
+            returncode=pytest.ExitCode.USAGE_ERROR,
         )
+    pytest.exit(
+        "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)",
+        returncode=pytest.ExitCode.OK,
+    )
 
 
 def confirm(session: EvalSession, config: pytest.Config) -> None:

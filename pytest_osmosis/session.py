@@ -215,6 +215,8 @@ class EvalSession:
                     self.regrade.check_inputs(inputs, path)
                     inputs = self.regrade.regrade_inputs(inputs)
                 plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
+                if self.regrade is not None:
+                    self.regrade.check_target(plan.run_dir)
                 # Secrets first: the rollout's import code may read (or print) them.
                 required = plan.config.secrets.required
                 resolved = resolve_secrets(

@@ -111,8 +111,10 @@ def test_a_broken_config_is_one_line_of_the_plan(pytester: pytest.Pytester) -> N
     config = _workspace(pytester.path)
     config.write_text(config.read_text().replace('dataset = "calc"', 'dataset = "missing"'))
     result = pytester.runpytest("--osmosis-eval", "--osmosis-plan", *PLAIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
     plan = _plan_lines(result.stdout.str())
     assert list(plan) == ["error"] and "missing" in plan["error"]
+    assert "1 of 1 config(s) cannot run (the error is in their plan)" in result.stdout.str()
 
 
 def test_confirm_is_skipped_without_a_terminal(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]

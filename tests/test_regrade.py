@@ -236,6 +236,11 @@ def test_regrade_resumes_and_runs_nothing_twice(
             "regrades; leave it out",
         ),
         (
+            "into-itself",
+            "--osmosis-regrade: the regrade of run 'first' is a new run; give it another "
+            "--osmosis-name",
+        ),
+        (
             "plain-resume",
             "*run 'first' * was created with different resolved inputs (changed: regraded_from)*",
         ),
@@ -265,6 +270,8 @@ def test_regrade_refuses_bad_input_in_one_line(
         args = [str(other), "--osmosis-regrade", "first"]
     elif case == "rows":
         args += ["--osmosis-rows", "0-1"]
+    elif case == "into-itself":
+        args += ["--osmosis-name", "first", "--osmosis-fresh"]
     elif case == "plain-resume":
         _new_grader(pytester.path)
         pytester.runpytest("--osmosis-regrade", "first", "--osmosis-name", "second", *PLAIN)
@@ -284,6 +291,7 @@ def test_regrade_refuses_bad_input_in_one_line(
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     assert _workflow_runs(pytester.path) == runs
     assert model_env.requests_total == requests
+    assert (pytester.path / ".osmosis" / "evals" / "first" / "manifest.json").is_file()
     assert not os.path.exists(pytester.path / ".osmosis" / "evals" / "second") or case == (
         "plain-resume"
     )

@@ -126,6 +126,15 @@ class SourceRun:
                 "a regrade needs the rows, labels and metadata the run graded"
             )
 
+    def check_target(self, run_dir: Path) -> None:
+        """Refuse to write the regrade into the run it regrades (``--osmosis-fresh`` would
+        archive the very samples it is about to read)."""
+        if Path(os.path.abspath(run_dir)) == self.path:
+            raise RegradeError(
+                f"--osmosis-regrade: the regrade of run {self.name!r} is a new run; give it "
+                "another --osmosis-name"
+            )
+
     def regrade_inputs(self, current: Mapping[str, Any]) -> dict[str, Any]:
         """The new manifest's inputs: the config's, and which run was regraded.
 
