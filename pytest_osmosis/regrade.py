@@ -3,20 +3,24 @@
 The session is an ordinary one (items, journal, new run directory, results table, gate)
 with two differences: its plan takes the rows, attempts and model from the run it
 regrades, and an item grades the attempt's recorded sample with the current grader
-instead of running the workflow (:func:`execute_regrade`, through the runner's own grader
-step). Reading the old run is ``results/regrade.py``; this module adapts it to the session:
-which config the run belongs to (:func:`choose_regrade`), what xdist workers are told
-(:func:`worker_input`, :func:`take_worker_input`) and one item's regrade.
+instead of running the workflow (:func:`kept_result`, :func:`regrade_steps`: the session
+hands them to the runner's own grader step). Reading the old run is
+``results/regrade.py``; this module adapts it to the session: which config the run
+belongs to (:func:`choose_regrade`), what xdist workers are told (:func:`worker_input`,
+:func:`take_worker_input`), one item's regrade, and the ``pytest-osmosis regrade``
+command.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.results.regrade import (
     TAKEN_FROM_RUN,
+    RecordedSample,
     RegradeError,
     SourceRun,
     config_problem,
@@ -28,6 +32,7 @@ if TYPE_CHECKING:
     import pytest
 
     from pytest_osmosis.collect import EvalItem
+    from pytest_osmosis.execution.runner import TrajectoryWriter
     from pytest_osmosis.session import EvalSession
 
 
@@ -94,20 +99,52 @@ def take_worker_input(session: EvalSession, value: list[str]) -> None:
     session.regrade_config = Path(config_path)
 
 
-async def execute_regrade(
-    session: EvalSession, item: EvalItem, source: SourceRun
-) -> dict[str, Any]:
-    """Grade one recorded attempt again; one whose workflow failed keeps its failure."""
-    from pytest_osmosis.execution.runner import Budgets, WorkItem, execute
+def kept_result(source: SourceRun, item: EvalItem) -> dict[str, Any] | None:
+    """The result of an attempt whose workflow failed: its recorded failure, kept (and its
+    artifacts copied). None when the attempt has a sample to grade again."""
     from pytest_osmosis.outcome import RowResult
+    from pytest_osmosis.results import prepare_trial_dir
+
+    kept = source.kept(item.key)
+    if kept is None:
+        return None
+    run_dir = item.parent.plan.run_dir
+    rollout_id = str(kept["rollout_id"])
+    result = RowResult(
+        row_index=item.row_index,
+        run_index=item.run_index,
+        source_row_index=item.source_row_index,
+        rollout_id=rollout_id,
+        status="failed",
+        pass_threshold=item.parent.plan.settings.pass_threshold,
+        tokens=kept.get("tokens"),
+        duration_ms=float(kept.get("duration_ms") or 0.0),
+        error_type=kept.get("error_type") or "rollout_failed",
+        message=str(kept["message"]),
+        extra={"has_trajectory": False, "trajectory_problem": None, "rate_limited": 0},
+    ).as_dict()
+    try:
+        source.copy_trial(rollout_id, run_dir)
+        prepare_trial_dir(run_dir, rollout_id)
+    except OSError as exc:  # a full disk: the controller stops, this row stays pending
+        result["storage_fault"] = f"cannot copy the artifacts of {rollout_id}: {exc}"
+    return result
+
+
+def regrade_steps(
+    source: SourceRun, item: EvalItem, redactor: Any, storage_faults: list[str]
+) -> tuple[RecordedSample, Callable[[str], Path | None], TrajectoryWriter]:
+    """What the runner needs to grade the attempt's recorded sample instead of running the
+    workflow: the sample, its trial directory (the old artifacts copied in) and a writer of
+    the recorded trajectory with the new reward."""
     from pytest_osmosis.results import prepare_trial_dir, write_trajectory
     from pytest_osmosis.results.redact import redact_trajectory
     from pytest_osmosis.results.regrade import regraded_trajectory
-    from pytest_osmosis.secrets import redactor_for
 
-    plan = item.parent.plan
-    run_dir = plan.run_dir
-    storage_faults: list[str] = []
+    recorded = source.recorded(item.key)
+    if recorded is None:  # the run is complete, so only a hand edit gets here
+        raise RegradeError(f"run {source.name!r} has no record of {item.nodeid}")
+    run_dir = item.parent.plan.run_dir
 
     def prepare(rollout_id: str) -> Path | None:
         try:
@@ -116,43 +153,7 @@ async def execute_regrade(
             storage_faults.append(f"cannot copy the artifacts of {rollout_id}: {exc}")
         return prepare_trial_dir(run_dir, rollout_id)
 
-    kept = source.kept(item.key)
-    if kept is not None:
-        prepare(str(kept["rollout_id"]))
-        result = RowResult(
-            row_index=item.row_index,
-            run_index=item.run_index,
-            source_row_index=item.source_row_index,
-            rollout_id=str(kept["rollout_id"]),
-            status="failed",
-            pass_threshold=plan.settings.pass_threshold,
-            tokens=kept.get("tokens"),
-            duration_ms=float(kept.get("duration_ms") or 0.0),
-            error_type=kept.get("error_type") or "rollout_failed",
-            message=str(kept["message"]),
-            extra={"has_trajectory": False, "trajectory_problem": None, "rate_limited": 0},
-        ).as_dict()
-        return {**result, "storage_fault": storage_faults[0]} if storage_faults else result
-    recorded = source.recorded(item.key)
-    if recorded is None:  # the run is complete, so only a hand edit gets here
-        raise RegradeError(f"run {source.name!r} has no record of {item.nodeid}")
-    rollout = session.load_rollout(plan)
-    row = plan.dataset.row(item.row_index)
-    work = WorkItem(
-        row_index=item.row_index,
-        run_index=item.run_index,
-        source_row_index=row.source_row_index,
-        prompt=row.initial_messages,
-        label=row.label,
-        metadata=row.metadata,
-    )
-    bridge = await session.bridge(plan.settings.model_path)
-    bridge.allow_judge_models(session._judge_models(rollout))
-    redactor = redactor_for(session.config)
-
-    def save_trajectory(
-        rollout_id: str, sample: Any, work: WorkItem, step_usage: Any = None
-    ) -> bool:
+    def save_trajectory(rollout_id: str, sample: Any, work: Any, step_usage: Any = None) -> bool:
         """The recorded trajectory with the new reward (its steps are the recorded ones)."""
         trial_dir = run_dir / "rollout_trials" / rollout_id
         document = regraded_trajectory(recorded.document, sample.reward)
@@ -163,19 +164,7 @@ async def execute_regrade(
             return False
         return True
 
-    result = await execute(
-        work,
-        rollout,
-        bridge=bridge,
-        budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
-        pass_threshold=plan.settings.pass_threshold,
-        prepare_artifacts=prepare,
-        write_trajectory=save_trajectory,
-        recorded=recorded,
-    )
-    if storage_faults:
-        result = {**result, "storage_fault": storage_faults[0]}
-    return result
+    return recorded, prepare, save_trajectory
 
 
 # ----------------------------------------------------------------------------- the command

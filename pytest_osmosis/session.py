@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -37,7 +37,7 @@ from pytest_osmosis.execution.executor import (
     fd_capacity,
     raise_fd_limit,
 )
-from pytest_osmosis.execution.runner import Budgets, WorkItem, execute
+from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem, execute
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.workspace.plan import (
@@ -576,9 +576,11 @@ class EvalSession:
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
         blame.enter(item.nodeid)  # a crash in this row's code is pinned on it (xdist workers)
         if self.regrade is not None:
-            from pytest_osmosis.regrade import execute_regrade
+            from pytest_osmosis.regrade import kept_result
 
-            return await execute_regrade(self, item, self.regrade)
+            kept = kept_result(self.regrade, item)
+            if kept is not None:  # its workflow failed: nothing to grade again
+                return kept
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
         from pytest_osmosis.secrets import redactor_for
@@ -628,14 +630,22 @@ class EvalSession:
                 return False
             return True
 
+        prepare: Callable[[str], Path | None] = lambda rid: prepare_trial_dir(run_dir, rid)  # noqa: E731
+        writer: TrajectoryWriter = save_trajectory
+        recorded = None
+        if self.regrade is not None:  # the recorded sample, graded again (regrade.py)
+            from pytest_osmosis.regrade import regrade_steps
+
+            recorded, prepare, writer = regrade_steps(self.regrade, item, redactor, storage_faults)
         result = await execute(
             work,
             rollout,
             bridge=bridge,
             budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
             pass_threshold=plan.settings.pass_threshold,
-            prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
-            write_trajectory=save_trajectory,
+            prepare_artifacts=prepare,
+            write_trajectory=writer,
+            recorded=recorded,
         )
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
