@@ -15,71 +15,45 @@ from typing import Any
 
 import pytest
 from sdk_planner import sdk_judge
-from workspaces import calc_rows, read_index, write_workspace
+from workspaces import CALC_ROLLOUT, calc_rows, read_index, write_workspace
 
 #: The calc rollout, plus: every workflow execution appends a line to $WORKFLOW_RUNS, and
-#: GRADER_VERSION decides the grader (1: exact match; 2: a judge call through the bridge,
-#: then half a point for a right answer).
-ROLLOUT = """
-import json
-import os
-import sys
+#: GRADER_VERSION decides the grader (1: the calc rollout's exact match; 2: a judge call
+#: through the bridge, then half a point for a right answer).
+JUDGED = """
 
-import httpx
-
-from pytest_osmosis.rollout import (
-    AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, get_rollout_context,
-)
-
-GRADER_VERSION = 1
-
-
-class CountedWorkflow(AgentWorkflow):
-    async def run(self, ctx):
-        with open(os.environ["WORKFLOW_RUNS"], "a") as runs:
-            runs.write(json.dumps(ctx.metadata) + "\\n")
-        if (ctx.metadata or {}).get("do") == "workflow_raise":
-            raise RuntimeError("workflow exploded on purpose")
-        rollout = get_rollout_context()
-        async with httpx.AsyncClient(timeout=120) as client:
-            response = await client.post(
-                rollout.chat_completions_url + "/chat/completions",
-                headers={"Authorization": f"Bearer {rollout.api_key}"},
-                json={"model": "anything", "messages": ctx.prompt},
-            )
-            body = response.json()
-        answer = body["choices"][0]["message"]["content"]
-        if ctx.artifacts_dir:
-            (ctx.artifacts_dir / "answer.txt").write_text(answer)
-        return AgentWorkflowOutput(
-            messages=[*ctx.prompt, {"role": "assistant", "content": answer, "usage": body["usage"]}]
+async def judged(ctx):
+    final = list(ctx.sample.messages)[-1]["content"].strip()
+    # What the workflow left in its artifacts is there for the grader again.
+    assert (ctx.artifacts_dir / "answer.txt").read_text() == final
+    rollout = get_rollout_context()
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(
+            rollout.chat_completions_url + "/chat/completions",
+            headers={"Authorization": f"Bearer {rollout.api_key}"},
+            json={"model": "judge", "messages": [{"role": "user", "content": "1 + 1?"}]},
         )
-
-
-class VersionedGrader(Grader):
-    async def grade(self, ctx):
-        final = list(ctx.sample.messages)[-1]["content"].strip()
-        right = final == ctx.label
-        if GRADER_VERSION == 1:
-            if (ctx.metadata or {}).get("do") == "grader_raise":
-                raise RuntimeError("grader exploded on purpose")
-            ctx.set_reward(1.0 if right else 0.0)
-            return
-        # What the workflow left in its artifacts is there for the grader again.
-        assert (ctx.artifacts_dir / "answer.txt").read_text() == final
-        rollout = get_rollout_context()
-        async with httpx.AsyncClient(timeout=120) as client:
-            response = await client.post(
-                rollout.chat_completions_url + "/chat/completions",
-                headers={"Authorization": f"Bearer {rollout.api_key}"},
-                json={"model": "judge", "messages": [{"role": "user", "content": "1 + 1?"}]},
-            )
-            response.raise_for_status()
-        ctx.set_reward(0.5 if right else 0.0)
-
-
-backend = LocalBackend(workflow=CountedWorkflow, grader=VersionedGrader)
+        response.raise_for_status()
+    ctx.set_reward(0.5 if final == ctx.label else 0.0)
 """
+ROLLOUT = (
+    "import os\nGRADER_VERSION = 1\n"
+    + CALC_ROLLOUT.replace(
+        '        do = (ctx.metadata or {}).get("do", "")\n        if do == "workflow_raise"',
+        '        with open(os.environ["WORKFLOW_RUNS"], "a") as runs:\n'
+        '            runs.write("ran\\n")\n'
+        '        do = (ctx.metadata or {}).get("do", "")\n        if do == "workflow_raise"',
+        1,
+    ).replace(
+        "    async def grade(self, ctx):\n",
+        "    async def grade(self, ctx):\n"
+        "        if GRADER_VERSION == 2:\n"
+        "            return await judged(ctx)\n",
+        1,
+    )
+    + JUDGED
+)
+assert ROLLOUT.count("WORKFLOW_RUNS") == 1 and ROLLOUT.count("judged(ctx)") == 2
 
 ROWS = calc_rows(
     [
