@@ -108,6 +108,8 @@ def _check_regraded(root: Path, first: Path, second: Path) -> None:
     assert old[3]["status"] == "failed" and new[3]["status"] == "success"
     for index in (0, 1, 3):
         assert new[index]["rollout_id"] == old[index]["rollout_id"]
+        # The workflow's recorded tokens, and the new grader's judge call on top.
+        assert new[index]["tokens"] > old[index]["tokens"] > 0
         rollout_id = new[index]["rollout_id"]
         before = json.loads((first / "rollout_trials" / rollout_id / "trajectory.json").read_text())
         after = json.loads((second / "rollout_trials" / rollout_id / "trajectory.json").read_text())

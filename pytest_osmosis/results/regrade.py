@@ -56,7 +56,7 @@ class RecordedSample:
     metrics: dict[str, Any]
     extra_fields: dict[str, Any]
     document: dict[str, Any]
-    #: The workflow's tokens (the trajectory's step totals, no judge), when it counted them.
+    #: The workflow's tokens: the trajectory's step totals (no judge), else the record's.
     tokens: int | None
     duration_ms: float
 
@@ -171,7 +171,7 @@ class SourceRun:
             metrics=dict(osmosis.get("sample_metrics") or {}),
             extra_fields=dict(osmosis.get("sample_extra_fields") or {}),
             document=document,
-            tokens=atif_total_tokens(document) if document else None,
+            tokens=_workflow_tokens(document, record),
             duration_ms=float(record.get("duration_ms") or 0.0),
         )
 
@@ -209,6 +209,16 @@ class SourceRun:
             destination = target.joinpath(*relative.parts)
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source.joinpath(*relative.parts), destination)
+
+
+def _workflow_tokens(document: Mapping[str, Any], record: Mapping[str, Any]) -> int | None:
+    """What the workflow spent: its trajectory's totals count no judge call; a run whose
+    trajectory has no totals gives its recorded tokens (a judge's included, if any)."""
+    counted = atif_total_tokens(document)
+    if counted is not None:
+        return counted
+    tokens = record.get("tokens")
+    return tokens if isinstance(tokens, int) else None
 
 
 def regraded_trajectory(document: Mapping[str, Any], reward: float | None) -> dict[str, Any]:
