@@ -306,3 +306,70 @@ def test_the_command_names_a_missing_run_in_one_line(pytester: pytest.Pytester) 
         f"pytest-osmosis: error: --osmosis-regrade: run 'nope' not found as a path or under "
         f"{pytester.path / '.osmosis' / 'evals'}"
     ]
+
+
+def test_trajectory_messages_give_back_what_the_trajectory_was_built_from() -> None:
+    """The sample a regrade grades: the chat messages, rebuilt from the ATIF steps."""
+    from pytest_osmosis.results import build_trajectory
+    from pytest_osmosis.results.trajectory import trajectory_messages
+
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "clock", "arguments": "not json"},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
+        {"role": "assistant", "content": "Sunny at noon.", "reasoning_content": "easy"},
+        {"role": "critic", "content": "fine"},
+    ]
+    document = build_trajectory(
+        rollout_id="r1",
+        messages=messages,
+        label="sunny",
+        reward=1.0,
+        sample_metrics=None,
+        sample_extra_fields=None,
+        request_metadata=None,
+        request_extra_fields={"row_index": 0, "run_index": 0},
+        sdk_version="test",
+    )
+    rebuilt = trajectory_messages(json.loads(json.dumps(document)))
+    assert rebuilt == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},  # text parts were joined
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "clock", "arguments": "not json"},
+                },
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        {"role": "tool", "content": "noon", "tool_call_id": "call_2"},
+        {"role": "assistant", "content": "Sunny at noon.", "reasoning_content": "easy"},
+        {"role": "critic", "content": "fine"},
+    ]
