@@ -172,6 +172,8 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
 def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> None:
     """Print every config's plan; ``--osmosis-plan`` then ends the session: exit 0, or 4
     when a config cannot run (its plan says why)."""
+    if not session.options.plan and config.option.verbose < -1:
+        return  # `--co -qq`: the bare list of node ids tools read, nothing else
     several = len(configs) > 1
     plans = [plan_config(session, config, path.resolve(), several) for path in configs]
     _write(config, plans)

@@ -107,6 +107,13 @@ def test_collect_only_shows_the_plan(pytester: pytest.Pytester, model_env) -> No
     assert not (pytester.path / ".osmosis").exists()
 
 
+def test_collect_only_very_quiet_lists_node_ids_alone(pytester: pytest.Pytester) -> None:
+    _workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "--co", "-qq", *PLAIN)
+    assert "osmosis plan" not in result.stdout.str()
+    assert "configs/eval/calc.toml: 4" in result.stdout.str()
+
+
 def test_a_broken_config_is_one_line_of_the_plan(pytester: pytest.Pytester) -> None:
     config = _workspace(pytester.path)
     config.write_text(config.read_text().replace('dataset = "calc"', 'dataset = "missing"'))
