@@ -44,8 +44,7 @@ class Controller:
         problem = check_dependencies(getattr(session.config, "cache", None))
         if problem is not None:
             raise pytest.UsageError(problem)
-        if session.config.option.collectonly:
-            return
+        options = self.session.options
         from pytest_osmosis.discover import find_eval_configs
         from pytest_osmosis.milestones import Milestones
 
@@ -59,9 +58,22 @@ class Controller:
         else:
             configs = [p for p in named if is_eval_config(p) and p.is_file()]
         try:
+            if options.regrade:
+                from pytest_osmosis.regrade import choose_regrade
+
+                configs = choose_regrade(self.session, session.config, configs)
+            if options.plan or session.config.option.collectonly:
+                from pytest_osmosis.preview import show_plan
+
+                show_plan(self.session, session.config, configs)  # --osmosis-plan exits here
+                return
             self.session.open_runs(configs)
         except OsmosisError as exc:
             raise pytest.UsageError(str(exc)) from None
+        if options.confirm:
+            from pytest_osmosis.preview import confirm
+
+            confirm(self.session, session.config)
         models = [
             run.plan.settings.model_path
             for run in self.session.runs.values()

@@ -146,6 +146,37 @@ OPTIONS = (
         "AGE",
         override=False,
     ),
+    # Regrade and the plan before spending (regrade.py, preview.py)
+    _Option(
+        "regrade",
+        "--osmosis-regrade",
+        "grade the samples a finished run recorded again with the current grader "
+        "(no workflow runs), into a new run directory",
+        "RUN",
+        override=False,
+    ),
+    _Option(
+        "rollout_dir",
+        "--osmosis-rollout-dir",
+        "load the rollout (its workflow and grader) from DIR instead of rollouts/<rollout>",
+        "DIR",
+        override=False,
+    ),
+    _Option(
+        "plan",
+        "--osmosis-plan",
+        "print what each config would run (model, rows, n, concurrency, budgets, run name) "
+        "and stop: no model call, no run directory",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "confirm",
+        "--osmosis-confirm",
+        "print the plan and ask before the first model call (skipped when stdin is not a terminal)",
+        is_flag=True,
+        override=False,
+    ),
     # The gate's options are its rules' (gate.RULES): a new rule is declared there.
     *(_Option(rule.dest, rule.flag, rule.help, rule.metavar, override=False) for rule in RULES),
 )
@@ -408,7 +439,7 @@ def is_eval_config(path: Path) -> bool:
 
 
 def _enabled(config: pytest.Config) -> bool:
-    if _value(config, OPTIONS[0]):
+    if _value(config, OPTIONS[0]) or config.getoption("osmosis_regrade") is not None:
         return True
     return any(is_eval_config(p) for p in _named_paths(config))
 
@@ -466,12 +497,17 @@ def pytest_configure(config: pytest.Config) -> None:
         report=bool(plain("report")),
         secrets_file=plain("secrets_file"),
         **_cache_options(plain),
+        regrade=plain("regrade"),
+        rollout_dir=_path(config, plain("rollout_dir")),
+        plan=bool(plain("plan")),
+        confirm=bool(plain("confirm")),
     )
+    named_configs = any(is_eval_config(p) for p in _named_paths(config))
     session = EvalSession(
         config,
         options,
         is_worker=hasattr(config, "workerinput"),
-        collect_all=bool(values["eval"]),
+        collect_all=bool(values["eval"]) or (bool(options.regrade) and not named_configs),
     )
     from pytest_osmosis.collect import SESSION_KEY
 
@@ -480,6 +516,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     install_redaction(config)
     register_roles(config, session)
+
+
+def _path(config: pytest.Config, value: str | None) -> Path | None:
+    return None if value is None else (config.invocation_params.dir / value).resolve()
 
 
 def register_roles(config: pytest.Config, session: EvalSession) -> None:
@@ -543,7 +583,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     session = parent.config.stash.get(SESSION_KEY, None)
     if session is None:
         return None
-    if not session.collect_all and file_path.resolve() not in _named_paths(parent.config):
+    if session.regrade_config is not None:  # a regrade collects the run's config alone
+        if file_path.resolve() != session.regrade_config:
+            return None
+    elif not session.collect_all and file_path.resolve() not in _named_paths(parent.config):
         return None
     return EvalConfigFile.from_parent(parent, path=file_path)
 
@@ -763,6 +806,9 @@ class XdistControllerHooks:
         node.workerinput["osmosis_prefetch"] = prefetch
         node.workerinput["osmosis_controller_pid"] = os.getpid()  # workers watch it (xdist.py)
         node.workerinput["osmosis_junit"] = bool(self.session.config.option.xmlpath)
+        from pytest_osmosis.regrade import worker_input
+
+        node.workerinput["osmosis_regrade"] = worker_input(self.session)
         if prefetch:  # rows run ahead, so a worker's death needs the exact culprit
             if self.blame_dir is None:
                 from pytest_osmosis.execution.blame import make_directory

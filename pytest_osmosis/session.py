@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -38,7 +38,7 @@ from pytest_osmosis.execution.executor import (
     fd_capacity,
     raise_fd_limit,
 )
-from pytest_osmosis.execution.runner import Budgets, WorkItem, execute
+from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem, execute
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.workspace.plan import (
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
+    from pytest_osmosis.results.regrade import SourceRun
 
 
 @dataclass
@@ -79,6 +80,11 @@ class SessionOptions:
     cache_mode: str = "off"
     """The model-call cache (model/cache.py): off, use, record or replay."""
     cache_max_age_s: float | None = None
+    # Regrade and plan (regrade.py, preview.py)
+    regrade: str | None = None
+    rollout_dir: Path | None = None
+    plan: bool = False
+    confirm: bool = False
 
 
 @dataclass
@@ -148,6 +154,9 @@ class EvalSession:
         self._fd_capped = False
         self.milestones: Milestones | None = None
         """Start-up phases on the controller's terminal (set by the controller role)."""
+        #: ``--osmosis-regrade``: the run whose samples are graded again, and its config.
+        self.regrade: SourceRun | None = None
+        self.regrade_config: Path | None = None
         raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     # -- planning --------------------------------------------------------------------
@@ -159,7 +168,7 @@ class EvalSession:
             raise self._errors[path]
         if path not in self._plans:
             try:
-                plan = build_plan(path, self.options.overrides, self.options.output)
+                plan = self._build_plan(path)
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
@@ -179,10 +188,27 @@ class EvalSession:
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
         blame_dir = workerinput.get("osmosis_blame_dir")
         self._blame_slot = (str(blame_dir), str(workerinput["workerid"])) if blame_dir else None
+        if workerinput.get("osmosis_regrade"):
+            from pytest_osmosis.regrade import take_worker_input
+
+            take_worker_input(self, workerinput["osmosis_regrade"])
+
+    def _build_plan(self, path: Path) -> EvalPlan:
+        return build_plan(
+            path, self.overrides(), self.options.output, rollout_dir=self.options.rollout_dir
+        )
+
+    def overrides(self) -> Overrides:
+        """The plan's overrides: the options', and under a regrade the regraded run's rows,
+        attempts and model."""
+        if self.regrade is None:
+            return self.options.overrides
+        return self.regrade.overrides(self.options.overrides)
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
         from pytest_osmosis.results import RunDirectory, RunLog
+        from pytest_osmosis.results.regrade import RegradeError
         from pytest_osmosis.secrets import (
             MissingSecretsError,
             SecretsFileError,
@@ -197,9 +223,14 @@ class EvalSession:
         for path in config_paths:
             path = path.resolve()
             try:
-                plan = build_plan(path, self.options.overrides, self.options.output)
+                plan = self._build_plan(path)
                 inputs = run_inputs(plan)
+                if self.regrade is not None:
+                    self.regrade.check_inputs(inputs, path)
+                    inputs = self.regrade.regrade_inputs(inputs)
                 plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
+                if self.regrade is not None:
+                    self.regrade.check_target(plan.run_dir)
                 # Secrets first: the rollout's import code may read (or print) them.
                 required = plan.config.secrets.required
                 resolved = resolve_secrets(
@@ -209,7 +240,7 @@ class EvalSession:
                 # A rollout that cannot be imported must fail before its run directory exists.
                 with self.phase(f"importing rollout {plan.rollout_dir.name}"):
                     self.load_rollout(plan)
-            except (RunDirectoryError, MissingSecretsError, SecretsFileError):
+            except (RunDirectoryError, MissingSecretsError, SecretsFileError, RegradeError):
                 raise
             except OsmosisError as exc:
                 self._errors[path] = exc  # collection reports it, naming the file
@@ -567,6 +598,12 @@ class EvalSession:
 
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
         blame.enter(item.nodeid)  # a crash in this row's code is pinned on it (xdist workers)
+        if self.regrade is not None:
+            from pytest_osmosis.regrade import kept_result
+
+            kept = kept_result(self.regrade, item)
+            if kept is not None:  # its workflow failed: nothing to grade again
+                return kept
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
         from pytest_osmosis.secrets import redactor_for
@@ -622,15 +659,23 @@ class EvalSession:
                 return False
             return True
 
+        prepare: Callable[[str], Path | None] = lambda rid: prepare_trial_dir(run_dir, rid)  # noqa: E731
+        writer: TrajectoryWriter = save_trajectory
+        recorded = None
+        if self.regrade is not None:  # the recorded sample, graded again (regrade.py)
+            from pytest_osmosis.regrade import regrade_steps
+
+            recorded, prepare, writer = regrade_steps(self.regrade, item, redactor, storage_faults)
         result = await execute(
             work,
             rollout,
             bridge=bridge,
             budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
             pass_threshold=plan.settings.pass_threshold,
-            prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
-            write_trajectory=save_trajectory,
+            prepare_artifacts=prepare,
+            write_trajectory=writer,
             cache=cached,
+            recorded=recorded,
         )
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}

@@ -29,6 +29,7 @@ from pytest_osmosis.workspace.loader import LoadedRollout
 
 if TYPE_CHECKING:
     from pytest_osmosis.model.cache import CachedAttempt
+    from pytest_osmosis.results.regrade import RecordedSample
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +109,18 @@ async def execute(
     prepare_artifacts: Callable[[str], Path | None],
     write_trajectory: TrajectoryWriter,
     cache: CachedAttempt | None = None,
+    recorded: RecordedSample | None = None,
 ) -> dict[str, Any]:
     """Run ``work``; the result is a dict of builtins because it travels to the xdist controller.
 
     With ``cache`` (the model-call cache's view of this row and attempt) the bridge serves
-    the attempt's calls through it.
+    the attempt's calls through it. Given the ``recorded`` sample of an earlier run (a
+    regrade), the workflow does not run: the grader step, the same one, grades that sample
+    under the same rollout id.
     """
     import pytest_osmosis.rollout as api
 
-    rollout_id = uuid.uuid4().hex
+    rollout_id = recorded.rollout_id if recorded is not None else uuid.uuid4().hex
     started = time.monotonic()
     exhaustions = bridge.exhaustions
     url, api_key = bridge.open_rollout(rollout_id, cache)
@@ -129,8 +133,13 @@ async def execute(
         rollout_ctx = api.RolloutContext(
             chat_completions_url=url, api_key=api_key, rollout_id=rollout_id
         )
-        with rollout_ctx:
-            sample = await _workflow_phase(work, rollout, rollout_ctx, artifacts_dir, budgets, api)
+        if recorded is not None:
+            sample = recorded.sample(api)
+        else:
+            with rollout_ctx:
+                sample = await _workflow_phase(
+                    work, rollout, rollout_ctx, artifacts_dir, budgets, api
+                )
         # Taken before grading: a judge's calls are not steps of the sample's conversation.
         step_usage = bridge.call_usage(rollout_id)
         if rollout.grader_cls is None:
@@ -183,6 +192,10 @@ async def execute(
             trajectory_problem = f"no trajectory written: {_one_line(exc)}"
             logger.warning("rollout %s: %s", rollout_id, trajectory_problem)
     duration_ms = (time.monotonic() - started) * 1000.0
+    if recorded is not None:  # the attempt is the recorded one, graded again (contract D40)
+        duration_ms = recorded.duration_ms
+        if recorded.tokens is not None:
+            tokens = recorded.tokens + (tokens or 0)
     return RowResult(
         row_index=work.row_index,
         run_index=work.run_index,
