@@ -462,6 +462,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     install_redaction(config)
     register_roles(config, session)
+    if config.pluginmanager.hasplugin("rerunfailures"):
+        from pytest_osmosis.rerun import add_rerun_except
+
+        add_rerun_except(config)
 
 
 def register_roles(config: pytest.Config, session: EvalSession) -> None:
@@ -625,16 +629,10 @@ class EvalHooks:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Runner process: put the item's result on its report (builtins only: it crosses xdist)."""
         report = yield
-        from pytest_osmosis.collect import RESULT_KEY, EvalItem, junit_properties
+        from pytest_osmosis.collect import EvalItem, describe_report
 
-        if isinstance(item, EvalItem) and call.when == "call" and RESULT_KEY in item.stash:
-            result = item.stash[RESULT_KEY]
-            report.osmosis = {  # type: ignore[attr-defined]
-                **{k: v for k, v in result.items() if k != "exception"},
-                "config": str(item.parent.plan.config_path),
-            }
-            # The item's list: junitxml reads it from the teardown report.
-            item.user_properties.extend(junit_properties(result))
+        if isinstance(item, EvalItem):
+            describe_report(item, call, report)
         return report
 
 
