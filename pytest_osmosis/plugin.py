@@ -129,6 +129,16 @@ OPTIONS = (
         is_flag=True,
         override=False,
     ),
+    # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
+    _Option(
+        "github",
+        "--osmosis-github",
+        "auto (default): when GITHUB_ACTIONS=true, append a Markdown summary to "
+        "$GITHUB_STEP_SUMMARY and annotate the dataset lines of attempts that did not pass; "
+        "off: neither",
+        "auto|off",
+        override=False,
+    ),
     # The gate's options are its rules' (gate.RULES): a new rule is declared there.
     *(_Option(rule.dest, rule.flag, rule.help, rule.metavar, override=False) for rule in RULES),
 )
@@ -462,6 +472,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
     install_redaction(config)
     register_roles(config, session)
+    register_ci(config, session, values["github"])
+
+
+def register_ci(
+    config: pytest.Config, session: EvalSession, github: tuple[Any, str] | None
+) -> None:
+    """CI surfaces, each only where it applies, so nothing changes without its plugin.
+
+    GitHub Actions on the controller when ``GITHUB_ACTIONS=true``; pytest-html's reward
+    column and pytest-rerunfailures' exceptions when those plugins are installed.
+    """
+    from pytest_osmosis.github import GitHubHooks, active, github_mode
+
+    mode = github_mode(*(github or (None, "--osmosis-github")))
+    if not session.is_worker and active(mode):
+        config.pluginmanager.register(GitHubHooks(session), "osmosis-github")
+    if config.pluginmanager.hasplugin("html"):
+        from pytest_osmosis.html_columns import HtmlHooks
+
+        config.pluginmanager.register(HtmlHooks(), "osmosis-html")
     if config.pluginmanager.hasplugin("rerunfailures"):
         from pytest_osmosis.rerun import add_rerun_except
 

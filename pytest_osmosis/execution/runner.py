@@ -39,6 +39,8 @@ class BridgeLike(Protocol):
 
     def pop_rate_limited(self, rollout_id: str) -> int: ...
 
+    def pop_provider_errors(self, rollout_id: str) -> int: ...
+
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
 
     exhaustions: int
@@ -149,6 +151,7 @@ async def execute(
         cause = failure.cause
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
+    provider_errors = bridge.pop_provider_errors(rollout_id)  # 5xx: outcome.is_infrastructure
     if status == "failed" and bridge.exhaustions != exhaustions:
         # Our own exhaustion, not the rollout's failure: the row stays pending for a resume.
         raise ResourceExhaustedError(
@@ -184,6 +187,7 @@ async def execute(
             "has_trajectory": has_trajectory,
             "trajectory_problem": trajectory_problem,
             "rate_limited": rate_limited,
+            "provider_errors": provider_errors,
             # The exception itself, for --pdb in this process; never sent to the xdist controller.
             "exception": cause,
         },
