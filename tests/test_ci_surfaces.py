@@ -298,3 +298,109 @@ def test_pytest_html_has_a_reward_column(
         "row_3_run_0": [("Failed", "0.00")],
         "row_4_run_0": [("Error", "agent_error")],
     }
+
+
+# ------------------------------------------------------------ pytest-rerunfailures
+
+#: Each execution appends its row's ``do`` to executions.txt beside the rollout; the first
+#: execution of ``hang`` outlives its budget, ``bug`` always raises, the rest ask the model.
+RERUN_ROLLOUT = """
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, get_rollout_context,
+)
+
+LOG = Path(__file__).with_name("executions.txt")
+
+
+class Flaky(AgentWorkflow):
+    async def run(self, ctx):
+        do = (ctx.metadata or {}).get("do", "")
+        with LOG.open("a") as out:
+            out.write(do + "\\n")
+        if do == "bug":
+            raise RuntimeError("a bug in the rollout")
+        if do == "hang" and LOG.read_text().splitlines().count("hang") == 1:
+            await asyncio.sleep(3600)  # only the budget ends it
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(
+                rollout.chat_completions_url + "/chat/completions",
+                headers={"Authorization": f"Bearer {rollout.api_key}"},
+                json={"model": "anything", "messages": ctx.prompt},
+            )
+            response.raise_for_status()
+        answer = response.json()["choices"][0]["message"]["content"]
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        final = list(ctx.sample.messages)[-1]["content"].strip()
+        ctx.set_reward(1.0 if final == ctx.label else 0.0)
+
+
+backend = LocalBackend(workflow=Flaky, grader=Exact)
+"""
+
+RERUN_ROWS = calc_rows(
+    [
+        ("What is 2 + 2?", "4", "ok"),
+        ("What is 3 + 3?", "6", "hang"),  # workflow_timeout once: infrastructure
+        ("What is 9 + 9? FLAKY5XX", "18", "provider"),  # the provider's 503 once
+        ("What is 3 * 5?", "16", "low"),  # below the threshold: never again
+        ("What is 1 + 1?", "2", "bug"),  # agent_error: never again
+    ]
+)
+
+
+@MODES
+def test_reruns_run_again_only_infrastructure_errors_and_record_once(
+    pytester: pytest.Pytester, model_env: Any, xdist: tuple[str, ...]
+) -> None:
+    write_workspace(
+        pytester.path,
+        rows=RERUN_ROWS,
+        rollout_source=RERUN_ROLLOUT,
+        evaluation={"agent_workflow_timeout_s": 5, "grader_timeout_s": 30},
+    )
+    # Three 503s: the provider's client retries a 5xx twice itself before the row sees it.
+    model_env.fail_on = {"FLAKY5XX": (503, 3)}
+    result = run(pytester, xdist, "--osmosis-name", "r", "--reruns", "2", "-rR")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    assert result.parseoutcomes()["rerun"] == 2
+    executions = (pytester.path / "rollouts" / "calc" / "executions.txt").read_text().split()
+    assert sorted(executions) == sorted(["ok", "hang", "hang", "provider", "provider", "low", "bug"])
+    run_dir = only_run_dir(pytester.path)
+    # One record per (row, attempt): the re-run's, not the error it replaced.
+    events = (run_dir / "events.jsonl").read_text().splitlines()
+    assert len(events) == 5
+    by_row = {r["row_index"]: r for r in read_index(run_dir)}
+    assert [by_row[n]["status"] for n in range(5)] == [
+        "success", "success", "success", "success", "failed"
+    ]
+    assert by_row[4]["error_type"] == "agent_error"
+    result.stdout.fnmatch_lines(["*RERUN configs/eval/calc.toml::row_1_run_0*"])
+    result.stdout.fnmatch_lines(["*RERUN configs/eval/calc.toml::row_2_run_0*"])
+
+
+def test_reruns_keep_the_users_rerun_except(pytester: pytest.Pytester, model_env: Any) -> None:
+    write_workspace(pytester.path, rows=ROWS)
+    pytester.makeini("[pytest]\nrerun_except =\n    SomethingOfMine\n")
+    pytester.makeconftest(
+        """
+        def pytest_sessionfinish(session):
+            with open("rerun_except.txt", "w") as out:
+                out.write("\\n".join(session.config.option.rerun_except))
+        """
+    )
+    pytester.runpytest(*BASE, "--reruns", "1").assert_outcomes(passed=3, failed=1, errors=1)
+    assert (pytester.path / "rerun_except.txt").read_text().splitlines() == [
+        "SomethingOfMine",
+        "^RewardBelowThreshold: ",
+        "^RowErrored: ",
+    ]
