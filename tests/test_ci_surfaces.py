@@ -245,8 +245,10 @@ def check_junit(path: Path, root: Path, *, resumed: str) -> None:
             assert verdict.get("message") == LOW.replace(")", f"){resumed}")
         else:
             assert verdict.tag == "error"
-            message = RAISED if not resumed else (
-                "agent_error: recorded by an earlier session (row 4, run 0) [resumed]"
+            message = (
+                RAISED
+                if not resumed
+                else ("agent_error: recorded by an earlier session (row 4, run 0) [resumed]")
             )
             # pytest's JUnit writer: the setup failure's whole text, cut at 500 characters.
             assert str(verdict.get("message")).startswith(f'failed on setup with "{message}')
@@ -374,14 +376,20 @@ def test_reruns_run_again_only_infrastructure_errors_and_record_once(
     result.assert_outcomes(passed=3, failed=1, errors=1)
     assert result.parseoutcomes()["rerun"] == 2
     executions = (pytester.path / "rollouts" / "calc" / "executions.txt").read_text().split()
-    assert sorted(executions) == sorted(["ok", "hang", "hang", "provider", "provider", "low", "bug"])
+    assert sorted(executions) == sorted(
+        ["ok", "hang", "hang", "provider", "provider", "low", "bug"]
+    )
     run_dir = only_run_dir(pytester.path)
     # One record per (row, attempt): the re-run's, not the error it replaced.
     events = (run_dir / "events.jsonl").read_text().splitlines()
     assert len(events) == 5
     by_row = {r["row_index"]: r for r in read_index(run_dir)}
     assert [by_row[n]["status"] for n in range(5)] == [
-        "success", "success", "success", "success", "failed"
+        "success",
+        "success",
+        "success",
+        "success",
+        "failed",
     ]
     assert by_row[4]["error_type"] == "agent_error"
     result.stdout.fnmatch_lines(["*RERUN configs/eval/calc.toml::row_1_run_0*"])
