@@ -168,7 +168,8 @@ class EvalItem(pytest.Item):
         marker = self.get_closest_marker("timeout")
         seconds = marker.args[0] if marker is not None and marker.args else None
         cancel = None
-        if seconds and not (self.config.option.usepdb or self.config.option.trace):
+        debugging = self.config.option.usepdb or getattr(self.config.option, "trace", False)
+        if seconds and not debugging:
             from pytest_osmosis.execution.executor import arm_backstop
 
             cancel = arm_backstop(float(seconds))
