@@ -15,20 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_gate import ROWS
 from workspaces import calc_rows, only_run_dir, read_index, write_workspace
 
 from pytest_osmosis.github import annotation_lines, command, gate_section
 
-# 3 of 5 pass; row 3 is below the threshold; row 4 is an error (its workflow raises).
-ROWS = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 + 3?", "6"),
-        ("What is 4 + 4?", "8"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-    ]
-)
+# test_gate's five rows: 3 pass; row 3 is below the threshold; row 4 is an error.
 BASE = ("--osmosis-eval", "-p", "no:cacheprovider")
 MODES = pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
 RAISED = "agent_error: workflow raised RuntimeError: workflow exploded on purpose (row 4, run 0)"
