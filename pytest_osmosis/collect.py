@@ -370,3 +370,15 @@ def describe_report(item: EvalItem, call: pytest.CallInfo[None], report: pytest.
         ] + junit_properties(result, item.parent.plan, item.source_row_index, item.run_index)
     else:
         report.duration = 0.0
+
+
+def crashed_status(report: pytest.TestReport) -> tuple[str, str, str] | None:
+    """A row whose xdist worker died is an error, as every other row that was not judged.
+
+    xdist reports it in no phase (``when == "???"``), which JUnit writes as ``<error>``
+    but pytest's terminal would count as failed; the controller recorded it
+    ``worker_crashed`` (``report.osmosis``) before the terminal asks.
+    """
+    if str(report.when) == "???" and report.failed and getattr(report, "osmosis", None):
+        return "error", "E", "ERROR"
+    return None

@@ -684,6 +684,13 @@ class ControllerHooks:
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.controller.after_report()
 
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, str] | None:
+        from pytest_osmosis.collect import crashed_status
+
+        return crashed_status(report)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.controller.finish(session)
