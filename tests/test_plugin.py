@@ -35,13 +35,18 @@ def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> N
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-rA")
     # A low reward is a failure, an error an error (at setup), a removed sample a skip.
     result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
-    for line in (
-        "FAILED *row_1_run_0 - reward 0.00 < pass_threshold 1.00 (row 1, run 0)*",
-        "ERROR *row_2_run_0 - agent_error: workflow raised RuntimeError: workflow exploded on purpose (row 2, run 0)*",
-        "ERROR *row_3_run_0 - agent_error: grader raised RuntimeError: grader exploded on purpose (row 3, run 0)*",
-        "*the rollout removed this sample*(row 4, run 0)*",
-    ):
-        result.stdout.fnmatch_lines([line])
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at setup of row_2_run_0*",
+            "agent_error: workflow raised RuntimeError: workflow exploded on purpose (row 2, run 0)",
+            "*ERROR at setup of row_3_run_0*",
+            "agent_error: grader raised RuntimeError: grader exploded on purpose (row 3, run 0)",
+            "*FAILURES*",
+            "*row_1_run_0*",
+            "reward 0.00 < pass_threshold 1.00 (row 1, run 0)",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*the rollout removed this sample*(row 4, run 0)*"])
     # The rollout's own frame is shown; pytest's and ours are not.
     result.stdout.fnmatch_lines(["*main.py*in run*", "*raise RuntimeError*"])
     assert "pytest_osmosis/execution/runner.py" not in result.stdout.str()
