@@ -404,3 +404,14 @@ def test_reruns_keep_the_users_rerun_except(pytester: pytest.Pytester, model_env
         "^RewardBelowThreshold: ",
         "^RowErrored: ",
     ]
+
+
+def test_without_the_optional_plugins_nothing_changes(workspace: pytest.Pytester) -> None:
+    result = workspace.runpytest(*BASE, "-p", "no:html", "-p", "no:rerunfailures")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    without = workspace.parseconfigure(*BASE, "-p", "no:html", "-p", "no:rerunfailures")
+    assert without.pluginmanager.get_plugin("osmosis-html") is None
+    assert not hasattr(without.option, "rerun_except")  # its option is not there to extend
+    with_them = workspace.parseconfigure(*BASE, "--reruns", "1")
+    assert with_them.pluginmanager.get_plugin("osmosis-html") is not None
+    assert with_them.option.rerun_except == ["^RewardBelowThreshold: ", "^RowErrored: "]
