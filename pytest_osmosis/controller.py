@@ -105,6 +105,10 @@ class Controller:
 
     def record(self, report: pytest.TestReport) -> None:
         """Journal the result a report carries, before anything reports it."""
+        from pytest_osmosis.rerun import is_rerun
+
+        if is_rerun(report):  # pytest-rerunfailures runs it again: the last attempt counts
+            return
         result = getattr(report, "osmosis", None)
         if result is None and report.failed and str(report.when) == "???":
             # xdist lost the worker running this item (os._exit, a segfault, OOM kill).
@@ -221,7 +225,7 @@ class Controller:
                     continue
                 result = resumed_result(record, run.plan)
                 source = run.plan.dataset.source_row_index(key[0])
-                for report in recorded_reports(nodeid, result, source, key[1]):
+                for report in recorded_reports(nodeid, result, run.plan, source, key[1]):
                     xml.pytest_runtest_logreport(report)
 
     def _finished_runs_status(self, session: pytest.Session) -> None:

@@ -177,6 +177,16 @@ OPTIONS = (
         is_flag=True,
         override=False,
     ),
+    # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
+    _Option(
+        "github",
+        "--osmosis-github",
+        "auto (default): when GITHUB_ACTIONS=true, append a Markdown summary to "
+        "$GITHUB_STEP_SUMMARY and annotate the dataset lines of attempts that did not pass; "
+        "off: neither",
+        "auto|off",
+        override=False,
+    ),
     # The gate's options are its rules' (gate.RULES): a new rule is declared there.
     *(_Option(rule.dest, rule.flag, rule.help, rule.metavar, override=False) for rule in RULES),
 )
@@ -516,6 +526,30 @@ def pytest_configure(config: pytest.Config) -> None:
 
     install_redaction(config)
     register_roles(config, session)
+    register_ci(config, session, values["github"])
+
+
+def register_ci(
+    config: pytest.Config, session: EvalSession, github: tuple[Any, str] | None
+) -> None:
+    """CI surfaces, each only where it applies, so nothing changes without its plugin.
+
+    GitHub Actions on the controller when ``GITHUB_ACTIONS=true``; pytest-html's reward
+    column and pytest-rerunfailures' exceptions when those plugins are installed.
+    """
+    from pytest_osmosis.github import GitHubHooks, active, github_mode
+
+    mode = github_mode(*(github or (None, "--osmosis-github")))
+    if not session.is_worker and active(mode):
+        config.pluginmanager.register(GitHubHooks(session), "osmosis-github")
+    if config.pluginmanager.hasplugin("html"):
+        from pytest_osmosis.html_columns import HtmlHooks
+
+        config.pluginmanager.register(HtmlHooks(), "osmosis-html")
+    if config.pluginmanager.hasplugin("rerunfailures"):
+        from pytest_osmosis.rerun import add_rerun_except
+
+        add_rerun_except(config)
 
 
 def _path(config: pytest.Config, value: str | None) -> Path | None:
@@ -704,16 +738,10 @@ class EvalHooks:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Runner process: put the item's result on its report (builtins only: it crosses xdist)."""
         report = yield
-        from pytest_osmosis.collect import RESULT_KEY, EvalItem, junit_properties
+        from pytest_osmosis.collect import EvalItem, describe_report
 
-        if isinstance(item, EvalItem) and call.when == "call" and RESULT_KEY in item.stash:
-            result = item.stash[RESULT_KEY]
-            report.osmosis = {  # type: ignore[attr-defined]
-                **{k: v for k, v in result.items() if k != "exception"},
-                "config": str(item.parent.plan.config_path),
-            }
-            # The item's list: junitxml reads it from the teardown report.
-            item.user_properties.extend(junit_properties(result))
+        if isinstance(item, EvalItem):
+            describe_report(item, call, report)
         return report
 
 
@@ -734,6 +762,13 @@ class ControllerHooks:
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.controller.after_report()
+
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, str] | None:
+        from pytest_osmosis.collect import crashed_status
+
+        return crashed_status(report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

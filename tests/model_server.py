@@ -134,6 +134,9 @@ class ModelServer:
         """When set, each request whose last user message contains it waits (counted in
         `holding`) until `hold` is changed or cleared: the test decides when it is answered."""
         self.holding = 0
+        self.fail_on: dict[str, tuple[int, int]] = {}
+        """Substring -> (HTTP status, count): the next `count` requests whose last user
+        message contains it are answered with that status (one row's provider errors)."""
         self._stopping = False
         self._gathering = 0
         self._gathered: asyncio.Event | None = None
@@ -206,6 +209,7 @@ class ModelServer:
             self.requests = []
             self.answered = []
             self._failures = []
+            self.fail_on = {}
 
     def configure(self, config: dict[str, Any]) -> None:
         """Apply a JSON-able script (the `--config` file of the standalone server)."""
@@ -361,6 +365,11 @@ class ModelServer:
             if delay > 0:
                 await asyncio.sleep(delay)
             self.answered.append((last_user, time.monotonic()))
+            for needle, (status, count) in list(self.fail_on.items()):
+                if needle in last_user and count > 0:
+                    with self._lock:
+                        self.fail_on[needle] = (status, count - 1)
+                    return _error(status, f"injected error {status} for {needle!r}")
             failure = self._take_failure()
             if failure is not None:
                 headers = {}

@@ -307,7 +307,7 @@ def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
     extra = OTHER_TIMEOUT_TEXT if timeout_text == "reworded" else ""
     pytester.makeconftest(RELEASE_WHEN_WAITING_PAST_BACKSTOP + extra)
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         [
             "*backstop_timeout: backstop timeout (>10.0s): row 1 run 0 is blocking the event loop at *main.py:22 in run*",
@@ -383,7 +383,7 @@ def test_only_the_row_blocking_the_loop_is_charged_for_the_block(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "b",
         "--osmosis-concurrency", "8",
     )
-    result.assert_outcomes(passed=7, failed=1)
+    result.assert_outcomes(passed=7, errors=1)
     records = {r["row_index"]: r for r in read_index(pytester.path / ".osmosis" / "evals" / "b")}
     assert records[0]["error_type"] == "workflow_timeout", records[0]
     result.stdout.fnmatch_lines(

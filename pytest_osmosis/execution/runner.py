@@ -45,6 +45,8 @@ class BridgeLike(Protocol):
 
     def pop_rate_limited(self, rollout_id: str) -> int: ...
 
+    def pop_provider_errors(self, rollout_id: str) -> int: ...
+
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
 
     exhaustions: int
@@ -174,6 +176,7 @@ async def execute(
         error_type, message, detail = missed.error_type, missed.message, missed.detail
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
+    provider_errors = bridge.pop_provider_errors(rollout_id)  # 5xx: outcome.is_infrastructure
     if status == "failed" and bridge.exhaustions != exhaustions:
         # Our own exhaustion, not the rollout's failure: the row stays pending for a resume.
         raise ResourceExhaustedError(
@@ -216,6 +219,7 @@ async def execute(
             # Model calls through the model-call cache, and how many it answered.
             "cache_calls": cache.calls if cache is not None else 0,
             "cache_hits": cache.hits if cache is not None else 0,
+            "provider_errors": provider_errors,
             # The exception itself, for --pdb in this process; never sent to the xdist controller.
             "exception": cause,
         },

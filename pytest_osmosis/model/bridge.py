@@ -121,6 +121,8 @@ class Bridge:
         """Per open rollout using the model-call cache: its row and attempt there."""
         self.offline = False
         """Replaying a model-call cache: no call reaches a provider, no judge is resolved."""
+        self._provider_errors: dict[str, int] = {}
+        """Per rollout: model calls the provider answered with a 5xx (``pop_provider_errors``)."""
         self.backoff = Backoff()
         """Back-off of the run's model; each judge model has its own."""
         self._lock = threading.Lock()
@@ -273,6 +275,11 @@ class Bridge:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
         with self._lock:
             return self._rate_limited.pop(rollout_id, 0)
+
+    def pop_provider_errors(self, rollout_id: str) -> int:
+        """How many of `rollout_id`'s calls the provider answered with a 5xx (infrastructure)."""
+        with self._lock:
+            return self._provider_errors.pop(rollout_id, 0)
 
     def _open(self, rollout_id: str) -> bool:
         with self._lock:
@@ -550,6 +557,11 @@ class Bridge:
                 # A 429 slows every call to this model and is retried while the rollout
                 # is open; its own budget, not the rate limit, decides when it gives up.
                 if not is_rate_limit(exc) or rollout_id is None or not self._open(rollout_id):
+                    status = getattr(exc, "status_code", None)
+                    if rollout_id is not None and isinstance(status, int) and status >= 500:
+                        with self._lock:
+                            count = self._provider_errors.get(rollout_id, 0) + 1
+                            self._provider_errors[rollout_id] = count
                     raise
                 target.backoff.hit(retry_after(exc))
                 with self._lock:
