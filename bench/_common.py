@@ -212,6 +212,8 @@ def run(
     full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
     for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONPATH"):
         full_env.pop(name, None)
+    if os.environ.get("PYTHONPATH") == str(REPO):
+        full_env["PYTHONPATH"] = str(REPO)  # a worktree measures its own plugin source
     argv = list(cmd)
     rss_file = None
     if rss:
