@@ -32,7 +32,7 @@ from pytest_osmosis.model.errors import (
     _out_of_descriptors,
 )
 from pytest_osmosis.model.litellm import _litellm, _litellm_imported
-from pytest_osmosis.model.ratelimit import Backoff, is_rate_limit, retry_after
+from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,
     JUDGE_MODEL_NOT_ALLOWED,
@@ -251,6 +251,11 @@ class Bridge:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
         with self._lock:
             return self._rate_limited.pop(rollout_id, 0)
+
+    def _count_rate_limit(self, rollout_id: str | None) -> None:
+        if rollout_id is not None:
+            with self._lock:
+                self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
 
     def _open(self, rollout_id: str) -> bool:
         with self._lock:
@@ -477,24 +482,15 @@ class Bridge:
             body = self._with_reasoning(body, rollout_id)
             responses = _uses_responses_api(litellm, route)
             call = _responses_call(body, route) if responses else _chat_call(litellm, body, route)
-        while True:
-            await target.backoff.wait()
-            try:
-                if responses:
-                    raw = await litellm.aresponses(model=route.litellm_model, **call)
-                else:
-                    raw = await litellm.acompletion(model=route.litellm_model, **call)
-            except Exception as exc:
-                # A 429 slows every call to this model and is retried while the rollout
-                # is open; its own budget, not the rate limit, decides when it gives up.
-                if not is_rate_limit(exc) or rollout_id is None or not self._open(rollout_id):
-                    raise
-                target.backoff.hit(retry_after(exc))
-                with self._lock:
-                    self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
-                continue
-            target.backoff.ok()
-            break
+        send = litellm.aresponses if responses else litellm.acompletion
+        # Retries are the back-off's (ratelimit.py), not the provider client's: every 429
+        # is paced and counted. A 429 is retried while the rollout is open; its own budget,
+        # not the rate limit, decides when it gives up.
+        raw = await target.backoff.call(
+            lambda: send(model=route.litellm_model, **{**call, "max_retries": 0}),
+            retry_rate_limit=lambda: rollout_id is not None and self._open(rollout_id),
+            on_rate_limit=lambda: self._count_rate_limit(rollout_id),
+        )
         response = _from_responses(raw) if responses else raw
         if not _field(response, "choices", None):
             raise RuntimeError("the model returned no choices")
