@@ -141,8 +141,16 @@ def sdk_available() -> bool:
 def server(rate: float, delay: float) -> Any:
     """The model server as its own process, rate-limited (a fresh bucket per side)."""
     proc = subprocess.Popen(
-        [c.PYTHON, str(c.MODEL_SERVER), "--port", "0", "--delay", str(delay),
-         "--rate-limit", str(rate)],
+        [
+            c.PYTHON,
+            str(c.MODEL_SERVER),
+            "--port",
+            "0",
+            "--delay",
+            str(delay),
+            "--rate-limit",
+            str(rate),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -217,7 +225,7 @@ def main() -> None:
         f"\n{'side':32} {'wall s':>7} {'/ideal':>7} {'requests':>9} {'/row':>6} "
         f"{'429s':>6} {'shown':>6} {'failed':>6}"
     )
-    for name, r in results.items():
+    for r in results.values():
         run = r["run"]
         print(
             f"{run.label[:32]:32} {run.wall:7.2f} {run.wall / ideal:7.3f} {r['requests_total']:9d} "
