@@ -26,6 +26,7 @@ Only upstream model calls wait here; rows keep running their own code meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -55,6 +56,7 @@ _TRANSIENT = frozenset(
 )
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class Backoff:
@@ -153,9 +155,10 @@ class Backoff:
         delay = min(MAX_WAIT_S, max(MIN_WAIT_S, retry_after))
         now = time.monotonic()
         self._until = max(self._until, now + delay)
-        # Never pace slower than the longest wait the provider asked for: a provider that
-        # refuses everything for a while (not a rate) must not stretch the pace for ever.
-        self._slowest = max(self._slowest, delay)
+        # Never pace slower than twice the longest wait the provider asked for: a provider
+        # that refuses everything for a while (not a rate) must not stretch the pace for
+        # ever, and a token bucket's wait is one interval at most.
+        self._slowest = max(self._slowest, 2 * delay)
         if epoch is not None and epoch != self._epoch:
             return delay  # sent before the last slow-down: already accounted for
         self._epoch += 1
@@ -172,6 +175,11 @@ class Backoff:
             if self.cap is not None and self.in_flight + 1 >= self.cap:
                 self.cap = max(1, int(self.cap * 0.8))
         self._paced_ok = False
+        logger.debug(
+            "rate limited: pacing one call every %.1f ms, at most %s at the provider",
+            self.interval * 1000,
+            self.cap,
+        )
         return delay
 
     def ok(self, epoch: int | None = None) -> None:
