@@ -10,10 +10,13 @@ first answers 429 nothing is held back. From then on:
   that succeeds at the current pace speeds it up by a little, so the pace settles just
   under what the provider accepts. A 429 to a call sent before the last slow-down says
   nothing new and changes nothing (Inspect AI's cooldown, by call instead of by clock).
+  The pace is never slower than twice the longest ``Retry-After`` seen, so a provider
+  that refuses everything for a while cannot stretch it for ever.
 - **An adaptive in-flight count.** Calls at the provider at once are capped from the
   first 429 on, at what was in flight then (the pace alone keeps a fast provider busy);
-  a call that succeeds while the cap is full raises it by one, a fresh 429 cuts it by a
-  fifth: the provider, not the rows' concurrency, decides how many calls it holds.
+  a call that succeeds while the cap is full raises it by one, a fresh 429 while it is
+  full cuts it by a fifth: the provider, not the rows' concurrency, decides how many
+  calls it holds.
 - **Retries owned here.** The provider client's own retries are turned off
   (``max_retries=0``, `Backoff.call`), so every 429 passes through the pacing and is
   counted; a 429 is retried while the caller says the row is still open (its own budget
