@@ -7,8 +7,9 @@ first answers 429 nothing is held back. From then on:
   never all at once when a pause ends; a ``Retry-After`` holds every call until it is
   over. The interval is learned: a 429 to a call sent at the current pace slows the pace
   (much at first, while no call at that pace has succeeded, then by a little), each call
-  that succeeds at the current pace speeds it up by a little, so the pace settles just
-  under what the provider accepts. A 429 to a call sent before the last slow-down says
+  that succeeds at the current pace speeds it up (quickly back to within a fifth of the pace
+  that last met a 429, then by a little), so the pace settles just under what the
+  provider accepts. A 429 to a call sent before the last slow-down says
   nothing new and changes nothing (Inspect AI's cooldown, by call instead of by clock).
   The pace is never slower than twice the longest ``Retry-After`` seen, so a provider
   that refuses everything for a while cannot stretch it for ever.
@@ -45,6 +46,8 @@ _SLOWDOWN = 1.1
 """Interval factor for a 429 once the pace was known to work (probing the limit)."""
 _SPEEDUP = 0.998
 """Interval factor per call that succeeded at the current pace (about 4 %/s at 20 calls/s)."""
+_CATCH_UP = 0.98
+"""The same while the pace is more than 20 % slower than the one that last met a 429."""
 _MIN_INTERVAL_S = 0.001
 """Below this the pace holds nothing back: it is dropped until the next 429."""
 _TRANSIENT = frozenset(
@@ -79,6 +82,7 @@ class Backoff:
         self._paced_ok = False
         self._streak = 0
         self._slowest = 0.0
+        self._refused = 0.0
         self._sent: deque[float] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._gate: asyncio.Lock | None = None
@@ -170,9 +174,11 @@ class Backoff:
             # search down from there.
             recent = sum(1 for t in self._sent if t > now - 1.0)
             self.interval = min(self._slowest, 1.0 / max(1, recent))
+            self._refused = self.interval
             self.cap = max(1, self.in_flight + 1)
             self._sent.clear()
         else:
+            self._refused = self.interval
             factor = _SLOWDOWN if self._paced_ok else _FIRST_SLOWDOWN
             self.interval = min(self._slowest, self.interval * factor)
             if self.cap is not None and self.in_flight + 1 >= self.cap:
@@ -192,7 +198,8 @@ class Backoff:
             return
         if self.interval:
             self._paced_ok = True
-            self.interval *= _SPEEDUP
+            # Back quickly to just above the pace that last met a 429, then probe slowly.
+            self.interval *= _CATCH_UP if self.interval > 1.2 * self._refused else _SPEEDUP
             if self.interval < _MIN_INTERVAL_S:
                 self.interval = 0.0
         if self.cap is not None and self.in_flight + 1 >= self.cap:
