@@ -272,6 +272,12 @@ def main() -> None:
             1.2,
         ),
     ]
+    span = ours["span_s"]
+    checks[0].notes.append(
+        f"first to last request at the provider: {span:.2f} s = {span / ideal:.3f} x ideal "
+        f"(the preflight's call first; start-up and shutdown left out); without a limit "
+        f"{results['free']['span_s']:.2f} s"
+    )
     floor = results["free"]["run"].wall
     checks[0].notes.append(
         f"the same run without a rate limit: {floor:.2f} s; so the rate limit costs "

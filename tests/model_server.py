@@ -154,6 +154,8 @@ class ModelServer:
         """Requests the rate limit answered 429 (with ``Retry-After``)."""
         self._bucket = 0.0
         self._bucket_at = 0.0
+        self._first_at: float | None = None
+        self._last_at = 0.0
         self._lock = threading.Lock()
         self._port_wanted = port
         self._port = 0
@@ -342,6 +344,8 @@ class ModelServer:
                 "requests_total": self.requests_total,
                 "rate_limited": self.rate_limited,
                 "peak_in_flight": self.peak_in_flight,
+                # From the first request's arrival to the last's: the run's model phase.
+                "span_s": self._last_at - self._first_at if self._first_at is not None else 0.0,
             }
         return web.json_response(counts)
 
@@ -367,6 +371,9 @@ class ModelServer:
         """Count, parse, record, delay, inject failures, then let `answer` reply."""
         with self._lock:
             self.requests_total += 1
+            self._last_at = time.monotonic()
+            if self._first_at is None:
+                self._first_at = self._last_at
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             self._seq += 1
