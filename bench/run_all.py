@@ -29,6 +29,7 @@ BENCHMARKS = (
     ("scale", "7"),
     ("first_result", "8"),
     ("cache_replay", "9"),
+    ("rate_limited", "10"),
 )
 
 

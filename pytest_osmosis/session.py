@@ -823,6 +823,12 @@ class EvalSession:
     def close(self) -> None:
         if self._executor is not None:
             executor = self._executor
+            clients = sys.modules.get("pytest_osmosis.model.client")
+            if clients is not None:  # some rollout used bridge_client(): close its pool
+                try:
+                    executor.call(clients.close_pools(), timeout=5)
+                except Exception:  # noqa: BLE001 - shutting down; nothing to report to
+                    pass
             for bridge in list(self._bridges.values()):
                 try:
                     executor.call(bridge.close(), timeout=5)

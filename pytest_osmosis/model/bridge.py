@@ -13,12 +13,13 @@ failure reads (`errors`) live beside this server, which only serves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import secrets
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
@@ -34,7 +35,7 @@ from pytest_osmosis.model.errors import (
     _out_of_descriptors,
 )
 from pytest_osmosis.model.litellm import _litellm, _litellm_imported
-from pytest_osmosis.model.ratelimit import Backoff, is_rate_limit, retry_after
+from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,
     JUDGE_MODEL_NOT_ALLOWED,
@@ -280,6 +281,11 @@ class Bridge:
         """How many of `rollout_id`'s calls the provider answered with a 5xx (infrastructure)."""
         with self._lock:
             return self._provider_errors.pop(rollout_id, 0)
+
+    def _count_rate_limit(self, rollout_id: str | None) -> None:
+        if rollout_id is not None:
+            with self._lock:
+                self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
 
     def _open(self, rollout_id: str) -> bool:
         with self._lock:
@@ -532,8 +538,9 @@ class Bridge:
         if not target.judge:
             body = self._with_reasoning(body, rollout_id)
         direct = self._direct_client(body, rollout_id, target)
+        request: Callable[[], Awaitable[Any]]
         if direct is not None:
-            call = body
+            request = functools.partial(direct.complete, body)
         else:
             await _litellm_imported()
             litellm = _litellm()
@@ -544,31 +551,29 @@ class Bridge:
                 call = (
                     _responses_call(body, route) if responses else _chat_call(litellm, body, route)
                 )
-        while True:
-            await target.backoff.wait()
-            try:
-                if direct is not None:
-                    raw = await direct.complete(call)
-                elif responses:
-                    raw = await litellm.aresponses(model=route.litellm_model, **call)
-                else:
-                    raw = await litellm.acompletion(model=route.litellm_model, **call)
-            except Exception as exc:
-                # A 429 slows every call to this model and is retried while the rollout
-                # is open; its own budget, not the rate limit, decides when it gives up.
-                if not is_rate_limit(exc) or rollout_id is None or not self._open(rollout_id):
-                    status = getattr(exc, "status_code", None)
-                    if rollout_id is not None and isinstance(status, int) and status >= 500:
-                        with self._lock:
-                            count = self._provider_errors.get(rollout_id, 0) + 1
-                            self._provider_errors[rollout_id] = count
-                    raise
-                target.backoff.hit(retry_after(exc))
+            send = litellm.aresponses if responses else litellm.acompletion
+            request = functools.partial(
+                send, model=route.litellm_model, **{**call, "max_retries": 0}
+            )
+        try:
+            if direct is not None and rollout_id is None:
+                # The preflight's direct check is one request, never retried (contract D71).
+                raw = await request()
+            else:
+                # Retries are the back-off's (ratelimit.py), not the provider client's: every
+                # 429 is paced and counted. A 429 is retried while the rollout is open; its
+                # own budget, not the rate limit, decides when it gives up.
+                raw = await target.backoff.call(
+                    request,
+                    retry_rate_limit=lambda: rollout_id is not None and self._open(rollout_id),
+                    on_rate_limit=lambda: self._count_rate_limit(rollout_id),
+                )
+        except Exception as exc:
+            status = getattr(exc, "status_code", None)
+            if rollout_id is not None and isinstance(status, int) and status >= 500:
                 with self._lock:
-                    self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
-                continue
-            target.backoff.ok()
-            break
+                    self._provider_errors[rollout_id] = self._provider_errors.get(rollout_id, 0) + 1
+            raise
         response = _from_responses(raw) if responses else raw
         if not _field(response, "choices", None):
             raise RuntimeError("the model returned no choices")
