@@ -328,6 +328,13 @@ class EvalSession:
                 self._slot = blame.install(self._executor.loop, *self._blame_slot)
         return self._executor
 
+    def rows_in_flight(self) -> int | None:
+        """Rows running in this process now (live progress); None on xdist's controller,
+        whose workers run them."""
+        if self._executor is not None:
+            return self._executor.in_flight()
+        return None if self.config.pluginmanager.has_plugin("dsession") else 0
+
     def _concurrency(self) -> int:
         """Items in flight in this process: the total, split evenly across xdist workers,
         and no more than the open-files limit leaves room for (said once, in one line)."""
