@@ -119,7 +119,7 @@ def status_line(snap: Snapshot, width: int = MAX_WIDTH) -> str:
     results table's words (``passed`` always, the others once they happen), then what fits,
     the least useful given up first: tokens, elapsed time, rows in flight, cost, ETA.
     """
-    limit = max(20, min(width, MAX_WIDTH) - 1)
+    limit = max(1, min(width, MAX_WIDTH) - 1)
     head = [f"osmosis {snap.done}/{snap.total}"]
     head += [
         f"{snap.counts.get(key, 0)} {OUTCOME_WORDS[key]}"
@@ -140,7 +140,7 @@ def status_line(snap: Snapshot, width: int = MAX_WIDTH) -> str:
         text = "  ".join([*head, *(part for part, rank in tail if rank > drop)])
         if len(text) <= limit:
             return text
-    return text[: limit - 3] + "..."
+    return text[: limit - 3] + "..." if limit > 3 else text[:limit]
 
 
 def compact(number: float) -> str:
@@ -466,8 +466,15 @@ class StatusLine:
         cls, reporter: Any, snapshot: Callable[[float], Snapshot], *, clock: Clock
     ) -> StatusLine | None:
         """Put a PinnedFile under pytest's terminal writer; None when that cannot be done."""
+        from pytest_osmosis.secrets import RedactingStream
+
         writer = getattr(reporter, "_tw", None)
-        file = getattr(writer, "_file", None)
+        owner, attr = writer, "_file"
+        file = getattr(writer, attr, None)
+        while isinstance(file, RedactingStream):
+            # Below redaction, which holds back a tail that could start a secret: the line
+            # must see what reaches the terminal, when it does.
+            owner, attr, file = file, "target", file.target
         if writer is None or file is None or isinstance(file, PinnedFile):
             return None
         try:
@@ -483,12 +490,12 @@ class StatusLine:
                 return MAX_WIDTH
 
         pinned = PinnedFile(file, fd, width)
-        writer._file = pinned
+        setattr(owner, attr, pinned)
         status = cls(pinned, snapshot, clock=clock, width=width)
 
         def restore() -> None:
-            if writer._file is pinned:
-                writer._file = file
+            if getattr(owner, attr, None) is pinned:
+                setattr(owner, attr, file)
             try:
                 os.close(fd)
             except OSError:
