@@ -46,7 +46,8 @@ def to_html(capture: bytes, columns: int) -> tuple[str, int]:
         spans = []
         for x in range(columns):
             char = line[x]
-            colour = COLOURS.get(char.fg, f"#{char.fg}" if len(char.fg) == 6 else COLOURS["default"])
+            fallback = f"#{char.fg}" if len(char.fg) == 6 else COLOURS["default"]
+            colour = COLOURS.get(char.fg, fallback)
             weight = "bold" if char.bold else "normal"
             spans.append(
                 f'<span style="color:{colour};font-weight:{weight}">{html.escape(char.data)}</span>'
