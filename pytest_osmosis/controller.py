@@ -141,8 +141,7 @@ class Controller:
 
     def before_row(self) -> None:
         """The first item starts: the status line goes up (the totals are known by now)."""
-        if self.progress is None:
-            self._progress().start()
+        self._progress()
 
     def letterless(self, report: pytest.TestReport) -> bool:
         """Whether pytest shows no letter for this report: its progress line stands in."""
@@ -177,6 +176,7 @@ class Controller:
                 in_flight=self.session.rows_in_flight,
                 started=self.started,
             )
+            self.progress.start()
         return self.progress
 
     # -- the end --------------------------------------------------------------------

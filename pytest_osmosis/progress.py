@@ -199,9 +199,6 @@ class Progress:
         self._in_flight = in_flight
         self._last_heartbeat = self.paced_from
         self.status: StatusLine | None = None
-        if self.replaces_letters and hasattr(reporter, "_show_progress_info"):
-            # pytest's [NN%] counts the letters it showed, which are none: our lines count.
-            reporter._show_progress_info = False
 
     @property
     def replaces_letters(self) -> bool:
@@ -209,17 +206,20 @@ class Progress:
         return self.mode == "log" and self.verbosity == 0
 
     def start(self, *, ticker: bool = True) -> None:
-        """Put the status line up (``line`` mode): it shows the run's counts from now on."""
-        if self.mode != "line" or self.status is not None:
-            return
-        status = StatusLine.install(self.reporter, self.snapshot, clock=self.clock)
-        if status is None:  # pytest's writer changed: say it in lines instead
-            self.mode = "log"
-            return
-        self.status = status
-        status.tick(force=True)
-        if ticker:
-            status.start_ticker()
+        """Before the first row: put the status line up (``line``), or make room for log
+        lines in place of pytest's letters (``log``)."""
+        if self.mode == "line" and self.status is None:
+            status = StatusLine.install(self.reporter, self.snapshot, clock=self.clock)
+            if status is None:  # pytest's writer is not what we know: lines instead
+                self.mode = "log"
+            else:
+                self.status = status
+                status.tick(force=True)
+                if ticker:
+                    status.start_ticker()
+        if self.replaces_letters and hasattr(self.reporter, "_show_progress_info"):
+            # pytest's [NN%] counts the letters it showed, which are none: our lines count.
+            self.reporter._show_progress_info = False
 
     def stop(self) -> None:
         """Take the status line down; what pytest writes next lands where it would have."""
