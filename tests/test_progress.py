@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_server import ModelServer
-from workspaces import calc_rows, write_workspace
+from workspaces import MIXED_ROWS, write_workspace
 
 from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, PASSED, SKIPPED
 from pytest_osmosis.progress import (
@@ -42,16 +42,7 @@ pytest_plugins = ["pytester"]
 
 BASE = ("--osmosis-eval", "-p", "no:cacheprovider")
 
-# One of each outcome, and two errors (dataset rows 0..4).
-MIXED = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-        ("What is 2 + 3?", "5", "grader_raise"),
-        ("What is 4 + 4?", "8", "skip"),
-    ]
-)
+MIXED = MIXED_ROWS  # one of each outcome, and two errors
 
 STATUS = re.compile(r"^osmosis \d+/\d+  ")
 

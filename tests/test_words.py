@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workspaces import calc_rows, read_index, write_workspace
+from workspaces import MIXED_ROWS, calc_rows, read_index, write_workspace
 
 from pytest_osmosis.cli import main
 from pytest_osmosis.report import run_markdown
@@ -33,16 +33,7 @@ SEVEN = calc_rows(
     ]
 )
 
-# One of each outcome, and two errors.
-MIXED = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-        ("What is 2 + 3?", "5", "grader_raise"),
-        ("What is 4 + 4?", "8", "skip"),
-    ]
-)
+MIXED = MIXED_ROWS  # one of each outcome, and two errors
 
 BASE = ("--osmosis-eval", "-p", "no:cacheprovider")
 
