@@ -188,8 +188,9 @@ class Progress:
         self.mode = mode
         self.verbosity = verbosity
         self.clock = clock
-        self.paced_from = clock()  # the ETA is this session's pace since its first row
+        self.paced_from = clock()
         self.started = self.paced_from if started is None else started  # "elapsed" counts
+        self._first_result: float | None = None  # the ETA's pace is measured from here
         self.counts = {key: int((recorded or {}).get(key, 0)) for key in OUTCOMES}
         self.recorded = sum(self.counts.values())
         self.done = self.recorded
@@ -236,6 +237,8 @@ class Progress:
         outcome = classify(result, float(result.get("pass_threshold", 1.0)))
         self.counts[outcome] += 1
         now = self.clock()
+        if self._first_result is None:
+            self._first_result = now
         if self.mode == "line":
             if self.status is not None:
                 self.status.tick(now)
@@ -265,7 +268,7 @@ class Progress:
         elapsed = now - self.started
         eta = None
         if self.executed and self.done < self.total:
-            eta = (now - self.paced_from) / self.executed * (self.total - self.done)
+            eta = self._per_row(now) * (self.total - self.done)
         return Snapshot(
             done=self.done,
             total=self.total,
@@ -276,6 +279,14 @@ class Progress:
             in_flight=self._in_flight() if self._in_flight is not None else None,
             cost=self.cost,
         )
+
+    def _per_row(self, now: float) -> float:
+        """Seconds per row at this session's pace: from its first result on, once there
+        are two (start-up, a worker importing LiteLLM, is no row's time), else from the
+        first item."""
+        if self.executed >= 2 and self._first_result is not None:
+            return (now - self._first_result) / (self.executed - 1)
+        return (now - self.paced_from) / max(1, self.executed)
 
     def line(self, now: float) -> str:
         """The running totals a log line ends with (no width limit: logs wrap)."""

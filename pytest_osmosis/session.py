@@ -331,9 +331,9 @@ class EvalSession:
     def rows_in_flight(self) -> int | None:
         """Rows running in this process now (live progress); None on xdist's controller,
         whose workers run them."""
-        if self._executor is not None:
-            return self._executor.in_flight()
-        return None if self.config.pluginmanager.has_plugin("dsession") else 0
+        if self.config.pluginmanager.has_plugin("dsession"):
+            return None
+        return 0 if self._executor is None else self._executor.in_flight()
 
     def _concurrency(self) -> int:
         """Items in flight in this process: the total, split evenly across xdist workers,

@@ -135,6 +135,18 @@ def test_quiet_logs_get_the_totals_once_a_minute_and_verbose_logs_none() -> None
     assert verbose.lines == []  # pytest's own line per item is the row's line
 
 
+def test_the_eta_is_the_pace_since_the_first_result() -> None:
+    clock = [0.0]
+    progress = Progress(FakeReporter(), total=21, mode="line", clock=lambda: clock[0])
+    clock[0] = 60.0  # a minute of start-up (an xdist worker importing LiteLLM) is no row's
+    progress.add(RESULTS[0])
+    assert progress.snapshot().eta == pytest.approx(60.0 * 20)  # one result: all it knows
+    for _ in range(10):
+        clock[0] += 2.0  # then a row every 2 s
+        progress.add(RESULTS[0])
+    assert progress.snapshot().eta == pytest.approx(2.0 * 10)
+
+
 def test_a_cost_is_shown_once_results_carry_one() -> None:
     reporter = FakeReporter()
     progress = Progress(reporter, total=2, mode="log")
@@ -523,6 +535,24 @@ def test_on_a_terminal_one_status_line_is_redrawn_in_place_below_pytest(
     assert json.loads((pytester.path / ".osmosis" / "evals" / "tty" / "metrics.json").read_text())[
         "summary"
     ]["total_samples"] == 5
+
+
+def test_under_xdist_only_the_controller_draws_the_line(
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
+    write_workspace(pytester.path, rows=MIXED)
+    output = run_on_a_terminal(pytester.path, *BASE, "-n", "2")
+    drawn = [text.decode() for text in re.findall(rb"\r\x1b\[2K(osmosis [^\r\n\x1b]*)", output)]
+    assert drawn and drawn[0].startswith("osmosis 0/5  0 passed  ")
+    # The controller does not know the rows in flight on its workers: the line leaves it out.
+    assert not [text for text in drawn if "in flight" in text]
+    for screen in frames(output):
+        lines = [line.rstrip() for line in screen.display]
+        at = [y for y, line in enumerate(lines) if STATUS.match(line)]
+        assert at in ([], [screen.cursor.y]), lines
+    final = shown(screen)
+    assert not [line for line in final if STATUS.match(line)], final
+    assert any(line.startswith("outcomes   1 passed, 1 below threshold, 2 errored") for line in final)
 
 
 def test_a_dumb_terminal_gets_log_lines(pytester: pytest.Pytester, model_env: Any) -> None:
