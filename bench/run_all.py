@@ -27,6 +27,8 @@ BENCHMARKS = (
     ("collection", "5"),
     ("startup", "6"),
     ("scale", "7"),
+    ("first_result", "8"),
+    ("cache_replay", "9"),
 )
 
 

@@ -138,6 +138,23 @@ OPTIONS = (
         "auto|line|log|off",
         override=False,
     ),
+    # The model-call cache (model/cache.py).
+    _Option(
+        "cache",
+        "--osmosis-cache",
+        "model-call cache beside the runs: off (default); use (serve recorded answers, "
+        "call and record the rest); record (always call, record); replay (recorded answers "
+        "only: a call without one fails its row, cache_miss, and no model is called)",
+        "MODE",
+        override=False,
+    ),
+    _Option(
+        "cache_max_age",
+        "--osmosis-cache-max-age",
+        "recorded answers older than this are not served, e.g. 12h, 7d, 2w (default: no limit)",
+        "AGE",
+        override=False,
+    ),
     # The gate's options are its rules' (gate.RULES): a new rule is declared there.
     *(_Option(rule.dest, rule.flag, rule.help, rule.metavar, override=False) for rule in RULES),
 )
@@ -465,6 +482,7 @@ def pytest_configure(config: pytest.Config) -> None:
         gate=gate,
         report=bool(plain("report")),
         secrets_file=plain("secrets_file"),
+        **_cache_options(plain),
     )
     session = EvalSession(
         config,
@@ -510,6 +528,24 @@ def _gate_options(plain: Any) -> GateOptions:
         return gate_options(plain)
     except GateOptionError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _cache_options(plain: Any) -> dict[str, Any]:
+    """``--osmosis-cache`` and its max age, checked (a bad value is one line, exit 4)."""
+    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.model.cache import MODES, parse_max_age
+
+    mode = str(plain("cache") or "off").strip().lower()
+    if mode not in MODES:
+        raise pytest.UsageError(
+            f"--osmosis-cache: expected one of {', '.join(MODES)}, got {plain('cache')!r}"
+        )
+    age = plain("cache_max_age")
+    try:
+        max_age = parse_max_age(str(age)) if age is not None else None
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return {"cache_mode": mode, "cache_max_age_s": max_age}
 
 
 def _is_override(dest: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import sys
@@ -53,7 +54,9 @@ from pytest_osmosis.workspace.plan import (
 if TYPE_CHECKING:
     from pytest_osmosis.collect import EvalItem
     from pytest_osmosis.gate import GateOptions, Verdict
+    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
 
 
@@ -73,6 +76,9 @@ class SessionOptions:
     report: bool = False
     secrets_file: str | None = None
     main_timeout: float = DEFAULT_MAIN_TIMEOUT
+    cache_mode: str = "off"
+    """The model-call cache (model/cache.py): off, use, record or replay."""
+    cache_max_age_s: float | None = None
 
 
 @dataclass
@@ -95,8 +101,13 @@ class ControllerRun:
     metrics: dict[str, Any] = field(default_factory=dict)
     report_path: Path | None = None
     report_error: str | None = None
+    index_path: Path | None = None
     created: bool = False
     """This session made the run directory (removed again if the preflight fails)."""
+    cache_calls: int = 0
+    """Model calls this session's rows made through the model-call cache..."""
+    cache_hits: int = 0
+    """...and how many of them it answered."""
     storage_fault: str | None = None
     """Why the run directory took no more results (a full disk, deleted): nothing more is
     written there, not even the final snapshots."""
@@ -120,6 +131,7 @@ class EvalSession:
         self._executor: Executor | None = None
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
+        self._caches: dict[Path, CallCache] = {}  # output root -> its model-call cache
         self._prefetched = False
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
@@ -134,6 +146,8 @@ class EvalSession:
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
         self._fd_capped = False
+        self.milestones: Milestones | None = None
+        """Start-up phases on the controller's terminal (set by the controller role)."""
         raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     # -- planning --------------------------------------------------------------------
@@ -193,7 +207,8 @@ class EvalSession:
                 )
                 add_named_secrets(self.config, required, resolved)
                 # A rollout that cannot be imported must fail before its run directory exists.
-                self.load_rollout(plan)
+                with self.phase(f"importing rollout {plan.rollout_dir.name}"):
+                    self.load_rollout(plan)
             except (RunDirectoryError, MissingSecretsError, SecretsFileError):
                 raise
             except OsmosisError as exc:
@@ -285,6 +300,12 @@ class EvalSession:
             run = self.runs[found[0]]
             if run.rundir.pending([found[1]]) and not result.get("storage_fault"):
                 run.rundir.append(result)
+
+    def phase(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        """A start-up milestone around a phase that can take a while (milestones.py)."""
+        if self.milestones is None:
+            return contextlib.nullcontext()
+        return self.milestones.phase(doing)
 
     def load_rollout(self, plan: EvalPlan) -> LoadedRollout:
         if plan.config_path not in self._rollouts:
@@ -390,10 +411,12 @@ class EvalSession:
             self._prefetched = True
             from pytest_osmosis.model.litellm import import_litellm
 
+            model = item.parent.plan.settings.model_path
             try:
-                import_litellm()
+                # replayed answers need no LiteLLM
+                if _rows_need_litellm(model) and self.options.cache_mode != "replay":
+                    import_litellm()
             except ModelPreflightError as exc:
-                model = item.parent.plan.settings.model_path
                 pytest.exit(
                     f"model preflight failed for {model!r}: {exc}",
                     returncode=pytest.ExitCode.USAGE_ERROR,
@@ -570,6 +593,12 @@ class EvalSession:
         )
         bridge = await self.bridge(plan.settings.model_path)
         bridge.allow_judge_models(self._judge_models(rollout))
+        cache = self.call_cache(plan.output_root)
+        cached = (
+            cache.attempt(plan.config.experiment.dataset, row.source_row_index, item.run_index)
+            if cache is not None
+            else None
+        )
         run_dir = plan.run_dir
         storage_faults: list[str] = []
 
@@ -608,6 +637,7 @@ class EvalSession:
             pass_threshold=plan.settings.pass_threshold,
             prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
             write_trajectory=save_trajectory,
+            cache=cached,
         )
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
@@ -633,38 +663,100 @@ class EvalSession:
             self._bridge_lock = asyncio.Lock()
         async with self._bridge_lock:
             if model_path not in self._bridges:
-                route = await asyncio.get_running_loop().run_in_executor(
-                    None, resolve_route, model_path
-                )
+                offline = self.options.cache_mode == "replay"
+                if offline:  # answers come from the cache: no key, no engine to start
+                    from pytest_osmosis.model.cache import offline_route
+
+                    route = offline_route(model_path)
+                else:
+                    route = await asyncio.get_running_loop().run_in_executor(
+                        None, resolve_route, model_path
+                    )
                 bridge = Bridge(route)
+                bridge.offline = offline
                 await bridge.start()
                 self._bridges[model_path] = bridge
             return self._bridges[model_path]
 
+    def call_cache(self, output_root: Path) -> CallCache | None:
+        """The model-call cache beside the runs under `output_root` (None when it is off).
+
+        Opened once per process and root; ``replay`` refuses a missing file (ConfigError).
+        """
+        mode = self.options.cache_mode
+        if mode == "off":
+            return None
+        cache = self._caches.get(output_root)
+        if cache is None:
+            from pytest_osmosis.model.cache import CallCache, cache_path
+
+            cache = CallCache(cache_path(output_root), mode, self.options.cache_max_age_s)
+            cache.open()
+            self._caches[output_root] = cache
+        return cache
+
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
 
-        ``in_process`` (a process that runs rows) imports LiteLLM here and checks on the
-        rows' loop; an xdist controller checks in a child process (see model/preflight.py).
+        ``in_process`` (a process that runs rows) imports LiteLLM here, on a thread of its own
+        while the models are checked, unless no row needs it; an xdist controller checks
+        OpenAI-compatible routes directly and others in a child process (model/preflight.py).
+        The model-call cache is opened first (a bad one stops the session here, in one line);
+        ``--osmosis-cache replay`` calls no model, so the cache existing is its whole check,
+        and ``use`` does not check a model the cache already holds answers of.
         """
+        answered = set()
+        for run in self.runs.values():
+            cache = self.call_cache(run.plan.output_root)
+            model = run.plan.settings.model_path
+            if cache is not None and (cache.replay or (cache.mode == "use" and cache.knows(model))):
+                answered.add(model)
+        model_paths = [model for model in model_paths if model not in answered]
+        if not model_paths:
+            return
+        # Imported here first, so the check never waits for LiteLLM's thread to finish
+        # importing a module both need (aiohttp's client above all).
+        import aiohttp  # noqa: F401
+
+        import pytest_osmosis.model.preflight  # noqa: F401
+        from pytest_osmosis.model.litellm import litellm_ready, start_import
+
+        needing = sorted(path for path in set(model_paths) if _rows_need_litellm(path))
         try:
+            if in_process and needing:
+                start_import()
             self.executor.call(self._preflight_all(model_paths, in_process))
+            if in_process and needing and not litellm_ready():
+                self._import_litellm(needing[0])
         except KeyboardInterrupt:
             from pytest_osmosis.model.preflight import interrupted
 
             interrupted()
             raise
 
+    def _import_litellm(self, model_path: str) -> None:
+        """Wait for LiteLLM (rows call the model through it): a failed import is one line."""
+        from pytest_osmosis.model.litellm import import_litellm
+
+        try:
+            with self.phase("importing LiteLLM"):
+                import_litellm()
+        except ModelPreflightError as exc:
+            raise ModelPreflightError(f"model preflight failed for {model_path!r}: {exc}") from None
+
     async def _preflight_all(self, model_paths: list[str], in_process: bool) -> None:
         """Check each model (needing its route only: no bridge is started for it here)."""
         from pytest_osmosis.model.preflight import check_model
-        from pytest_osmosis.model.routes import resolve_route
+        from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, resolve_route
 
         loop = asyncio.get_running_loop()
         for model_path in sorted(set(model_paths)):
             try:
-                route = await loop.run_in_executor(None, resolve_route, model_path)
-                warning = await check_model(route, in_process=in_process)
+                loading = model_path == EMBEDDED_MODEL_PATH
+                with self.phase(f"loading {model_path}") if loading else contextlib.nullcontext():
+                    route = await loop.run_in_executor(None, resolve_route, model_path)
+                with self.phase(f"checking model {model_path}"):
+                    warning = await check_model(route, in_process=in_process)
             except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
                 text = str(exc)
                 if not isinstance(exc, OsmosisError):
@@ -700,6 +792,9 @@ class EvalSession:
                     pass
             executor.close()
             self._executor = None
+        caches, self._caches = list(self._caches.values()), {}
+        for cache in caches:
+            cache.close()  # what the bridges queued is written before the session ends
         if self._restore_exit is not None:
             self._restore_exit()
             self._restore_exit = None
@@ -752,7 +847,17 @@ def resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
     return outcome.resumed(record, plan.settings.pass_threshold)
 
 
+def _rows_need_litellm(model_path: str) -> bool:
+    """Whether rows reach this model through LiteLLM: all but ``osmosis/embedded``'s do
+    (its bridge calls llama.cpp directly: model/direct.py)."""
+    from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH
+
+    return model_path != EMBEDDED_MODEL_PATH
+
+
+@functools.cache
 def _sdk_version() -> str:
+    """The version trajectories name; read once (metadata lookups cost ~0.5 ms a row)."""
     from pytest_osmosis.rollout import USING_OSMOSIS_SDK
 
     if USING_OSMOSIS_SDK:

@@ -47,6 +47,8 @@ SPACE_VALUES = {
     "--osmosis-min-pass-rate": "0.5",
     "--osmosis-gate-bound": "wilson",
     "--osmosis-max-error-rate": "0.25",
+    "--osmosis-cache": "use",
+    "--osmosis-cache-max-age": "7d",
     "--osmosis-rubric": "../elsewhere/conversations.jsonl",
     "--osmosis-rubric-text": "rubric",
     "--osmosis-judge-model": "openai/judge",

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_osmosis.errors import ResourceExhaustedError
 from pytest_osmosis.execution.executor import LoopStopped, stalled_by_others, start_owned
@@ -27,13 +27,18 @@ from pytest_osmosis.secrets import scrub
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import LoadedRollout
 
+if TYPE_CHECKING:
+    from pytest_osmosis.model.cache import CachedAttempt
+
 logger = logging.getLogger(__name__)
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)  # the whole package
 
 
 class BridgeLike(Protocol):
-    def open_rollout(self, rollout_id: str) -> tuple[str, str]: ...
+    def open_rollout(
+        self, rollout_id: str, cache: CachedAttempt | None = None
+    ) -> tuple[str, str]: ...
 
     def close_rollout(self, rollout_id: str) -> int | None: ...
 
@@ -102,14 +107,19 @@ async def execute(
     pass_threshold: float,
     prepare_artifacts: Callable[[str], Path | None],
     write_trajectory: TrajectoryWriter,
+    cache: CachedAttempt | None = None,
 ) -> dict[str, Any]:
-    """Run ``work``; the result is a dict of builtins because it travels to the xdist controller."""
+    """Run ``work``; the result is a dict of builtins because it travels to the xdist controller.
+
+    With ``cache`` (the model-call cache's view of this row and attempt) the bridge serves
+    the attempt's calls through it.
+    """
     import pytest_osmosis.rollout as api
 
     rollout_id = uuid.uuid4().hex
     started = time.monotonic()
     exhaustions = bridge.exhaustions
-    url, api_key = bridge.open_rollout(rollout_id)
+    url, api_key = bridge.open_rollout(rollout_id, cache)
     artifacts_dir = prepare_artifacts(rollout_id)
     sample: Any = None
     step_usage: list[dict[str, int]] = []
@@ -147,6 +157,12 @@ async def execute(
         # nulls the wire reward of every non-success result (0.3.8 `_handle_rollout`).
         error_type, message, detail = failure.error_type, failure.message, failure.detail
         cause = failure.cause
+    if cache is not None and cache.missed is not None:
+        # Replay had no answer for one of its calls: whatever the rollout made of the
+        # refused call, the row is that miss (a result no model gave is no result).
+        missed = _PhaseFailed("cache_miss", cache.missed)
+        status, reward, cause = "failed", None, None
+        error_type, message, detail = missed.error_type, missed.message, missed.detail
     tokens = bridge.close_rollout(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
     if status == "failed" and bridge.exhaustions != exhaustions:
@@ -184,6 +200,9 @@ async def execute(
             "has_trajectory": has_trajectory,
             "trajectory_problem": trajectory_problem,
             "rate_limited": rate_limited,
+            # Model calls through the model-call cache, and how many it answered.
+            "cache_calls": cache.calls if cache is not None else 0,
+            "cache_hits": cache.hits if cache is not None else 0,
             # The exception itself, for --pdb in this process; never sent to the xdist controller.
             "exception": cause,
         },
