@@ -54,7 +54,7 @@ class Controller:
         from pytest_osmosis.milestones import Milestones
 
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        milestones = Milestones(reporter, quiet=session.config.option.verbose < 0)
+        milestones = Milestones(reporter, quiet=session.config.get_verbosity() < 0)
         self.session.milestones = milestones
 
         named = _named_paths(session.config)
