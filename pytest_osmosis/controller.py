@@ -167,6 +167,7 @@ class Controller:
             mode = mode_for(self.progress_option, reporter, capture=config.getoption("capture"))
             total = tokens = 0
             recorded = dict.fromkeys(OUTCOMES, 0)
+            earlier = []
             for run in self.session.runs.values():
                 threshold = run.plan.settings.pass_threshold
                 total += run.pending_at_start if run.to_run is None else run.to_run
@@ -174,6 +175,7 @@ class Controller:
                     record = run.rundir.records[key]
                     recorded[classify(record, threshold)] += 1
                     tokens += int(record.get("tokens") or 0)
+                    earlier.append(record)
             total += sum(recorded.values())
             self.progress = Progress(
                 reporter,
@@ -185,6 +187,8 @@ class Controller:
                 in_flight=self.session.rows_in_flight,
                 started=self.started,
             )
+            for record in earlier:
+                self.progress.add_cost(record)
             self.progress.start()
         return self.progress
 

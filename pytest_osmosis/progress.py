@@ -231,9 +231,7 @@ class Progress:
         self.done += 1
         self.executed += 1
         self.tokens += int(result.get("tokens") or 0)
-        cost = result.get("cost_usd")  # the slot a row's cost fills, once results carry one
-        if isinstance(cost, (int, float)) and not isinstance(cost, bool):
-            self.cost = (self.cost or 0.0) + float(cost)
+        self.add_cost(result)
         outcome = classify(result, float(result.get("pass_threshold", 1.0)))
         self.counts[outcome] += 1
         now = self.clock()
@@ -279,6 +277,14 @@ class Progress:
             in_flight=self._in_flight() if self._in_flight is not None else None,
             cost=self.cost,
         )
+
+    def add_cost(self, row: Mapping[str, Any]) -> None:
+        """A result's or a recorded row's cost, when it has one (shown only once one has)."""
+        from pytest_osmosis.results.runs import COST_KEY
+
+        cost = row.get(COST_KEY)
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+            self.cost = (self.cost or 0.0) + float(cost)
 
     def _per_row(self, now: float) -> float:
         """Seconds per row at this session's pace: from its first result on, once there
