@@ -11,6 +11,7 @@ is played (as xdist registers ``DSession`` on its controller alone).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,6 +32,9 @@ class Controller:
         self.session = session
         self.progress: Progress | None = None
         self._last_result: dict[str, Any] | None = None
+        self._letterless: pytest.TestReport | None = None  # live progress: see letterless
+        self.progress_option = progress_option(session.config)
+        self.started = time.monotonic()  # live progress counts elapsed time from here
 
     # -- before any row -------------------------------------------------------------
 
@@ -49,7 +53,7 @@ class Controller:
         from pytest_osmosis.milestones import Milestones
 
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        milestones = Milestones(reporter, quiet=session.config.option.verbose < 0)
+        milestones = Milestones(reporter, quiet=session.config.get_verbosity() < 0)
         self.session.milestones = milestones
 
         named = _named_paths(session.config)
@@ -110,6 +114,8 @@ class Controller:
         if is_rerun(report):  # pytest-rerunfailures runs it again: the last attempt counts
             return
         result = getattr(report, "osmosis", None)
+        if self.progress is not None and self.progress.replaces_letters:
+            self._letterless = report if result is not None else None
         if result is None and report.failed and str(report.when) == "???":
             # xdist lost the worker running this item (os._exit, a segfault, OOM kill).
             result = self.session.crashed_result(report.nodeid, str(report.longrepr))
@@ -153,19 +159,31 @@ class Controller:
 
     def after_report(self) -> None:
         """Progress, after pytest has shown the row's letter."""
+        self._letterless = None
         if self._last_result is not None:
             result, self._last_result = self._last_result, None
             self._progress().add(result)
+
+    def before_row(self) -> None:
+        """The first item starts: the status line goes up (the totals are known by now)."""
+        self._progress()
+
+    def letterless(self, report: pytest.TestReport) -> bool:
+        """Whether pytest shows no letter for this report: its progress line stands in."""
+        return report is self._letterless
 
     def _progress(self) -> Progress:
         """Progress on the results table's basis: what earlier sessions recorded counts."""
         if self.progress is None:
             from pytest_osmosis.outcome import OUTCOMES, classify
-            from pytest_osmosis.progress import Progress
+            from pytest_osmosis.progress import Progress, mode_for
 
-            reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
+            config = self.session.config
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            mode = mode_for(self.progress_option, reporter, capture=config.getoption("capture"))
             total = tokens = 0
             recorded = dict.fromkeys(OUTCOMES, 0)
+            earlier = []
             for run in self.session.runs.values():
                 threshold = run.plan.settings.pass_threshold
                 total += run.pending_at_start if run.to_run is None else run.to_run
@@ -173,14 +191,30 @@ class Controller:
                     record = run.rundir.records[key]
                     recorded[classify(record, threshold)] += 1
                     tokens += int(record.get("tokens") or 0)
+                    earlier.append(record)
             total += sum(recorded.values())
-            self.progress = Progress(reporter, total, recorded=recorded, recorded_tokens=tokens)
+            self.progress = Progress(
+                reporter,
+                total,
+                recorded=recorded,
+                recorded_tokens=tokens,
+                mode=mode,
+                verbosity=int(config.get_verbosity()),
+                in_flight=self.session.rows_in_flight,
+                started=self.started,
+            )
+            for record in earlier:
+                self.progress.add_cost(record)
+            self.progress.start()
         return self.progress
 
     # -- the end --------------------------------------------------------------------
 
     def finish(self, session: pytest.Session) -> None:
         """Write the final snapshot, then apply the gate; the session is closed either way."""
+        self._letterless = None
+        if self.progress is not None:
+            self.progress.stop()  # before anything below prints
         try:
             interrupted = session.shouldstop or session.shouldfail
             for run in self.session.runs.values():
@@ -282,6 +316,20 @@ class Controller:
             verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
         self.session.verdict = verdict
         session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
+
+
+def progress_option(config: pytest.Config) -> str:
+    """``--osmosis-progress`` (or its ini twin), checked: a bad value is one line, exit 4."""
+    from pytest_osmosis.plugin import PROGRESS_OPTION, option_value
+    from pytest_osmosis.progress import parse_mode
+
+    given = option_value(config, PROGRESS_OPTION)
+    if given is None:
+        return "auto"
+    try:
+        return parse_mode(*given)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def run_keys(plan: Any) -> list[tuple[int, int]]:

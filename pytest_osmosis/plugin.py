@@ -129,6 +129,15 @@ OPTIONS = (
         is_flag=True,
         override=False,
     ),
+    # Live progress (progress.py): the pinned status line, log lines, or nothing.
+    _Option(
+        "progress",
+        "--osmosis-progress",
+        "live progress: auto (a status line on a terminal, a line per attempt in logs), "
+        "line, log or off",
+        "auto|line|log|off",
+        override=False,
+    ),
     # The model-call cache (model/cache.py).
     _Option(
         "cache",
@@ -401,6 +410,14 @@ def keep_at_file(args: list[str]) -> None:
         if args[position] == flag and args[position + 1].startswith("@"):
             args[position : position + 2] = [f"{flag}={args[position + 1]}"]
         position += 1
+
+
+PROGRESS_OPTION = next(opt for opt in OPTIONS if opt.dest == "progress")
+
+
+def option_value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
+    """An option's value and where it was given (the flag or the ini key); None: not given."""
+    return _value(config, opt)
 
 
 def _value(config: pytest.Config, opt: _Option) -> tuple[Any, str] | None:
@@ -758,6 +775,16 @@ class ControllerHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.controller.record(report)
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.controller.before_row()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> Generator[None, tuple[str, Any, Any], tuple[str, Any, Any]]:
+        status = yield
+        return (status[0], "", "") if self.controller.letterless(report) else status
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self, nodeid: str) -> None:

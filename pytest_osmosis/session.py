@@ -380,6 +380,13 @@ class EvalSession:
                 self._slot = blame.install(self._executor.loop, *self._blame_slot)
         return self._executor
 
+    def rows_in_flight(self) -> int | None:
+        """Rows running in this process now (live progress); None on xdist's controller,
+        whose workers run them."""
+        if self.config.pluginmanager.has_plugin("dsession"):
+            return None
+        return 0 if self._executor is None else self._executor.in_flight()
+
     def _concurrency(self) -> int:
         """Items in flight in this process: the total, split evenly across xdist workers,
         and no more than the open-files limit leaves room for (said once, in one line)."""

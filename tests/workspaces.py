@@ -123,6 +123,19 @@ def calc_rows(specs: Iterable[tuple[str, str] | tuple[str, str, str]]) -> list[d
     return rows
 
 
+#: One of each outcome, and two errors (dataset rows 0..4): passed, below threshold, the
+#: workflow raises, the grader raises, skipped.
+MIXED_ROWS = calc_rows(
+    [
+        ("What is 2 + 2?", "4"),
+        ("What is 3 * 5?", "16"),
+        ("What is 1 + 1?", "2", "workflow_raise"),
+        ("What is 2 + 3?", "5", "grader_raise"),
+        ("What is 4 + 4?", "8", "skip"),
+    ]
+)
+
+
 def write_workspace(
     root: Path,
     *,
