@@ -783,19 +783,15 @@ class ControllerHooks:
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
     ) -> Generator[None, tuple[str, Any, Any], tuple[str, Any, Any]]:
+        from pytest_osmosis.collect import crashed_status
+
         status = yield
+        status = crashed_status(report) or status  # a crashed worker's row is an error
         return (status[0], "", "") if self.controller.letterless(report) else status
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.controller.after_report()
-
-    def pytest_report_teststatus(
-        self, report: pytest.TestReport, config: pytest.Config
-    ) -> tuple[str, str, str] | None:
-        from pytest_osmosis.collect import crashed_status
-
-        return crashed_status(report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
