@@ -39,6 +39,8 @@ class BridgeLike(Protocol):
 
     def pop_rate_limited(self, rollout_id: str) -> int: ...
 
+    def pop_cost(self, rollout_id: str) -> float | None: ...
+
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
 
     exhaustions: int
@@ -148,6 +150,7 @@ async def execute(
         error_type, message, detail = failure.error_type, failure.message, failure.detail
         cause = failure.cause
     tokens = bridge.close_rollout(rollout_id)
+    cost_usd = bridge.pop_cost(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
     if status == "failed" and bridge.exhaustions != exhaustions:
         # Our own exhaustion, not the rollout's failure: the row stays pending for a resume.
@@ -184,6 +187,7 @@ async def execute(
             "has_trajectory": has_trajectory,
             "trajectory_problem": trajectory_problem,
             "rate_limited": rate_limited,
+            "cost_usd": cost_usd,  # dollars by LiteLLM's cost map; None: no price
             # The exception itself, for --pdb in this process; never sent to the xdist controller.
             "exception": cause,
         },
