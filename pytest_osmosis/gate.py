@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.outcome import FAILED, PASSED, row_passes, summary_counts
-from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, pass_rate_text, percent
+from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, pass_rate_text, percent, points
 
 
 class GateOptionError(ValueError):
@@ -203,8 +203,8 @@ def _max_regression(maximum: float, options: Mapping[str, Any], n: Counts) -> tu
     what = (
         f"pass rate {percent(comparison['current']['pass_rate'])} against baseline "
         f"{comparison['baseline']['name']} {percent(comparison['baseline']['pass_rate'])}: "
-        f"{_pp(change['difference'])}, 95% CI {_pp(change['ci95_low'])} to "
-        f"{_pp(change['ci95_high'])}, "
+        f"{points(change['difference'])}, 95% CI {points(change['ci95_low'])} to "
+        f"{points(change['ci95_high'])}, "
         + (
             f"a drop of more than {maximum * 100:.1f} pp is shown"
             if not ok
@@ -222,10 +222,6 @@ def _max_regression(maximum: float, options: Mapping[str, Any], n: Counts) -> tu
     if lost:
         what += f"; rows that passed in the baseline and fail now: {_row_list(sorted(lost))}"
     return ok, what
-
-
-def _pp(value: float) -> str:
-    return f"{value * 100:+.1f} pp"
 
 
 #: The budgets' option names (settings the controller enforces while rows run).

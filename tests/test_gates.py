@@ -81,7 +81,14 @@ def test_row_pass_gate(
 ) -> None:
     write_workspace(served.path, rows=FLAKY_ROWS, rollout_source=ROLLOUT, evaluation={"n": 2})
     result = _run(
-        served, xdist, "--osmosis-rows", "0-2", "--osmosis-row-pass", row_pass, "--osmosis-name", "r"
+        served,
+        xdist,
+        "--osmosis-rows",
+        "0-2",
+        "--osmosis-row-pass",
+        row_pass,
+        "--osmosis-name",
+        "r",
     )
     assert result.ret == code, result.stdout.str()
     result.stdout.fnmatch_lines(
@@ -126,3 +133,194 @@ def test_row_pass_is_refused_in_one_line_when_it_names_another_n(
     bad = served.runpytest(*BASE, "--osmosis-row-pass", "3/2")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--osmosis-row-pass: must be k/n with 1 <= k <= n*, got '3/2'"])
+
+
+# -- a regression gate against a baseline run -----------------------------------------
+
+# Ten rows that pass; eight of them fail while CALC_BREAK is set (10/10 -> 2/10).
+BASELINE_ROWS = calc_rows(
+    [(f"What is {i} + {i}?", str(2 * i), "" if i < 2 else "breakable") for i in range(10)]
+)
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
+@pytest.mark.parametrize(
+    ("maximum", "code", "line"),
+    [
+        # 2/10 against 10/10: -80.0 pp, 95% CI -94.3 to -38.4 pp.
+        (
+            "0.38",
+            1,
+            "-80.0 pp, 95% CI -94.3 pp to -38.4 pp, a drop of more than 38.0 pp is shown;*",
+        ),
+        (
+            "0.39",
+            0,
+            "-80.0 pp, 95% CI -94.3 pp to -38.4 pp, no drop of more than 39.0 pp is shown;*",
+        ),
+    ],
+)
+def test_regression_gate_against_a_baseline(
+    served: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    xdist: bool,
+    maximum: str,
+    code: int,
+    line: str,
+) -> None:
+    write_workspace(served.path, rows=BASELINE_ROWS, rollout_source=ROLLOUT)
+    assert served.runpytest(*BASE, "--osmosis-name", "main").ret == 0
+    monkeypatch.setenv("CALC_BREAK", "1")
+    result = _run(
+        served,
+        xdist,
+        "--osmosis-name",
+        "pr",
+        "--osmosis-baseline",
+        "main",
+        "--osmosis-max-regression",
+        maximum,
+    )
+    assert result.ret == code, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            f"*osmosis gate {'PASSED' if code == 0 else 'FAILED'}*",
+            "pr: pass rate 20.0% against baseline main 100.0%: " + line,
+        ]
+    )
+    assert "rows that passed in the baseline and fail now: 2, 3, 4, 5, 6, 7, 8, 9" in (
+        result.stdout.str()
+    )
+
+
+def test_a_baseline_that_measured_something_else_is_refused_in_one_line(
+    served: pytest.Pytester,
+) -> None:
+    write_workspace(served.path, rows=BASELINE_ROWS, rollout_source=ROLLOUT)
+    assert served.runpytest(*BASE, "--osmosis-name", "main").ret == 0
+    gate = ("--osmosis-baseline", "main", "--osmosis-max-regression", "0.1")
+    for args, differs in (
+        (("--osmosis-n", "2"), "n 2 (baseline 1)"),
+        (("--osmosis-rows", "0-4"), "row selection '0-4' (baseline '0-9')"),
+    ):
+        result = served.runpytest(*BASE, "--osmosis-name", "pr", *args, *gate)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(
+            [f"ERROR: --osmosis-baseline main: not comparable with run pr: {differs}"]
+        )
+        assert not _run_dir(served, "pr").exists()  # refused before any row
+    by_path = served.runpytest(
+        *BASE, "--osmosis-name", "pr", "--osmosis-baseline", str(_run_dir(served, "main")), "-q"
+    )
+    assert by_path.ret == 0  # a run directory names a baseline too; no gate: no verdict
+    missing = served.runpytest(*BASE, *gate[:1], "nope", *gate[2:])
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    missing.stderr.fnmatch_lines(["ERROR: --osmosis-baseline: run 'nope' not found *"])
+    alone = served.runpytest(*BASE, "--osmosis-max-regression", "0.1")
+    assert alone.ret == pytest.ExitCode.USAGE_ERROR
+    alone.stderr.fnmatch_lines(["ERROR: --osmosis-max-regression: needs --osmosis-baseline RUN"])
+
+
+# -- budgets that stop early ------------------------------------------------------------
+
+# Row 0 is answered at once; the others wait at the model server (HELD) until the test
+# lets them go, which it does once the controller has said the budget is spent: the rows
+# then in flight finish, and no other row starts.
+HELD_ROWS = calc_rows(
+    [("What is 1 + 1?", "2")] + [(f"What is {i} {HELD}", str(i + 100)) for i in range(1, 8)]
+)
+
+
+def _release_when_spent(server: Any, run_dir: Path) -> threading.Thread:
+    def release() -> None:
+        logs = run_dir / "logs.txt"
+        wait_until(lambda: logs.exists() and "budget spent" in logs.read_text(), "budget spent")
+        server.hold = ""
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    return thread
+
+
+def _journalled(run_dir: Path) -> int:
+    return len((run_dir / "events.jsonl").read_text().splitlines())
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
+@pytest.mark.parametrize(
+    ("budget", "spent"),
+    [
+        (("--osmosis-max-tokens", "1"), "* tokens used, --osmosis-max-tokens 1"),
+        (
+            ("--osmosis-model", "openai/gpt-4o-mini", "--osmosis-max-cost", "0.000001"),
+            "$0.0000* spent, --osmosis-max-cost 1e-06",
+        ),
+    ],
+    ids=["tokens", "cost"],
+)
+def test_a_spent_budget_stops_new_rows_and_the_run_resumes(
+    served: pytest.Pytester, model_server: Any, xdist: bool, budget: tuple[str, ...], spent: str
+) -> None:
+    write_workspace(served.path, rows=HELD_ROWS)
+    run_dir = _run_dir(served, "b")
+    model_server.hold = HELD
+    releaser = _release_when_spent(model_server, run_dir)
+    result = _run(served, xdist, "--osmosis-name", "b", *budget)
+    releaser.join()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            f"*Interrupted: osmosis: budget spent ({spent}): rows in flight finished, "
+            "rows not started stay pending; run the same command again to resume*"
+        ]
+    )
+    first = _journalled(run_dir)
+    assert 1 <= first < len(HELD_ROWS)  # row 0 and the rows then in flight; none after
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "incomplete"
+    assert metrics["summary"]["total_samples"] == first
+    # The same command again resumes: each session spends its own budget.
+    again = _run(served, xdist, "--osmosis-name", "b", *budget)
+    assert _journalled(run_dir) > first, again.stdout.str()
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
+def test_budgets_not_spent_run_every_row_and_show_the_cost(
+    served: pytest.Pytester, xdist: bool
+) -> None:
+    write_workspace(served.path, rows=HELD_ROWS[:3])
+    result = _run(
+        served,
+        xdist,
+        "--osmosis-name",
+        "b",
+        "--osmosis-model",
+        "openai/gpt-4o-mini",
+        "--osmosis-max-tokens",
+        "100000",
+        "--osmosis-max-cost",
+        "1",
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["tokens     * cost $0.0000* duration *"])
+    assert "budget spent" not in result.stdout.str()
+    doc = json.loads((_run_dir(served, "b") / ROW_METRICS_FILENAME).read_text())
+    assert 0 < doc["cost_usd"] < 0.001
+    assert len(doc["cost_usd_by_rollout"]) == 3
+
+
+def test_a_cost_budget_for_a_model_without_a_price_is_refused_at_start(
+    served: pytest.Pytester,
+) -> None:
+    write_workspace(served.path, rows=HELD_ROWS[:1])
+    result = served.runpytest(*BASE, "--osmosis-max-cost", "1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --osmosis-max-cost: model 'openai/test-model' has no price in LiteLLM's "
+            "local cost map, so a cost budget cannot be kept (use --osmosis-max-tokens)"
+        ]
+    )
+    bad = served.runpytest(*BASE, "--osmosis-max-tokens", "0")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--osmosis-max-tokens: must be a positive whole number*"])
