@@ -162,9 +162,10 @@ class Controller:
 
     def _spend(self, run: ControllerRun, result: dict[str, Any]) -> None:
         """Count what the row spent; once a budget is spent no new row starts."""
-        from pytest_osmosis.results.row_metrics import dollars
+        from pytest_osmosis.results.row_metrics import cost_of
+        from pytest_osmosis.words import dollars
 
-        cost = dollars(result.get("cost_usd"))
+        cost = cost_of(result.get("cost_usd"))
         run.costs[str(result["rollout_id"])] = cost
         self.spent_tokens += int(result.get("tokens") or 0)
         self.spent_cost += cost or 0.0
@@ -174,9 +175,9 @@ class Controller:
         max_tokens, max_cost = values.get("max_tokens"), values.get("max_cost")
         spent = None
         if max_tokens is not None and self.spent_tokens >= max_tokens:
-            spent = f"{self.spent_tokens} tokens used, --osmosis-max-tokens {max_tokens}"
+            spent = f"{self.spent_tokens} tokens of --osmosis-max-tokens {max_tokens}"
         elif max_cost is not None and self.spent_cost >= max_cost:
-            spent = f"${self.spent_cost:.4f} spent, --osmosis-max-cost {max_cost:g}"
+            spent = f"{dollars(self.spent_cost)} of --osmosis-max-cost {dollars(max_cost)}"
         if spent is not None:
             line = (
                 f"osmosis: budget spent ({spent}): rows in flight finished, rows not started "
@@ -238,7 +239,7 @@ class Controller:
         keeps its files as they were: the document is computed, not written)."""
         from pytest_osmosis.results.row_metrics import (
             attempts_by_row,
-            dollars,
+            cost_of,
             read_row_metrics,
             row_metrics,
             write_row_metrics,
@@ -251,7 +252,7 @@ class Controller:
         for record in run.rundir.records.values():
             rollout_id = str(record.get("rollout_id"))
             cost = run.costs[rollout_id] if rollout_id in run.costs else earlier.get(rollout_id)
-            costs[rollout_id] = dollars(cost)
+            costs[rollout_id] = cost_of(cost)
         row_pass = self.session.options.gate.values.get("row_pass")
         doc = row_metrics(
             attempts_by_row(run.rundir.records.values(), plan.settings.pass_threshold),

@@ -127,7 +127,7 @@ def row_lines(doc: dict[str, Any]) -> list[str]:
         lines.append(
             f"rows       {classes.get(ROW_PASSED, 0)} passed every attempt, "
             f"{classes.get(ROW_FLAKY, 0)} flaky"
-            + (f" (rows {shown})" if flaky else "")
+            + (f" (row{'s' if len(flaky) > 1 else ''} {shown})" if flaky else "")
             + f", {classes.get(ROW_FAILED, 0)} passed none"
         )
     row_pass = doc.get("row_pass")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from sdk_planner import sdk_judge
-from workspaces import CALC_ROLLOUT, HELD, calc_rows, read_index, wait_until, write_workspace
+from workspaces import CALC_ROLLOUT, HELD, calc_rows, wait_until, write_workspace
 
 from pytest_osmosis.results.row_metrics import ROW_METRICS_FILENAME
 
@@ -95,7 +95,7 @@ def test_row_pass_gate(
         [
             "pass@k     pass@1 83.3%  pass@2 100.0%",
             "pass^k     pass^1 83.3%  pass^2 66.7%",
-            "rows       2 passed every attempt, 1 flaky (rows 2), 0 passed none",
+            "rows       2 passed every attempt, 1 flaky (row 2), 0 passed none",
             f"row pass   {row_pass}: *",
             "tokens     * cost unknown *",
             f"*osmosis gate {'PASSED' if code == 0 else 'FAILED'}*",
@@ -250,10 +250,10 @@ def _journalled(run_dir: Path) -> int:
 @pytest.mark.parametrize(
     ("budget", "spent"),
     [
-        (("--osmosis-max-tokens", "1"), "* tokens used, --osmosis-max-tokens 1"),
+        (("--osmosis-max-tokens", "1"), "* tokens of --osmosis-max-tokens 1"),
         (
             ("--osmosis-model", "openai/gpt-4o-mini", "--osmosis-max-cost", "0.000001"),
-            "$0.0000* spent, --osmosis-max-cost 1e-06",
+            "$0.00000* of --osmosis-max-cost $0.000001",
         ),
     ],
     ids=["tokens", "cost"],

@@ -19,7 +19,7 @@ from pytest_osmosis.results.metrics import ks_up_to, pass_hat_k
 ROW_METRICS_FILENAME = "osmosis_metrics.json"
 
 
-def dollars(value: Any) -> float | None:
+def cost_of(value: Any) -> float | None:
     """A recorded cost as a float; None for anything else (unpriced, or not recorded)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)

@@ -320,7 +320,8 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
     """Everything ``list``/``info``/``report`` need about one run, as plain data.
 
     Keys: ``name`` (the directory name: what ``info NAME`` takes), ``path``,
-    ``manifest``, ``metrics``, ``progress`` (each ``{}`` when absent or unreadable),
+    ``manifest``, ``metrics``, ``progress``, ``row_metrics`` (our ``osmosis_metrics.json``:
+    pass^k, flaky rows, cost) (each ``{}`` when absent or unreadable),
     ``rows`` (index rows sorted by row then run, each with an ``outcome``; empty for a
     finished run when *summary_only*), ``rows_done``, ``rows_source``, ``summary``
     (``metrics.json``'s, or recomputed from the rows when absent), ``pass_threshold``,
@@ -382,11 +383,14 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
             f"manifest run_name {recorded_name!r} differs from the directory name "
             f"{run_dir.name!r}: `osmosis eval upload` refuses a renamed run"
         )
+    from pytest_osmosis.results.row_metrics import read_row_metrics
+
     return {
         "name": run_dir.name,
         "path": str(run_dir.resolve()),
         "manifest": manifest,
         "metrics": metrics,
+        "row_metrics": read_row_metrics(run_dir),
         "progress": progress,
         "rows": rows,
         "rows_done": rows_done,
