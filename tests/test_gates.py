@@ -246,6 +246,8 @@ def _journalled(run_dir: Path) -> int:
     return len((run_dir / "events.jsonl").read_text().splitlines())
 
 
+# Two sessions, each up to minutes on a loaded machine under -n 2 (a hang guard, no budget).
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
 @pytest.mark.parametrize(
     ("budget", "spent"),
