@@ -38,6 +38,7 @@ class Counts:
     rows: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     #: The run directory (the baseline rule loads it to compare rows).
     run_dir: Path | None = None
+    #: The ``--osmosis-baseline`` run (``results.runs.load_run``), when one was given.
     baseline: Mapping[str, Any] | None = None
 
 
@@ -349,7 +350,7 @@ def check_runs(options: GateOptions, runs: list[tuple[str, Path, Mapping[str, An
     """Before any row: refuse in one line what the gate could not judge at the end.
 
     ``runs`` are (run name, run directory, manifest ``inputs``). The baseline is loaded
-    here (into the options' values) and must measure the same thing: the same dataset
+    here (into ``options.baselines``) and must measure the same thing: the same dataset
     file, row selection and n. ``--osmosis-row-pass k/n`` must name the run's n.
     """
     row_pass = options.values.get("row_pass")

@@ -326,3 +326,70 @@ def test_a_cost_budget_for_a_model_without_a_price_is_refused_at_start(
     bad = served.runpytest(*BASE, "--osmosis-max-tokens", "0")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--osmosis-max-tokens: must be a positive whole number*"])
+
+
+# -- the pieces, without a session ---------------------------------------------------------
+
+
+def test_pass_hat_k_row_classes_and_the_document() -> None:
+    from pytest_osmosis.outcome import row_class, row_passes
+    from pytest_osmosis.results.metrics import pass_at_k, pass_hat_k
+    from pytest_osmosis.results.row_metrics import row_metrics
+
+    # 2 of 3 attempts pass: pass^2 = C(2,2)/C(3,2) = 1/3, pass@2 = 1.
+    assert pass_hat_k(attempts=3, passes=2, k=2) == pytest.approx(1 / 3)
+    assert pass_at_k(attempts=3, passes=2, k=2) == 1.0
+    assert pass_hat_k(attempts=3, passes=1, k=2) == 0.0
+    assert pass_hat_k(attempts=3, passes=3, k=3) == 1.0
+    assert [row_class(p, 3) for p in (3, 2, 0)] == ["passed", "flaky", "failed"]
+    assert row_class(0, 0) is None  # every attempt skipped: no class
+    assert row_passes(2, 3, 2) and not row_passes(2, 3, None) and not row_passes(0, 0, 1)
+    doc = row_metrics(
+        {0: (3, 3), 1: (2, 3), 5: (0, 3)},
+        n=3,
+        row_pass=(2, 3),
+        costs={"a": 0.5, "b": None},
+    )
+    assert doc["rows"] == {"passed": 1, "flaky": 1, "failed": 1}
+    assert doc["flaky_rows"] == [1]
+    assert doc["pass_hat_k"] == [
+        {"k": 1, "value": pytest.approx(5 / 9)},
+        {"k": 2, "value": pytest.approx((1 + 1 / 3 + 0) / 3)},
+    ]
+    assert doc["row_pass"] == {"k": 2, "n": 3, "passed": 2, "failed": 1}
+    assert doc["cost_usd"] is None  # one attempt without a price: the run's cost is unknown
+    assert row_metrics({0: (1, 1)}, n=1, costs={"a": 0.25, "b": 0.5})["cost_usd"] == 0.75
+    assert "pass_hat_k" not in row_metrics({0: (1, 1)}, n=1)
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "message"),
+    [
+        ("row_pass", "2", "--osmosis-row-pass: must be k/n with 1 <= k <= n (e.g. 2/3), got '2'"),
+        (
+            "row_pass",
+            "0/3",
+            "--osmosis-row-pass: must be k/n with 1 <= k <= n (e.g. 2/3), got '0/3'",
+        ),
+        (
+            "max_regression",
+            "1.5",
+            "--osmosis-max-regression: must be a number from 0 to 1, got '1.5'",
+        ),
+        ("max_cost", "-1", "--osmosis-max-cost: must be a positive number, got '-1'"),
+        ("max_cost", "inf", "--osmosis-max-cost: must be a positive number, got 'inf'"),
+        (
+            "max_tokens",
+            "1.5",
+            "--osmosis-max-tokens: must be a positive whole number of tokens, got '1.5'",
+        ),
+    ],
+)
+def test_bad_values_are_refused_in_one_line(flag: str, text: str, message: str) -> None:
+    from pytest_osmosis import gate
+
+    with pytest.raises(gate.GateOptionError) as raised:
+        gate.gate_options({flag: text}.get)
+    assert str(raised.value) == message
+    assert gate.gate_options({"row_pass": "2/3"}.get).values["row_pass"] == (2, 3)
+    assert gate.gate_options({"max_tokens": "5"}.get).budgeted
