@@ -27,6 +27,7 @@ BENCHMARKS = (
     ("collection", "5"),
     ("startup", "6"),
     ("scale", "7"),
+    ("first_result", "8"),
 )
 
 

@@ -1,16 +1,18 @@
-"""Regenerate docs/report.png: a real eval run, its HTML report, a Chromium screenshot.
+"""Regenerate docs/report.png, docs/compare.png and docs/runs.png from real eval runs.
 
     python docs/make_screenshot.py [--keep DIR]
 
 Offline: the model is tests/model_server.py on 127.0.0.1, the rollout below asks it
 arithmetic (one row through a calculator tool call), and a few rows are flaky or
-broken on purpose so every part of the report has something to show.
+broken on purpose so every part of the report has something to show. Three runs are
+made (two of an older "model" that gets two sums wrong, then the current one), so the
+comparison and runs.html have something to compare. Playwright drives Debian's
+chromium (no browser download).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -80,7 +82,12 @@ class Grader_(Grader):
         if do == "flaky":
             ctx.set_reward(random.choice([0.0, 0.25, 0.5, 1.0, 1.0]))
             return
-        ctx.set_reward(1.0 if answer == ctx.label else 0.0)
+        passed = answer == ctx.label
+        ctx.sample.extra_fields["explanation"] = (
+            f"the answer {answer!r} is the label" if passed
+            else f"expected {ctx.label!r}, the agent answered {answer!r}"
+        )
+        ctx.set_reward(1.0 if passed else 0.0)
 
 
 backend = LocalBackend(workflow=CalcAgent, grader=Grader_)
@@ -102,16 +109,22 @@ ROWS = [
 ]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--keep", type=Path, help="build the workspace here and keep it")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "report.png")
-    args = parser.parse_args()
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        sys.exit("chromium is not installed")
-    base = args.keep or Path(tempfile.mkdtemp(prefix="osmosis-shot-"))
-    base.mkdir(parents=True, exist_ok=True)
+#: (run name, model, scripted wrong answers): the older model gets two sums wrong.
+RUNS = [
+    ("arith-monday", "openai/calc-model-v1", {"3 * 5": "35", "6 * 7": "48"}),
+    ("arith-tuesday", "openai/calc-model-v1", {"3 * 5": "35"}),
+    ("arith-nightly", "openai/calc-model-v2", {}),
+]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+def _workspace(base: Path) -> None:
     rows = []
     for spec in ROWS:
         row: dict[str, object] = {"user_prompt": spec[0], "ground_truth": spec[1]}
@@ -128,65 +141,100 @@ def main() -> None:
         dataset="arith-12",
         rollout="calc-agent",
     )
+
+
+def _shoot(page: object, url: str, out: Path, *, then: str | None = None) -> None:
+    page.goto(url)  # type: ignore[attr-defined]
+    page.wait_for_selector("body[data-ready='1'], #runs")  # type: ignore[attr-defined]
+    if then:
+        page.evaluate(then)  # type: ignore[attr-defined]
+        page.wait_for_timeout(200)  # type: ignore[attr-defined]
+    page.screenshot(path=str(out))  # type: ignore[attr-defined]
+    print(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--keep", type=Path, help="build the workspace here and keep it")
+    parser.add_argument("--docs", type=Path, default=ROOT / "docs", help="where the PNGs go")
+    args = parser.parse_args()
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        sys.exit("chromium is not installed (Debian: apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    base = args.keep or Path(tempfile.mkdtemp(prefix="osmosis-shot-"))
+    base.mkdir(parents=True, exist_ok=True)
+    _workspace(base)
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_OFFLINE_MODE": "true",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     with ModelServer() as server:
         server.tool_rules = [ToolRule("times", "multiply", {"a": 12, "b": 34})]
-        env = {
-            **os.environ,
-            **server.env(),
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "LITELLM_OFFLINE_MODE": "true",
-            "HF_HUB_OFFLINE": "1",
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        }
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "--osmosis-eval",
-                "--osmosis-name",
-                "arith-nightly",
-                "-p",
-                "no:cacheprovider",
-                "-q",
-            ],
+        env.update(server.env())
+        for name, model, wrong in RUNS:
+            server.replies = dict(wrong)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "--osmosis-eval",
+                    "--osmosis-name",
+                    name,
+                    "--osmosis-model",
+                    model,
+                    "--osmosis-report",
+                    "-p",
+                    "no:cacheprovider",
+                    "-q",
+                ],
+                cwd=base,
+                env=env,
+                check=False,
+                stdout=subprocess.DEVNULL,
+            )
+
+    def command(*argv: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest_osmosis", *argv],
             cwd=base,
             env=env,
-            check=False,
-            stdout=subprocess.DEVNULL,
-        )
-    run_dir = base / ".osmosis" / "evals" / "arith-nightly"
-    report = subprocess.run(
-        [sys.executable, "-m", "pytest_osmosis", "report", str(run_dir)],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    index = [json.loads(line) for line in (run_dir / "index.jsonl").read_text().splitlines()]
-    tool_row = next(r for r in index if r["row_index"] == 3)
-    with tempfile.TemporaryDirectory() as profile:
-        subprocess.run(
-            [
-                chromium,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--hide-scrollbars",
-                f"--user-data-dir={profile}",
-                f"--screenshot={args.out.resolve()}",
-                "--window-size=1400,1000",
-                Path(report).as_uri() + f"#row={tool_row['row_index']}.{tool_row['run_index']}",
-            ],
             check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
         )
-    print(args.out)
+        return done.stdout.strip()
+
+    report = Path(command("report", "latest"))
+    compared = Path(command("report", "latest", "--compare", "arith-monday"))
+    index = Path(command("report", "--index"))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        # The table with its input, label and answer columns; the drawer on the row
+        # whose answer is wrong ("10 + 5" is labelled 16), with the grader's explanation.
+        _shoot(
+            page,
+            report.as_uri() + "#row=6.0",
+            args.docs / "report.png",
+            then="(() => { const f = document.getElementById('f-outcome');"
+            " f.value = 'not_passed'; f.dispatchEvent(new Event('change'));"
+            " document.getElementById('attempts').scrollIntoView(); })()",
+        )
+        _shoot(
+            page,
+            compared.as_uri() + "#cmp=1",
+            args.docs / "compare.png",
+            then="document.getElementById('row-by-row').scrollIntoView({block: 'center'})",
+        )
+        page.set_viewport_size({"width": 1200, "height": 760})
+        _shoot(page, index.as_uri(), args.docs / "runs.png")
+        browser.close()
     if args.keep is None:
         shutil.rmtree(base)
 

@@ -337,9 +337,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         comparison_markdown,
         redacted,
         run_markdown,
+        write_index,
         write_report,
     )
 
+    if args.index:
+        return _report_index(args, write_index)
+    if args.run is None:
+        raise UsageError("give a run (NAME, PATH or latest), or --index for runs.html")
     run_dir = _resolve(args, args.run)
     baseline_dir = _resolve(args, args.compare) if args.compare else None
     if baseline_dir is not None and baseline_dir.resolve() == run_dir.resolve():
@@ -372,6 +377,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             output.resolve() if output else None,
             baseline_dir=baseline_dir,
             fmt=args.format,
+            dataset_hints=(Path(args.dataset).expanduser(),) if args.dataset else (),
         )
     except RunDirectoryError as exc:
         if output is not None:
@@ -382,6 +388,32 @@ def cmd_report(args: argparse.Namespace) -> int:
         if comparison:
             payload["comparison"] = comparison
         _dump_json(payload, sys.stdout)
+    else:
+        sys.stdout.write(f"{path}\n")
+    return EXIT_OK
+
+
+def _report_index(args: argparse.Namespace, write_index: Callable[..., Path]) -> int:
+    """``report --index``: ``runs.html`` of every run under the output root."""
+    if args.run is not None or args.compare or args.dataset or args.format != "html":
+        raise UsageError("--index takes no run, --compare, --dataset or --format")
+    root = _output_root(args)
+    if not root.is_dir():
+        raise UsageError(f"{root}: no such output root (run `pytest --osmosis-eval` first)")
+    output = Path(args.out).expanduser().resolve() if args.out else None
+    if output is not None and output.is_dir():
+        raise UsageError(f"-o {args.out}: is a directory; give a file name")
+    path = write_index(root, output)
+    if args.json:
+        _dump_json(
+            {
+                "schema_version": JSON_SCHEMA_VERSION,
+                "status": "success",
+                "operation": "report",
+                "resource": {"format": "html", "path": str(path), "index": True},
+            },
+            sys.stdout,
+        )
     else:
         sys.stdout.write(f"{path}\n")
     return EXIT_OK
@@ -454,18 +486,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a self-contained HTML (or Markdown) report",
         allow_abbrev=False,
         description="Write a report of one run and print its path. HTML by default, with plots "
-        "and every attempt's trajectory; --compare adds regressed/improved rows and the "
-        "pass-rate change against a baseline run.",
+        "and every attempt's input, answer and trajectory; --compare adds regressed/improved "
+        "rows, both runs' answers row by row and the pass-rate change against a baseline "
+        "run. --index writes runs.html: every run under the root, with the pass rate over time.",
     )
     p_report.add_argument(
-        "run", metavar="NAME|PATH", help="run name under the root, or its directory"
+        "run",
+        metavar="NAME|PATH",
+        nargs="?",
+        help="run name under the root, its directory, or `latest` (the newest run)",
+    )
+    p_report.add_argument(
+        "--index",
+        action="store_true",
+        help="write runs.html (every run under the root) instead of one run's report",
+    )
+    p_report.add_argument(
+        "--dataset",
+        metavar="FILE",
+        help="the run's dataset file, for each row's input (used only when its sha256 is "
+        "the manifest's; default: looked for in the workspace's data/)",
     )
     p_report.add_argument(
         "-o",
         "--out",
         metavar="FILE",
-        help="where to write (default: report.html inside the run directory; "
-        "Markdown goes to stdout)",
+        help="where to write (default: report.html inside the run directory, runs.html in "
+        "the root with --index; Markdown goes to stdout)",
     )
     p_report.add_argument("--compare", metavar="OTHER", help="baseline run to compare against")
     p_report.add_argument("--format", choices=("html", "markdown"), default="html")

@@ -51,6 +51,11 @@ class Controller:
         if session.config.option.collectonly:
             return
         from pytest_osmosis.discover import find_eval_configs
+        from pytest_osmosis.milestones import Milestones
+
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        milestones = Milestones(reporter, quiet=session.config.option.verbose < 0)
+        self.session.milestones = milestones
 
         named = _named_paths(session.config)
         if self.session.collect_all:
@@ -68,6 +73,7 @@ class Controller:
         ]
         self._check_gate(models)
         if not models:
+            milestones.finish()
             return
         # xdist's controller runs no rows (no LiteLLM here): its workers start once the
         # model is known good, and each imports LiteLLM before its first row.
@@ -79,6 +85,7 @@ class Controller:
             self.session.abandon_runs()
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
+        milestones.finish()
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""
@@ -316,13 +323,25 @@ class Controller:
 
     def _write_reports(self) -> None:
         from pytest_osmosis.errors import OsmosisError
-        from pytest_osmosis.report import write_report_for_run
+        from pytest_osmosis.report import write_index, write_report_for_run
 
+        roots: dict[Path, list[ControllerRun]] = {}
         for run in self.session.runs.values():
             try:
-                run.report_path = write_report_for_run(run.plan.run_dir)
+                run.report_path = write_report_for_run(
+                    run.plan.run_dir, dataset=run.plan.dataset.path
+                )
             except OsmosisError as exc:
                 run.report_error = str(exc)
+            roots.setdefault(run.plan.output_root, []).append(run)
+        for root, runs in roots.items():
+            # runs.html beside the run directories: this session's runs among the others.
+            try:
+                index = write_index(root)
+            except OsmosisError:
+                continue  # a read-only root: the run's own report is what was asked for
+            for run in runs:
+                run.index_path = index
 
     def _gate(self, session: pytest.Session) -> None:
         from pytest_osmosis.gate import Verdict, decide

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import sys
@@ -53,6 +54,7 @@ from pytest_osmosis.workspace.plan import (
 if TYPE_CHECKING:
     from pytest_osmosis.collect import EvalItem
     from pytest_osmosis.gate import GateOptions, Verdict
+    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.results import RunDirectory, RunLog
 
@@ -95,6 +97,7 @@ class ControllerRun:
     metrics: dict[str, Any] = field(default_factory=dict)
     report_path: Path | None = None
     report_error: str | None = None
+    index_path: Path | None = None
     created: bool = False
     """This session made the run directory (removed again if the preflight fails)."""
     storage_fault: str | None = None
@@ -142,6 +145,8 @@ class EvalSession:
         #: worker reads it from ``stop_file``, which the controller writes.
         self.stop_line: str | None = None
         self.stop_file: str | None = None
+        self.milestones: Milestones | None = None
+        """Start-up phases on the controller's terminal (set by the controller role)."""
         raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     # -- planning --------------------------------------------------------------------
@@ -202,7 +207,8 @@ class EvalSession:
                 )
                 add_named_secrets(self.config, required, resolved)
                 # A rollout that cannot be imported must fail before its run directory exists.
-                self.load_rollout(plan)
+                with self.phase(f"importing rollout {plan.rollout_dir.name}"):
+                    self.load_rollout(plan)
             except (RunDirectoryError, MissingSecretsError, SecretsFileError):
                 raise
             except OsmosisError as exc:
@@ -294,6 +300,12 @@ class EvalSession:
             run = self.runs[found[0]]
             if run.rundir.pending([found[1]]) and not result.get("storage_fault"):
                 run.rundir.append(result)
+
+    def phase(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        """A start-up milestone around a phase that can take a while (milestones.py)."""
+        if self.milestones is None:
+            return contextlib.nullcontext()
+        return self.milestones.phase(doing)
 
     def load_rollout(self, plan: EvalPlan) -> LoadedRollout:
         if plan.config_path not in self._rollouts:
@@ -394,10 +406,11 @@ class EvalSession:
             self._prefetched = True
             from pytest_osmosis.model.litellm import import_litellm
 
+            model = item.parent.plan.settings.model_path
             try:
-                import_litellm()
+                if _rows_need_litellm(model):
+                    import_litellm()
             except ModelPreflightError as exc:
-                model = item.parent.plan.settings.model_path
                 pytest.exit(
                     f"model preflight failed for {model!r}: {exc}",
                     returncode=pytest.ExitCode.USAGE_ERROR,
@@ -676,27 +689,53 @@ class EvalSession:
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
 
-        ``in_process`` (a process that runs rows) imports LiteLLM here and checks on the
-        rows' loop; an xdist controller checks in a child process (see model/preflight.py).
+        ``in_process`` (a process that runs rows) imports LiteLLM here, on a thread of its own
+        while the models are checked, unless no row needs it; an xdist controller checks
+        OpenAI-compatible routes directly and others in a child process (model/preflight.py).
         """
+        # Imported here first, so the check never waits for LiteLLM's thread to finish
+        # importing a module both need (aiohttp's client above all).
+        import aiohttp  # noqa: F401
+
+        import pytest_osmosis.model.preflight  # noqa: F401
+        from pytest_osmosis.model.litellm import litellm_ready, start_import
+
+        needing = sorted(path for path in set(model_paths) if _rows_need_litellm(path))
         try:
+            if in_process and needing:
+                start_import()
             self.executor.call(self._preflight_all(model_paths, in_process))
+            if in_process and needing and not litellm_ready():
+                self._import_litellm(needing[0])
         except KeyboardInterrupt:
             from pytest_osmosis.model.preflight import interrupted
 
             interrupted()
             raise
 
+    def _import_litellm(self, model_path: str) -> None:
+        """Wait for LiteLLM (rows call the model through it): a failed import is one line."""
+        from pytest_osmosis.model.litellm import import_litellm
+
+        try:
+            with self.phase("importing LiteLLM"):
+                import_litellm()
+        except ModelPreflightError as exc:
+            raise ModelPreflightError(f"model preflight failed for {model_path!r}: {exc}") from None
+
     async def _preflight_all(self, model_paths: list[str], in_process: bool) -> None:
         """Check each model (needing its route only: no bridge is started for it here)."""
         from pytest_osmosis.model.preflight import check_model
-        from pytest_osmosis.model.routes import resolve_route
+        from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, resolve_route
 
         loop = asyncio.get_running_loop()
         for model_path in sorted(set(model_paths)):
             try:
-                route = await loop.run_in_executor(None, resolve_route, model_path)
-                warning = await check_model(route, in_process=in_process)
+                loading = model_path == EMBEDDED_MODEL_PATH
+                with self.phase(f"loading {model_path}") if loading else contextlib.nullcontext():
+                    route = await loop.run_in_executor(None, resolve_route, model_path)
+                with self.phase(f"checking model {model_path}"):
+                    warning = await check_model(route, in_process=in_process)
             except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
                 text = str(exc)
                 if not isinstance(exc, OsmosisError):
@@ -784,7 +823,17 @@ def resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
     return outcome.resumed(record, plan.settings.pass_threshold)
 
 
+def _rows_need_litellm(model_path: str) -> bool:
+    """Whether rows reach this model through LiteLLM: all but ``osmosis/embedded``'s do
+    (its bridge calls llama.cpp directly: model/direct.py)."""
+    from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH
+
+    return model_path != EMBEDDED_MODEL_PATH
+
+
+@functools.cache
 def _sdk_version() -> str:
+    """The version trajectories name; read once (metadata lookups cost ~0.5 ms a row)."""
     from pytest_osmosis.rollout import USING_OSMOSIS_SDK
 
     if USING_OSMOSIS_SDK:

@@ -77,6 +77,8 @@ def summary_lines(run: ControllerRun) -> list[str]:
     lines.append(f"output     {plan.run_dir}")
     if run.report_path is not None:
         lines.append(f"report     {run.report_path}")
+        if run.index_path is not None:
+            lines.append(f"all runs   {run.index_path}")
     elif run.report_error:
         lines.append(f"report     not written: {run.report_error}")
     threshold = plan.settings.pass_threshold

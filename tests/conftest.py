@@ -30,6 +30,8 @@ os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
+# The browser tests' plugin module (fixtures `browser`, `watched`): rewrite its asserts.
+pytest.register_assert_rewrite("chromium_page")
 
 from model_server import ModelServer  # noqa: E402
 

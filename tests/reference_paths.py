@@ -5,9 +5,20 @@ made it, in ``shared/`` beside the clone (as ``.ci/run`` has it), or wherever
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from pathlib import Path
 
 _BESIDE_THE_CLONE = Path(__file__).resolve().parents[1].parent / "shared" / "reference-run"
 
 REFERENCE_RUN = Path(os.environ.get("OSMOSIS_REFERENCE_RUN") or _BESIDE_THE_CLONE)
 REFERENCE_WORKSPACE = REFERENCE_RUN.parent / "reference-workspace"
+
+
+def writable_copy(source: Path, destination: Path) -> Path:
+    """A copy of *source* the test may change (the shared reference files are read-only)."""
+    shutil.copytree(source, destination)
+    for path in [destination, *destination.rglob("*")]:
+        mode = os.lstat(path).st_mode
+        os.chmod(path, mode | stat.S_IWUSR | stat.S_IRUSR | (stat.S_IXUSR if path.is_dir() else 0))
+    return destination

@@ -545,3 +545,44 @@ def test_modules_can_add_subcommands(
     assert seen[0].word == "hi"
     assert main(["--help"]) == 0
     assert "fake-ext" in capsys.readouterr().out
+
+
+def test_latest_names_the_newest_run_unless_a_run_is_called_latest(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = workspace / ".osmosis" / "evals"
+    newer = copy_run(REFERENCE, root / "newer")
+    metrics = load(newer / "metrics.json")
+    metrics["eval_run"]["started_at"] = "2027-01-01T00:00:00Z"
+    (newer / "metrics.json").write_text(json.dumps(metrics))
+    payload = cli_json(capsys, "report", "latest")
+    assert payload["resource"]["path"] == str((newer / "report.html").resolve())
+    assert "Run       newer  (finished)" in run_cli(capsys, "info", "latest")[1]
+    # A run directory of that very name is never shadowed.
+    copy_run(REFERENCE, root / "latest")
+    assert cli_json(capsys, "info", "latest")["data"]["name"] == "latest"
+    code, _, err = run_cli(capsys, "report", "latest", "--output", str(workspace / "empty"))
+    assert code == 2 and "run 'latest': no runs under" in err
+
+
+def test_report_index_writes_runs_html_in_the_root(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = workspace / ".osmosis" / "evals"
+    payload = cli_json(capsys, "report", "--index")
+    assert payload["resource"] == {
+        "format": "html",
+        "path": str((root / "runs.html").resolve()),
+        "index": True,
+    }
+    assert 'data-run="reference-run"' in (root / "runs.html").read_text()
+    code, out, _ = run_cli(capsys, "report", "--index", "-o", "all.html")
+    assert code == 0 and Path(out.strip()) == (workspace / "all.html").resolve()
+    for args, message in (
+        (("report",), "give a run (NAME, PATH or latest), or --index for runs.html"),
+        (("report", "--index", "reference-run"), "--index takes no run"),
+        (("report", "--index", "--compare", "reference-run"), "--index takes no run"),
+        (("report", "--index", "--output", "nowhere"), "no such output root"),
+    ):
+        code, _, err = run_cli(capsys, *args)
+        assert code == 2 and message in err, (args, err)

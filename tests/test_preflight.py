@@ -16,6 +16,7 @@ import pytest
 from workspaces import calc_rows, write_workspace
 
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.direct import direct_base
 from pytest_osmosis.model.preflight import check_model
 from pytest_osmosis.model.routes import ModelRoute
 
@@ -266,14 +267,17 @@ def test_litellm_that_cannot_be_imported_is_one_session_failure(
 
 
 def _route(url: str) -> ModelRoute:
+    """A route only LiteLLM may call (a setting the direct request does not reproduce), so
+    the check needs LiteLLM: an xdist controller makes it in a child process."""
     return ModelRoute(
         model_path="openai/test-model",
         litellm_model="openai/test-model",
-        kwargs={"api_base": url, "api_key": "sk-test-preflight"},
+        kwargs={"api_base": url, "api_key": "sk-test-preflight", "timeout": 30.0},
     )
 
 
 def test_the_check_runs_in_a_child_and_names_a_dead_endpoint(model_server) -> None:  # type: ignore[no-untyped-def]
+    assert direct_base(_route(model_server.url)) is None
     assert asyncio.run(check_model(_route(model_server.url))) is None
     assert model_server.bodies[-1]["messages"] == [{"role": "user", "content": "hi"}]
     with pytest.raises(ModelPreflightError, match="model preflight failed for 'openai/test-model'"):

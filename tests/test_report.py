@@ -13,12 +13,14 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from reference_paths import REFERENCE_RUN
+from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE
 
 from pytest_osmosis.report import (
+    INDEX_FILENAME,
     compare_runs,
     comparison_markdown,
     render_html,
+    write_index,
     write_report,
     write_report_for_run,
 )
@@ -29,6 +31,7 @@ from pytest_osmosis.report.stats import (
     pass_at_k_curve,
     wilson_interval,
 )
+from pytest_osmosis.report.svg import time_chart
 from pytest_osmosis.results.metrics import aggregate_metrics
 from pytest_osmosis.results.runs import load_run
 
@@ -440,3 +443,123 @@ def test_binary_and_large_artifacts_are_linked_not_inlined(run_dir: Path) -> Non
         assert "text" not in by_name[name]
         assert by_name[name]["size"] == size
         assert by_name[name]["href"] == f"artifacts/row_1_run_0/{name}"
+
+
+# ----------------------------------------------------------------------------- inputs, index
+
+
+@pytest.fixture
+def workspace_run(tmp_path: Path) -> Path:
+    """The reference run inside a copy of the workspace that made it."""
+    if not REFERENCE.is_dir() or not REFERENCE_WORKSPACE.is_dir():
+        pytest.skip("reference run and workspace not available")
+    workspace = copy_run(REFERENCE_WORKSPACE, tmp_path / "ws")
+    return copy_run(REFERENCE, workspace / ".osmosis" / "evals" / "reference-run")
+
+
+def with_inputs(page: Page) -> list[dict[str, Any]]:
+    """The page's records, each with its input (``in``) put back from the shared list."""
+    data = page.data
+    return [
+        {**r, "in": [data["inputs"][i] for i in r["ii"]]} if "ii" in r else r for r in data["rows"]
+    ]
+
+
+def test_the_dataset_is_used_only_when_its_sha256_is_the_manifests(
+    workspace_run: Path, tmp_path: Path
+) -> None:
+    data = workspace_run.parents[2] / "data" / "ref.jsonl"
+    page = Page(write_report_for_run(workspace_run).read_text())
+    rows = with_inputs(page)
+    assert [r["in_src"] for r in rows] == ["dataset"] * 12
+    # One copy of each message: the system prompt all rows share, each row's question.
+    assert len(page.data["inputs"]) == 7
+    assert [r["ii"] for r in page.data["rows"][::2]] == [
+        [0, 1],
+        [0, 2],
+        [0, 3],
+        [0, 4],
+        [0, 5],
+        [0, 6],
+    ]
+    assert [r["ii"] for r in page.data["rows"][::2]] == [r["ii"] for r in page.data["rows"][1::2]]
+    assert rows[-1]["in"] == [
+        ["system", "You are a calculator."],
+        ["user", "make the workflow go boom"],
+    ]
+    # An edited file (one changed question) is not the run's dataset: trajectories speak.
+    original = data.read_bytes()
+    data.write_bytes(original.replace(b"make the workflow go boom", b"a different question"))
+    page = Page(write_report_for_run(workspace_run).read_text())
+    assert [r["in_src"] for r in page.data["rows"]] == ["trajectory"] * 10 + [""] * 2
+    assert "a different question" not in json.dumps(page.data)
+    # The right bytes elsewhere, given as a hint (`report --dataset`), are used.
+    elsewhere = tmp_path / "kept" / "ref.jsonl"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(original)
+    path, _ = write_report(workspace_run, dataset_hints=(elsewhere,))
+    rows = with_inputs(Page(path.read_text()))
+    assert rows[-1]["in"][-1] == ["user", "make the workflow go boom"]
+    assert f"Inputs from <code>{elsewhere}</code>" in path.read_text()
+
+
+def test_no_cost_or_explanation_column_when_no_row_has_one(run_dir: Path) -> None:
+    text = write_report_for_run(run_dir).read_text()
+    page = Page(text)
+    heads = [a.get("data-sort") for a in page.find("th")]
+    assert {"q_in", "lab", "ans"} <= set(heads)
+    assert "cost" not in heads and "expl" not in heads
+    assert not any("cost" in r or "expl" in r for r in page.data["rows"])
+    assert ">Cost<" not in text
+
+
+def test_cost_from_the_journal_row_wins_over_the_trajectory(run_dir: Path) -> None:
+    index = index_of(run_dir)
+    index[0]["cost_usd"] = 0.25
+    index[1]["cost_usd"] = "free"  # not a number: ignored, the trajectory has none either
+    (run_dir / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    trajectory = run_dir / "rollout_trials" / index[0]["rollout_id"] / "trajectory.json"
+    document = json.loads(trajectory.read_text())
+    document["final_metrics"]["total_cost_usd"] = 9.0
+    trajectory.write_text(json.dumps(document))
+    rows = Page(write_report_for_run(run_dir).read_text()).data["rows"]
+    assert [r.get("cost") for r in rows[:2]] == [0.25, None]
+
+
+def test_runs_index_escapes_what_runs_hold_and_works_offline(run_dir: Path) -> None:
+    root = run_dir.parent
+    other = copy_run(REFERENCE, root / "other")
+    metrics = json.loads((other / "metrics.json").read_text())
+    metrics["eval_run"]["model_name"] = "<script>alert(1)</script>"
+    (other / "metrics.json").write_text(json.dumps(metrics))
+    (root / ".locks").mkdir()
+    path = write_index(root)
+    assert path == root / INDEX_FILENAME
+    text = path.read_text()
+    assert "<script>alert(1)" not in text and "&lt;script&gt;alert(1)" in text
+    page = Page(text)
+    [csp] = page.find("meta", http_equiv="Content-Security-Policy")
+    assert "default-src 'none'" in str(csp["content"]) and "script-src" not in str(csp["content"])
+    assert not page.find("script")
+    assert sorted(str(a["data-run"]) for a in page.find("tr") if a.get("data-run")) == [
+        "other",
+        "reference-run",
+    ]
+    # No run has a report yet: names are plain text, chart points are not links.
+    assert not page.find("a")
+    # An empty root says how to make a run.
+    empty = write_index(root.parent / "nothing-here", root.parent / "empty.html").read_text()
+    assert "No runs yet" in empty and "no run with attempts not skipped yet" in empty
+
+
+def test_time_chart_places_one_run_in_the_middle_and_labels_by_span() -> None:
+    one = time_chart("t", "T", [("a", [(1_000_000.0, 0.5, "one", None)])], y_label="rate")
+    assert 'cx="380.0"' in one and "<title>one</title>" in one and "<a " not in one
+    day = 86400.0
+    two = time_chart(
+        "t",
+        "T",
+        [("a", [(0.0, 0.0, "x", "r/report.html"), (10 * day, 1.0, "y", None)])],
+        y_label="rate",
+    )
+    assert "1970-01-01" in two and "1970-01-11" in two and '<a href="r/report.html">' in two

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from model_server import ModelServer
@@ -377,6 +378,7 @@ def test_wrappers_of_other_plugins_cannot_reintroduce_a_value(pytester: pytest.P
 
 LEAKY_ROLLOUT = """
 import atexit
+import json
 import logging
 import os
 import sys
@@ -456,6 +458,11 @@ class LeakyGrader(Grader):
         print("grader", long, short, ambient)
         if do == "grader_raise":
             raise ValueError(f"grader leaked {long} {short} {ambient}")
+        # The report's explanation column: the grader's own, and RubricGrader's artifact.
+        ctx.sample.extra_fields["explanation"] = f"explained {long} {short} {quoted()}"
+        (ctx.artifacts_dir / "rubric_judgement.json").write_text(
+            json.dumps({"explanation": f"judged {long} {quoted()}"})
+        )
         ctx.set_reward(0.0 if do == "low" else 1.0)
 """
 
@@ -548,6 +555,10 @@ def _run_leaky_session(server: ModelServer, root: Path, mode: str) -> Session:
             strict=True,
         )
     ]
+    # The report shows each row's input and label from the dataset, even for a row that
+    # failed before producing a sample (this one raises in the workflow).
+    rows[1]["user_prompt"] += f" (key {LONG})"
+    rows[1]["ground_truth"] += f" {QUOTED}"
     write_workspace(
         root,
         name="leaky",
@@ -647,6 +658,16 @@ def test_run_directory_files_hold_names_never_values(
     assert statuses == ["success", "failed", "failed", "success", "failed"]
 
 
+def report_rows(report: Path) -> list[dict[str, Any]]:
+    """The per-attempt records a report embeds (its ``report-data`` JSON), with inputs."""
+    text = report.read_text()
+    start = text.index('<script type="application/json" id="report-data">')
+    body = text[text.index(">", start) + 1 : text.index("</script>", start)]
+    data = json.loads(body)
+    rows: list[dict[str, Any]] = data["rows"]
+    return [{**r, "in": [data["inputs"][i] for i in r["ii"]]} if "ii" in r else r for r in rows]
+
+
 @pytest.mark.parametrize("mode", ["capture", "xdist"])
 def test_trajectories_projections_and_report_are_redacted(
     session_in: Callable[[str], Session], mode: str
@@ -688,11 +709,29 @@ def test_trajectories_projections_and_report_are_redacted(
     html = later.read_bytes()
     assert b"artifact " + REDACTED.encode() in html
     assert not leaks({"later.html": html}), leaks({"later.html": html})
+    # The input, label and explanation columns went through the redaction (in the
+    # session's report and in the later one): the values were there, and are replaced.
+    for report in (run_dir / "report.html", later):
+        rows = report_rows(report)
+        raised = next(r for r in rows if r["r"] == 1)
+        assert raised["in_src"] == "dataset" and "rid" in raised and "traj" not in raised
+        assert raised["in"][-1] == ["user", f"What is 1 + 1? (key {REDACTED})"]
+        assert raised["lab"] == f"2 {REDACTED}"
+        explained = [r["expl"] for r in rows if "expl" in r]
+        assert explained and all(REDACTED in text for text in explained), explained
     # Markdown to stdout (a PR comment), plain and as JSON, is redacted as a file is.
     for extra in ((), ("--json",)):
         printed = subprocess.run(
-            [sys.executable, "-m", "pytest_osmosis", "report", str(run_dir), "--format",
-             "markdown", *extra],
+            [
+                sys.executable,
+                "-m",
+                "pytest_osmosis",
+                "report",
+                str(run_dir),
+                "--format",
+                "markdown",
+                *extra,
+            ],
             env=env,
             check=True,
             capture_output=True,
@@ -786,7 +825,11 @@ def test_a_short_secret_is_left_in_the_output_and_named_once(
     rows = calc_rows([("What is 2 + 2?", "4"), ("What is 1 + 1?", "2", "grader_raise")])
     for name in ("calc", "again"):
         write_workspace(
-            pytester.path, name=name, rows=rows, rollout_source=TIMID_ROLLOUT, secrets=["TINY_TOKEN"]
+            pytester.path,
+            name=name,
+            rows=rows,
+            rollout_source=TIMID_ROLLOUT,
+            secrets=["TINY_TOKEN"],
         )
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-s", "-rA")
     result.assert_outcomes(passed=2, failed=2)

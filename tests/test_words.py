@@ -104,6 +104,17 @@ def test_a_row_selection_is_named_by_its_dataset_rows_everywhere(
     cells = re.findall(r'data-key="([^"]+)"[^>]*><td class="num">(\d+)</td>', html)
     assert cells == [("5.0", "5"), ("6.0", "6")]
     assert "row 5: 0/1 attempts passed" in html and "row 6: 0/1 attempts passed" in html
+    # Inputs come from the dataset file the session handed the report, by dataset row
+    # (row 5's, not selection position 0's "What is 0 + 1?"); row 6 raised before
+    # producing a sample, so the dataset is the only place its input is.
+    inputs = re.findall(r'data-key="([^"]+)".*?<td class="clip">([^<]*)</td>', html)
+    assert inputs == [("5.0", "What is 3 * 5?"), ("6.0", "What is 1 + 1?")]
+    assert '"in_src":"dataset"' in html and '"lab":"2"' in html
+    # The session refreshed runs.html beside the run directories and said where.
+    result.stdout.fnmatch_lines(
+        [f"report     {run_dir / 'report.html'}", f"all runs   {root / 'runs.html'}"]
+    )
+    assert 'data-run="sel"' in (root / "runs.html").read_text()
 
 
 # ----------------------------------------------------------------------------- point 8

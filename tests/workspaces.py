@@ -153,7 +153,11 @@ def read_index(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def only_run_dir(root: Path) -> Path:
-    runs = [p for p in (root / ".osmosis" / "evals").iterdir() if not p.name.startswith(".")]
+    runs = [
+        p
+        for p in (root / ".osmosis" / "evals").iterdir()
+        if not p.name.startswith(".") and p.is_dir()
+    ]
     assert len(runs) == 1, runs
     return runs[0]
 

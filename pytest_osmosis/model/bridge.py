@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.direct import DirectClient, direct_base, is_plain, missing_keys
 from pytest_osmosis.model.errors import (
     _CONNECT_ERRORS,
     _CREDENTIAL_HINT,
@@ -133,6 +134,12 @@ class Bridge:
         self._route_kwargs = dict(route.kwargs)
         self._secrets = _route_secrets(route)
         self._main = _Target(route, self.backoff)
+        base = direct_base(route)
+        self._direct = DirectClient(route, base) if base else None
+        """The upstream that skips LiteLLM where its request is LiteLLM's (model/direct.py)."""
+        self._rows_direct = self._direct is not None and route.model_path == EMBEDDED_MODEL_PATH
+        """Rows' calls go direct too: only to our own llama.cpp server (LiteLLM's client
+        retries a remote provider's 5xx and dropped connections; the direct one does not)."""
         # Judge models by the id a request named: resolved once, failures cached too, so a
         # missing key or an unknown id costs one lookup, not one per row.
         self._judges: dict[str, _Target | _JudgeUnavailable] = {}
@@ -221,6 +228,8 @@ class Bridge:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+        if self._direct is not None:
+            await self._direct.close()
 
     def open_rollout(self, rollout_id: str) -> tuple[str, str]:
         """Accept calls for `rollout_id`; returns (chat_completions_url, api_key)."""
@@ -276,15 +285,20 @@ class Bridge:
     # ----------------------------------------------------------------- preflight
 
     async def preflight(self) -> None:
-        """Fail the session early and once on a model that cannot work (contract §5.5)."""
-        litellm = _litellm()
+        """Fail the session early and once on a model that cannot work (contract §5.5).
+
+        An OpenAI-compatible route is checked with one direct request, without LiteLLM.
+        """
+        litellm = None if self._direct is not None else _litellm()
         route = self.route
         kwargs = self._route_kwargs
         api_base = kwargs.get("api_base")
         try:
-            litellm.get_llm_provider(
-                model=route.litellm_model, api_base=api_base if isinstance(api_base, str) else None
-            )
+            if litellm is not None:
+                litellm.get_llm_provider(
+                    model=route.litellm_model,
+                    api_base=api_base if isinstance(api_base, str) else None,
+                )
         except Exception as exc:
             raise ModelPreflightError(
                 f"model preflight failed for {route.model_path!r}: not a LiteLLM model id; "
@@ -292,9 +306,11 @@ class Bridge:
                 f"or {EMBEDDED_MODEL_PATH!r} ({_one_line(exc, self._secrets)})"
             ) from None
         try:
-            # By the route the rows' calls take, as the SDK's preflight does.
+            # By the route the rows' calls take, as the SDK's preflight does; our own
+            # embedded model need not write a whole answer to prove it runs.
+            tokens = 1 if route.model_path == EMBEDDED_MODEL_PATH else 256
             await self._complete(
-                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 256}
+                {"messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens}
             )
         except Exception as exc:
             self._classify_preflight(litellm, exc)
@@ -329,6 +345,8 @@ class Bridge:
     def _missing_keys(self, litellm: Any) -> list[str]:
         if self._route_kwargs.get("api_key"):
             return []
+        if litellm is None:  # checked directly: the variable LiteLLM's openai/ reads
+            return missing_keys(self.route)
         try:
             report = litellm.validate_environment(model=self.route.litellm_model)
         except Exception:
@@ -443,10 +461,11 @@ class Bridge:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
         echo = model if isinstance(model, str) and model else self.route.model_path
-        try:
-            await _litellm_imported()
-        except ModelPreflightError as exc:
-            return _json_error(503, str(exc))
+        if not self._rows_direct:  # a direct bridge imports LiteLLM only for what needs it
+            try:
+                await _litellm_imported()
+            except ModelPreflightError as exc:
+                return _json_error(503, str(exc))
         try:
             target = await self._target(request.headers.get(JUDGE_MODEL_HEADER, ""))
         except _JudgeUnavailable as exc:
@@ -475,20 +494,30 @@ class Bridge:
         self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
     ) -> Any:
         """One provider call for a chat body, made the way osmosis-ai 0.3.8's bridge makes it."""
-        litellm = _litellm()
         target = target or self._main
         route = target.route
         responses = False
-        if target.judge:
-            call = {**_judge_call(body), **route.kwargs}
-        else:
+        if not target.judge:
             body = self._with_reasoning(body, rollout_id)
-            responses = _uses_responses_api(litellm, route)
-            call = _responses_call(body, route) if responses else _chat_call(litellm, body, route)
+        direct = self._upstream(body, rollout_id, target)
+        if direct is not None:
+            call = body
+        else:
+            await _litellm_imported()
+            litellm = _litellm()
+            if target.judge:
+                call = {**_judge_call(body), **route.kwargs}
+            else:
+                responses = _uses_responses_api(litellm, route)
+                call = (
+                    _responses_call(body, route) if responses else _chat_call(litellm, body, route)
+                )
         while True:
             await target.backoff.wait()
             try:
-                if responses:
+                if direct is not None:
+                    raw = await direct.complete(call)
+                elif responses:
                     raw = await litellm.aresponses(model=route.litellm_model, **call)
                 else:
                     raw = await litellm.acompletion(model=route.litellm_model, **call)
@@ -509,6 +538,20 @@ class Bridge:
         if not target.judge and rollout_id is not None:
             self._remember_reasoning(response, rollout_id)
         return response
+
+    def _upstream(
+        self, body: dict[str, Any], rollout_id: str | None, target: _Target
+    ) -> DirectClient | None:
+        """The direct client where this call may skip LiteLLM, else None (LiteLLM calls).
+
+        The preflight (no rollout) of an OpenAI-compatible route, and the rows of
+        ``osmosis/embedded``; a call only when its body is one LiteLLM sends unchanged.
+        """
+        if self._direct is None or target is not self._main:
+            return None
+        if rollout_id is not None and not self._rows_direct:
+            return None
+        return self._direct if is_plain(body) else None
 
     def _with_reasoning(self, body: dict[str, Any], rollout_id: str | None) -> dict[str, Any]:
         """Hand a provider back the reasoning it returned with a tool call, where the

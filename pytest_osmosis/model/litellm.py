@@ -15,7 +15,7 @@ from typing import Any
 
 from pytest_osmosis.errors import ModelPreflightError
 
-__all__ = ["import_litellm"]
+__all__ = ["import_litellm", "start_import"]
 
 
 def _litellm() -> Any:
@@ -27,6 +27,32 @@ def _litellm() -> Any:
 
 
 _LITELLM_READY = threading.Event()
+_background: threading.Thread | None = None
+_background_error: list[ModelPreflightError] = []
+
+
+def start_import() -> None:
+    """Import LiteLLM on a thread of its own while the session's start-up goes on.
+
+    `import_litellm` then waits for it (and raises its error). The thread is a daemon: a
+    session that stops early (a failed preflight) does not wait seconds for an unused import.
+    """
+    global _background
+    if _background is not None or _LITELLM_READY.is_set():
+        return
+
+    def run() -> None:
+        try:
+            import_litellm()
+        except ModelPreflightError as exc:
+            _background_error.append(exc)
+
+    _background = threading.Thread(target=run, name="osmosis-litellm-import", daemon=True)
+    _background.start()
+
+
+def litellm_ready() -> bool:
+    return _LITELLM_READY.is_set()
 
 
 def import_litellm() -> None:
@@ -37,6 +63,11 @@ def import_litellm() -> None:
     A LiteLLM that cannot be imported (e.g. a rollout's install replaced it) raises
     :class:`ModelPreflightError` with one line: no model call can work in this session.
     """
+    background = _background
+    if background is not None and background is not threading.current_thread():
+        background.join()
+        if _background_error:
+            raise _background_error[0]
     if "litellm" not in sys.modules:
         was_enabled = gc.isenabled()
         gc.disable()
@@ -64,8 +95,12 @@ def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float | 
     """What a call cost in US dollars by LiteLLM's cost map; None when the model has no price.
 
     The map is LiteLLM's bundled copy (the session sets ``LITELLM_LOCAL_MODEL_COST_MAP``):
-    pricing never reaches the network.
+    pricing never reaches the network. Only a session that imported LiteLLM prices calls:
+    one whose rows skip it (``osmosis/embedded``, model/direct.py) must not import it here,
+    on the rows' loop, for a model that has no price anyway.
     """
+    if "litellm" not in sys.modules:
+        return None
     try:
         prompt_cost, completion_cost = _litellm().cost_per_token(
             model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens

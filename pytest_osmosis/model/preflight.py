@@ -2,11 +2,13 @@
 
 The session waits for both before any row starts, so no rollout's model call is ever held
 (a client with a 5 s timeout would give up on a fast model) and no row's duration counts
-start-up. Checking the model needs LiteLLM, whose import costs ~3 s of CPU. A process that
-runs rows needs LiteLLM anyway, so it checks in process (one import, and the check warms
-LiteLLM's client on the rows' loop). An xdist controller, which never calls a model, checks
-in a child process instead and imports nothing; the child answers with one marked JSON
-line on stdout.
+start-up. A route at an OpenAI-compatible endpoint (``osmosis/embedded`` included) is
+checked with one direct request in this process, without LiteLLM (model/direct.py): a dead
+endpoint, a missing key or an unknown model id is reported in well under a second. Any
+other route needs LiteLLM, whose import costs ~3 s of CPU. A process that runs rows needs
+LiteLLM anyway, so it checks in process (one import, and the check warms LiteLLM's client on
+the rows' loop). An xdist controller, which never calls a model, checks in a child process
+instead and imports nothing; the child answers with one marked JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 
 from pytest_osmosis.errors import ModelPreflightError
 from pytest_osmosis.model.bridge import Bridge
+from pytest_osmosis.model.direct import direct_base
 from pytest_osmosis.model.routes import ModelRoute
 
 _MARK = "osmosis-preflight: "
@@ -32,7 +35,10 @@ async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | N
     """Check ``route`` once; returns a non-fatal warning, raises :class:`ModelPreflightError`.
 
     ``in_process`` imports LiteLLM here (off the loop thread) and checks on this loop.
+    An OpenAI-compatible route is checked here and directly, in every process.
     """
+    if direct_base(route) is not None:
+        return await _check_here(route)
     if in_process:
         return await _check_in_process(route)
     try:
@@ -75,8 +81,15 @@ async def _check_in_process(route: ModelRoute) -> str | None:
     from pytest_osmosis.model.litellm import import_litellm
 
     await asyncio.to_thread(import_litellm)
+    return await _check_here(route)
+
+
+async def _check_here(route: ModelRoute) -> str | None:
     bridge = Bridge(route)
-    await bridge.preflight()
+    try:
+        await bridge.preflight()
+    finally:
+        await bridge.close()
     return bridge.preflight_warning
 
 

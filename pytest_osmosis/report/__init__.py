@@ -5,6 +5,8 @@ Public API:
 - :func:`write_report_for_run` — what ``pytest --osmosis-report`` calls at session end;
 - :func:`write_report` — the ``pytest-osmosis report`` command (HTML or Markdown,
   optionally compared with a baseline run);
+- :func:`write_index` — ``runs.html``, every run under an output root
+  (``pytest-osmosis report --index``, and refreshed by ``--osmosis-report``);
 - :func:`run_markdown`, :func:`compare_runs`, :func:`comparison_markdown`.
 """
 
@@ -19,22 +21,24 @@ from typing import Any
 
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.report.compare import compare_runs, comparison_markdown, escape_markdown
+from pytest_osmosis.report.data import DatasetInputs
 from pytest_osmosis.report.html import render_html
-from pytest_osmosis.results.runs import dataset_row, load_run, run_info
+from pytest_osmosis.report.index import INDEX_FILENAME, REPORT_FILENAME, render_index
+from pytest_osmosis.results.runs import dataset_row, list_runs, load_run, run_info
 from pytest_osmosis.words import ATTEMPTS, ERRORED, outcomes_text, pass_rate_basis
 
 __all__ = [
+    "INDEX_FILENAME",
     "REPORT_FILENAME",
     "compare_runs",
     "comparison_markdown",
     "default_report_path",
     "render_html",
     "run_markdown",
+    "write_index",
     "write_report",
     "write_report_for_run",
 ]
-
-REPORT_FILENAME = "report.html"
 
 
 def default_report_path(
@@ -137,10 +141,13 @@ def write_report(
     *,
     baseline_dir: Path | None = None,
     fmt: str = "html",
+    dataset_hints: tuple[Path, ...] = (),
 ) -> tuple[Path, dict[str, Any] | None]:
     """Write the report of *run_dir* (compared with *baseline_dir* when given).
 
-    Returns the written path and the comparison (``None`` without a baseline).
+    *dataset_hints* are files that may be the run's dataset (used only when their
+    sha256 is the manifest's; see ``results/runs.py::find_dataset``). Returns the written
+    path and the comparison (``None`` without a baseline).
     """
     if fmt not in ("html", "markdown"):
         raise ValueError(f"unknown report format {fmt!r}")
@@ -155,35 +162,53 @@ def write_report(
     if fmt == "markdown":
         text = comparison_markdown(comparison) if comparison is not None else run_markdown(run)
     else:
-        text = render_html(run, target.parent, comparison)
+        inputs = DatasetInputs(run, dataset_hints)
+        text = render_html(run, target.parent, comparison, inputs, baseline)
     _write_text(target, redacted(text, run))
     return target, comparison
 
 
-def redacted(text: str, run: Mapping[str, Any]) -> str:
+def redacted(text: str, *runs: Mapping[str, Any]) -> str:
     """*text* without secrets: the report embeds artifacts, messages and errors verbatim.
 
     Besides what this process knows (a session's ``[secrets]``, provider keys), the
-    values the environment holds for the run's ``[secrets]`` names are redacted, so a
+    values the environment holds for the *runs*' ``[secrets]`` names are redacted, so a
     later ``pytest-osmosis report`` hides them too.
     """
     from pytest_osmosis.secrets import MIN_REDACTED_LENGTH, scrub
 
-    inputs = _dict_of(_dict_of(run.get("manifest")).get("inputs"))
-    names = [name for name in inputs.get("secret_names") or () if isinstance(name, str)]
-    values = [os.environ[name] for name in names if os.environ.get(name)]
+    names = {
+        name
+        for run in runs
+        for name in _dict_of(_dict_of(run.get("manifest")).get("inputs")).get("secret_names") or ()
+        if isinstance(name, str)
+    }
+    values = [os.environ[name] for name in sorted(names) if os.environ.get(name)]
     return scrub(text, values, extra_min_length=MIN_REDACTED_LENGTH)
+
+
+def write_index(root: Path, output: Path | None = None) -> Path:
+    """Write ``<root>/runs.html`` (or *output*): every run under *root*, newest first,
+    with the pass rate over time; returns its path."""
+    runs = list_runs(Path(root))
+    target = output if output is not None else Path(root) / INDEX_FILENAME
+    _write_text(target, redacted(render_index(runs, Path(root), target.parent), *runs))
+    return target
 
 
 def _dict_of(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def write_report_for_run(run_dir: Path, output: Path | None = None) -> Path:
+def write_report_for_run(
+    run_dir: Path, output: Path | None = None, *, dataset: Path | None = None
+) -> Path:
     """Write ``<run_dir>/report.html`` (or *output*) and return its path.
 
-    Called by the plugin at the end of a session with ``--osmosis-report``; reads
-    only the run directory it was given.
+    Called by the plugin at the end of a session with ``--osmosis-report``, with the
+    session's *dataset* file (its rows' inputs; used only if its sha256 is the run's).
     """
-    path, _ = write_report(Path(run_dir), output)
+    path, _ = write_report(
+        Path(run_dir), output, dataset_hints=(dataset,) if dataset is not None else ()
+    )
     return path

@@ -74,6 +74,7 @@ tbody tr:focus{outline:2px solid var(--accent);outline-offset:-2px}
 border-left:1px solid var(--line);box-shadow:-6px 0 24px rgba(0,0,0,.08);overflow:auto;
 padding:16px 20px 40px;z-index:10}
 #detail[hidden]{display:none}
+#detail.wide{width:min(920px,62vw)}
 #detail h3{margin:0 0 4px;font-size:18px}
 #detail h4{margin:18px 0 6px;font-size:14px}
 #close{float:right;font:inherit;border:1px solid var(--line);background:#fff;border-radius:6px;
@@ -94,8 +95,31 @@ word-break:break-word;max-height:420px;overflow:auto}
 .artifact summary{padding:4px 10px;cursor:pointer}
 .muted{color:var(--muted)}
 .cmp td,.cmp th{white-space:normal}
+td.clip,th.clip{max-width:26ch;overflow:hidden;text-overflow:ellipsis}
+td.clip.short,th.clip.short{max-width:12ch}
+#row-by-row td.clip{max-width:44ch}
+pre.field{margin:0;padding:8px 10px;white-space:pre-wrap;word-break:break-word;max-height:320px;
+overflow:auto;border:1px solid var(--line);border-radius:8px;background:#fcfcfc}
+pre.field.answer{background:#f4fbff}pre.field.explanation{background:#fffdf4}
+.step.user .step-head{background:#f1f3f5}
+.sides{display:grid;grid-template-columns:1fr 1fr;gap:10px;margin-top:10px}
+.side h4{margin:6px 0;word-break:break-all}
+.attempt{border:1px solid var(--line);border-radius:8px;margin:6px 0;overflow:hidden}
+.attempt pre{margin:0;padding:6px 10px;white-space:pre-wrap;word-break:break-word}
+.attempt pre.explanation{border-top:1px dashed var(--line);background:#fffdf4;color:#5c4a00}
+.attempt .error{border-radius:0;border-width:1px 0 0}
+.c-regressed{background:#ffe3e3;color:var(--fail)}.c-improved{background:#d3f9d8;color:var(--pass)}
+.c-unchanged,.c-only_current,.c-only_baseline{background:#e9ecef;color:#495057}
 .delta-up{color:var(--pass)}.delta-down{color:var(--fail)}
 footer{color:var(--muted);font-size:12px;margin-top:26px}
+svg .s1{--c:#e8590c}svg .s2{--c:#2f9e44}svg .s3{--c:#ae3ec9}svg .s4{--c:#0c8599}
+svg .s5{--c:#868e96}
+svg .line.s0,svg .line.s1,svg .line.s2,svg .line.s3,svg .line.s4,
+svg .line.s5{stroke:var(--c,var(--accent))}
+svg .point.s1,svg .point.s2,svg .point.s3,svg .point.s4,svg .point.s5{fill:var(--c)}
+svg .legend-entry{font-size:11.5px;fill:var(--c,var(--accent))}
+svg a .point:hover{r:6}
+#over-time svg.plot{max-width:900px}
 """
 
 JS = r"""
@@ -104,8 +128,14 @@ JS = r"""
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var rows = data.rows;
   var words = data.words || {};
+  var inputs = data.inputs || [];
   var byKey = {};
-  rows.forEach(function (r) { byKey[r.r + "." + r.n] = r; });
+  function inputOf(r) { return (r.ii || []).map(function (i) { return inputs[i]; }); }
+  rows.forEach(function (r) {
+    byKey[r.r + "." + r.n] = r;
+    var said = inputOf(r).map(function (m) { return m[1]; });
+    r.q = [r.q].concat(said, [r.lab || "", r.ans || "", r.expl || ""]).join(" ").toLowerCase();
+  });
   var table = document.getElementById("rows");
   var tbody = table.tBodies[0];
   var trs = Array.prototype.slice.call(tbody.rows);
@@ -163,9 +193,14 @@ JS = r"""
     if (v === undefined || v === null) return null;
     return v;
   }
+  function cellText(tr, index) {
+    var text = tr.cells[index].textContent.trim().toLowerCase();
+    return text === "" ? null : text;
+  }
   Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) {
     th.addEventListener("click", function () {
       var key = th.getAttribute("data-sort");
+      var byText = th.classList.contains("clip");
       var dir = th.getAttribute("aria-sort") === "ascending" ? -1 : 1;
       Array.prototype.forEach.call(table.tHead.rows[0].cells, function (c) {
         c.removeAttribute("aria-sort");
@@ -174,7 +209,8 @@ JS = r"""
       trs.sort(function (a, b) {
         var ra = rows[Number(a.getAttribute("data-i"))];
         var rb = rows[Number(b.getAttribute("data-i"))];
-        var va = sortValue(ra, key), vb = sortValue(rb, key);
+        var va = byText ? cellText(a, th.cellIndex) : sortValue(ra, key);
+        var vb = byText ? cellText(b, th.cellIndex) : sortValue(rb, key);
         if (va === vb) return ra.i - rb.i;
         if (va === null) return 1;
         if (vb === null) return -1;
@@ -250,15 +286,40 @@ JS = r"""
     });
     return box;
   }
+  function fmtCost(v) { return typeof v === "number" ? "$" + v.toFixed(4) : null; }
+  function renderInput(parent, r) {
+    add(parent, el("h4", null, "Input"));
+    var box = add(parent, el("div", "input"));
+    var messages = inputOf(r);
+    if (!messages.length) {
+      add(box, el("div", "muted", "Not known: no trajectory, and the dataset file was not found."));
+      return;
+    }
+    messages.forEach(function (m) {
+      var step = add(box, el("div", "step " + m[0]));
+      add(add(step, el("div", "step-head")), el("span", "src", m[0]));
+      add(step, el("pre", "in-msg", m[1]));
+    });
+    if (r.in_src) add(box, el("div", "muted", "from the " + r.in_src));
+  }
+  function renderText(parent, title, text, cls) {
+    if (!text) return;
+    add(parent, el("h4", null, title));
+    add(parent, el("pre", "field " + cls, text));
+  }
   function renderDetail(r) {
     body.textContent = "";
     add(body, el("h3", null, "Row " + r.r + " · attempt " + r.n));
     var status = add(body, el("div"));
     add(status, el("span", "pill o-" + r.outcome, words[r.outcome] || r.outcome));
-    kv(body, [["reward", fmtReward(r.reward)], ["tokens", r.tokens], ["duration", fmtMs(r.dur)],
-              ["status", r.status]]);
+    kv(body, [["reward", fmtReward(r.reward)], ["tokens", r.tokens], ["cost", fmtCost(r.cost)],
+              ["duration", fmtMs(r.dur)], ["status", r.status]]);
     kv(body, [["rollout", r.rid]]);
     if (r.resumed) add(body, el("div", "muted", "carried forward from an earlier invocation"));
+    renderInput(body, r);
+    renderText(body, "Label", r.lab, "label");
+    renderText(body, "Final answer", r.ans, "answer");
+    renderText(body, "Grader's explanation", r.expl, "explanation");
     if (r.err || r.msg) {
       add(body, el("h4", null, "Error"));
       var err = add(body, el("div", "error"));
@@ -316,15 +377,19 @@ JS = r"""
     });
   }
   var selected = null;
+  function showDrawer(tr, wide) {
+    drawer.classList.toggle("wide", wide);
+    drawer.hidden = false;
+    if (selected) selected.classList.remove("selected");
+    selected = tr;
+    if (selected) selected.classList.add("selected");
+    drawer.scrollTop = 0;
+  }
   function openKey(key) {
     var r = byKey[key];
     if (!r) return;
     renderDetail(r);
-    drawer.hidden = false;
-    if (selected) selected.classList.remove("selected");
-    selected = tbody.querySelector('tr[data-key="' + key + '"]');
-    if (selected) selected.classList.add("selected");
-    drawer.scrollTop = 0;
+    showDrawer(tbody.querySelector('tr[data-key="' + key + '"]'), false);
   }
   function closeDetail() {
     drawer.hidden = true;
@@ -332,21 +397,79 @@ JS = r"""
     selected = null;
     if (location.hash) location.hash = "";
   }
+  var cmp = data.cmp;
+  var cmpByRow = {};
+  var cmpBody = null;
+  function attemptBox(parent, a, href) {
+    var box = add(parent, el("div", "attempt"));
+    var head = add(box, el("div", "step-head"));
+    add(head, el("span", "pill o-" + a.outcome, words[a.outcome] || a.outcome));
+    head.appendChild(document.createTextNode("  attempt " + a.n + " · reward " +
+                                             fmtReward(a.reward) + " "));
+    if (href) add(head, link(href, "open"));
+    if (a.ans) add(box, el("pre", "msg answer", a.ans));
+    if (a.err) add(box, el("div", "error", a.err + (a.msg ? ": " + a.msg : "")));
+    if (a.expl) add(box, el("pre", "msg explanation", a.expl));
+    if (!a.ans && !a.err) add(box, el("div", "muted", "no answer"));
+  }
+  function renderCompare(p) {
+    body.textContent = "";
+    add(body, el("h3", null, "Row " + p.r + " · both runs"));
+    add(body, el("span", "pill c-" + p.change, p.change.replace("_", " in ")));
+    renderInput(body, p);
+    renderText(body, "Label", p.lab, "label");
+    var grid = add(body, el("div", "sides"));
+    [["b", "baseline: " + cmp.names[0]], ["a", "current: " + cmp.names[1]]].forEach(function (s) {
+      var col = add(grid, el("div", "side side-" + s[0]));
+      add(col, el("h4", null, s[1]));
+      if (!p[s[0]].length) add(col, el("div", "muted", "not run"));
+      p[s[0]].forEach(function (a) {
+        attemptBox(col, a, s[0] === "a" ? "#row=" + p.r + "." + a.n : null);
+      });
+    });
+  }
+  function openCompare(row) {
+    var p = cmpByRow[row];
+    if (!p) return;
+    renderCompare(p);
+    showDrawer(cmpBody.querySelector('tr[data-cmp="' + row + '"]'), true);
+  }
+  // A click (or Enter) on a row of *body* routes through the URL (#<name>=<key>), so the
+  // back button and a pasted link open the same view.
+  function linkRows(body, name, open) {
+    var attribute = name === "row" ? "data-key" : "data-" + name;
+    body.addEventListener("click", function (event) {
+      if (event.target.closest("a")) return;
+      var tr = event.target.closest("tr");
+      if (!tr) return;
+      var key = tr.getAttribute(attribute);
+      if (location.hash === "#" + name + "=" + key) open(key);
+      else location.hash = name + "=" + key;
+    });
+    body.addEventListener("keydown", function (event) {
+      if (event.key === "Enter" && event.target.tagName === "TR") event.target.click();
+    });
+  }
+  if (cmp) {
+    cmp.rows.forEach(function (p) { cmpByRow[String(p.r)] = p; });
+    cmpBody = document.getElementById("row-by-row").tBodies[0];
+    linkRows(cmpBody, "cmp", openCompare);
+    var fChange = document.getElementById("f-change");
+    fChange.addEventListener("change", function () {
+      Array.prototype.forEach.call(cmpBody.rows, function (tr) {
+        var change = tr.getAttribute("data-change");
+        tr.hidden = fChange.value === "changed" &&
+          change !== "regressed" && change !== "improved";
+      });
+    });
+  }
   function route() {
     var m = /^#row=(\d+\.\d+)$/.exec(location.hash);
     if (m) openKey(m[1]);
+    var c = /^#cmp=(\d+)$/.exec(location.hash);
+    if (c && cmp) openCompare(c[1]);
   }
-  tbody.addEventListener("click", function (event) {
-    if (event.target.closest("a")) return;
-    var tr = event.target.closest("tr");
-    if (!tr) return;
-    var key = tr.getAttribute("data-key");
-    if (location.hash === "#row=" + key) openKey(key);
-    else location.hash = "row=" + key;
-  });
-  tbody.addEventListener("keydown", function (event) {
-    if (event.key === "Enter" && event.target.tagName === "TR") event.target.click();
-  });
+  linkRows(tbody, "row", openKey);
   document.getElementById("close").addEventListener("click", closeDetail);
   document.addEventListener("keydown", function (event) {
     if (event.key === "Escape" && !drawer.hidden) closeDetail();

@@ -3,7 +3,7 @@ the pass rate moved, with a 95% interval so a reviewer can tell noise from chang
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_osmosis.report.stats import newcombe_difference, per_row_passes
@@ -119,6 +119,43 @@ def compare_runs(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> dic
         "only_in_baseline": only_baseline,
         "warnings": warnings,
     }
+
+
+#: What the side-by-side keeps of each attempt (the drawer shows these).
+_ATTEMPT_FIELDS = ("n", "outcome", "reward", "ans", "expl", "err", "msg", "cost")
+
+
+def side_by_side(
+    comparison: Mapping[str, Any],
+    current: Sequence[Mapping[str, Any]],
+    baseline: Sequence[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """Per dataset row, both runs' attempts and answers (report records of each run).
+
+    Regressed rows come first, then improved ones, then the rest by row; ``change`` is
+    ``regressed``, ``improved``, ``unchanged``, ``only_current`` or ``only_baseline``.
+    """
+    change: dict[int, str] = {}
+    for key in ("regressed", "improved"):
+        for entry in comparison[key]:
+            change[entry["source_row_index"]] = key
+    for key in ("only_in_current", "only_in_baseline"):
+        for row in comparison[key]:
+            change[row] = key.replace("_in_", "_")
+    sides: dict[int, dict[str, Any]] = {}
+    for side, records in (("a", current), ("b", baseline)):
+        for record in records:
+            entry = sides.setdefault(
+                record["r"], {"r": record["r"], "in": [], "lab": "", "a": [], "b": []}
+            )
+            entry[side].append({k: record[k] for k in _ATTEMPT_FIELDS if k in record})
+            if not entry["in"] and record.get("in"):
+                entry["in"] = record["in"]
+            if not entry["lab"] and record.get("lab"):
+                entry["lab"] = record["lab"]
+    rank = {"regressed": 0, "improved": 1}
+    ordered = sorted(sides, key=lambda row: (rank.get(change.get(row, ""), 2), row))
+    return [{**sides[row], "change": change.get(row, "unchanged")} for row in ordered]
 
 
 def _pp(value: float) -> str:

@@ -15,12 +15,28 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pytest_osmosis.results.runs import dataset_row, error_messages, list_artifacts, read_trajectory
-from pytest_osmosis.words import OUTCOME_WORDS
+from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.results.runs import (
+    COST_KEY,
+    dataset_row,
+    error_messages,
+    find_dataset,
+    list_artifacts,
+    read_trajectory,
+)
+from pytest_osmosis.words import OUTCOME_WORDS, one_line
 
 MAX_TEXT = 20_000
 MAX_STEPS = 400
 EMBED_BUDGET = 24 * 1024 * 1024
+#: Characters of an input, label, answer or explanation the page holds for the drawer
+#: (every row's, so a 10,000-row report stays openable); the table cell shows fewer.
+MAX_FIELD = 2000
+CELL_CHARS = 160
+#: The artifact ``RubricGrader`` writes its judge's verdict to (rubric/grader.py).
+JUDGEMENT_ARTIFACT = "rubric_judgement.json"
+#: A grader's own explanation: ``ctx.sample.extra_fields[EXPLANATION_FIELD]``.
+EXPLANATION_FIELD = "explanation"
 _PRIORITY = {"failed": 0, "below_threshold": 1, "passed": 2, "skipped": 3}
 
 
@@ -153,12 +169,103 @@ def _final_answer(trajectory: Mapping[str, Any] | None) -> str:
         return ""
     for step in reversed(trajectory.get("steps", [])):
         if step.get("source") == "agent" and step.get("text"):
-            return str(step["text"])[:500]
+            return _clip(str(step["text"]), MAX_FIELD)
     return ""
 
 
-def build_rows(run: Mapping[str, Any], report_dir: Path) -> list[dict[str, Any]]:
-    """One record per (row, attempt) in table order, with its detail embedded when it fits."""
+def _trajectory_input(trajectory: Mapping[str, Any] | None) -> list[list[str]]:
+    """The messages before the first agent step: what the workflow was asked."""
+    found: list[list[str]] = []
+    for step in (trajectory or {}).get("steps", []):
+        if step.get("source") == "agent":
+            break
+        if step.get("text"):
+            found.append([str(step.get("source") or "user"), _clip(str(step["text"]), MAX_FIELD)])
+    return found
+
+
+def _explanation(document: Mapping[str, Any] | None, artifacts: list[dict[str, Any]]) -> str:
+    """What the grader said about its reward: its sample's ``extra_fields["explanation"]``,
+    else the ``explanation`` of a ``rubric_judgement.json`` artifact."""
+    extra = (document or {}).get("extra")
+    osmosis = extra.get("osmosis") if isinstance(extra, dict) else None
+    fields = osmosis.get("sample_extra_fields") if isinstance(osmosis, dict) else None
+    said = fields.get(EXPLANATION_FIELD) if isinstance(fields, dict) else None
+    if isinstance(said, str) and said.strip():
+        return _clip(said, MAX_FIELD)
+    for artifact in artifacts:
+        if artifact["name"] == JUDGEMENT_ARTIFACT and isinstance(artifact.get("text"), str):
+            try:
+                verdict = json.loads(artifact["text"])
+            except ValueError:
+                return ""
+            said = verdict.get(EXPLANATION_FIELD) if isinstance(verdict, dict) else None
+            return _clip(said, MAX_FIELD) if isinstance(said, str) else ""
+    return ""
+
+
+def _cost(row: Mapping[str, Any], trajectory: Mapping[str, Any] | None) -> float | None:
+    """US dollars: the journal row's ``cost_usd``, else the trajectory's total."""
+    if isinstance(row.get(COST_KEY), float):
+        return float(row[COST_KEY])
+    total = ((trajectory or {}).get("final") or {}).get("total_cost_usd")
+    return float(total) if isinstance(total, (int, float)) and total >= 0 else None
+
+
+class DatasetInputs:
+    """Each selected row's input and label, read from the run's dataset file.
+
+    A row that failed before producing a sample has no trajectory, so its question is
+    only in the dataset; the file is used only when its sha256 is the manifest's.
+    """
+
+    def __init__(self, run: Mapping[str, Any], hints: tuple[Path, ...] = ()) -> None:
+        from pytest_osmosis.dataset import open_dataset
+
+        self.path = find_dataset(run, hints)
+        self.note = ""
+        self._dataset: Any = None
+        if self.path is None:
+            self.note = (
+                "the dataset file was not found (looked for the file whose sha256 the "
+                "manifest records): inputs are taken from trajectories"
+            )
+            return
+        inputs = run.get("manifest", {}).get("inputs", {})
+        selector = (inputs.get("dataset") or {}).get("selected_source_rows")
+        try:
+            self._dataset = open_dataset(
+                self.path, limit=None, rows=str(selector), sample=None, seed=0
+            )
+        except (OsmosisError, ValueError) as exc:
+            self.note = f"{self.path}: cannot read the rows ({one_line(str(exc))})"
+            self.path = None
+
+    def row(self, row_index: int) -> tuple[list[list[str]], str | None] | None:
+        """``([[role, text], ...], label)`` of a selected row, or None when unknown."""
+        if self._dataset is None or not 0 <= row_index < len(self._dataset):
+            return None
+        row = self._dataset.row(row_index)
+        messages = [
+            [str(m.get("role", "user")), _clip(str(m.get("content", "")), MAX_FIELD)]
+            for m in row.initial_messages
+        ]
+        return messages, row.label
+
+
+def build_rows(
+    run: Mapping[str, Any],
+    report_dir: Path,
+    inputs: DatasetInputs | None = None,
+    *,
+    embed: bool = True,
+) -> list[dict[str, Any]]:
+    """One record per (row, attempt) in table order, with its detail embedded when it fits.
+
+    Every record carries its input, label, final answer, the grader's explanation and
+    cost (when known); trajectories and artifact texts are embedded within a budget
+    (never when not *embed*: a comparison's baseline needs only its answers).
+    """
     run_dir = Path(str(run["path"]))
     rows: list[dict[str, Any]] = run["rows"]
     errors = error_messages(
@@ -194,7 +301,7 @@ def build_rows(run: Mapping[str, Any], report_dir: Path) -> list[dict[str, Any]]
             if "detail" in error:
                 record["tb"] = _clip(error["detail"], 8000)
         records.append(record)
-    budget = EMBED_BUDGET
+    budget = EMBED_BUDGET if embed else -1
     for record in sorted(records, key=lambda r: (_PRIORITY.get(r["outcome"], 4), r["i"])):
         row = rows[record["i"]]
         document = read_trajectory(run_dir, row)
@@ -217,14 +324,17 @@ def build_rows(run: Mapping[str, Any], report_dir: Path) -> list[dict[str, Any]]
             artifacts.append(item)
         if artifacts:
             detail["arts"] = artifacts
-        cost = len(json.dumps(detail, ensure_ascii=False))
-        if cost > budget:
+        traj = detail.get("traj")
+        _describe(record, row, inputs, document, traj, artifacts)
+        size = len(json.dumps(detail, ensure_ascii=False))
+        if size > budget:
             record["omitted"] = True
             record["arts"] = [{k: v for k, v in a.items() if k != "text"} for a in artifacts]
         else:
-            budget -= cost
+            budget -= size
             record.update(detail)
-        label = detail.get("traj", {}).get("label", "")
+        # What the search box matches besides the input, label, answer and explanation
+        # (the page adds those from the record, so they are not embedded twice).
         record["q"] = " ".join(
             str(x)
             for x in (
@@ -233,8 +343,69 @@ def build_rows(run: Mapping[str, Any], report_dir: Path) -> list[dict[str, Any]]
                 record.get("err", ""),
                 record.get("rid", ""),
                 record.get("msg", ""),
-                label,
-                _final_answer(detail.get("traj")),
             )
         ).lower()
     return records
+
+
+def share_inputs(*groups: list[dict[str, Any]]) -> list[list[str]]:
+    """Move each record's ``in`` into one shared list of messages (the record keeps
+    their indices, ``ii``).
+
+    Every attempt of a row has the same input, and every row often the same long system
+    prompt: kept once, a 10,000-row report does not carry it 10,000 times.
+    """
+    shared: list[list[str]] = []
+    seen: dict[tuple[str, str], int] = {}
+    for records in groups:
+        for record in records:
+            messages = record.pop("in", None)
+            if not messages:
+                continue
+            indices = []
+            for role, text in messages:
+                if (role, text) not in seen:
+                    seen[(role, text)] = len(shared)
+                    shared.append([role, text])
+                indices.append(seen[(role, text)])
+            record["ii"] = indices
+    return shared
+
+
+def _describe(
+    record: dict[str, Any],
+    row: Mapping[str, Any],
+    inputs: DatasetInputs | None,
+    document: Mapping[str, Any] | None,
+    traj: Mapping[str, Any] | None,
+    artifacts: list[dict[str, Any]],
+) -> None:
+    """The record's input (``in``, from the dataset else the trajectory), label, answer,
+    explanation and cost: small fields every record keeps, embedded or not."""
+    known = inputs.row(int(row["row_index"])) if inputs is not None else None
+    if known is not None:
+        record["in"], label = known
+        record["in_src"] = "dataset"
+    else:
+        record["in"], label = _trajectory_input(traj), None
+        record["in_src"] = "trajectory" if record["in"] else ""
+    if label is None:
+        label = (traj or {}).get("label")
+    if isinstance(label, str) and label:
+        record["lab"] = _clip(label, MAX_FIELD)
+    answer = _final_answer(traj)
+    if answer:
+        record["ans"] = answer
+    explanation = _explanation(document, artifacts)
+    if explanation:
+        record["expl"] = explanation
+    cost = _cost(row, traj)
+    if cost is not None:
+        record["cost"] = cost
+
+
+def input_text(record: Mapping[str, Any]) -> str:
+    """The question of a record's input (``in``): its last user message, else its last."""
+    messages = record.get("in") or []
+    users = [text for role, text in messages if role == "user"]
+    return users[-1] if users else (messages[-1][1] if messages else "")

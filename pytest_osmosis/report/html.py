@@ -8,15 +8,23 @@ call home or load a CDN, even if a run directory contained a hostile string.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis import __version__
+from pytest_osmosis import __version__, outcome
 from pytest_osmosis.report.assets import CSS, JS
-from pytest_osmosis.report.data import build_rows
+from pytest_osmosis.report.compare import side_by_side
+from pytest_osmosis.report.data import (
+    CELL_CHARS,
+    DatasetInputs,
+    build_rows,
+    input_text,
+    share_inputs,
+)
 from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
 from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
@@ -27,6 +35,7 @@ from pytest_osmosis.words import (
     PASS_RATE_BASIS,
     PASSED,
     SKIPPED,
+    one_line,
     pass_rate_basis,
     percent,
 )
@@ -98,7 +107,11 @@ def _card(label: str, value: str, sub: str = "", cls: str = "", extra: str = "")
     )
 
 
-def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+def _cards(
+    info: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    records: Sequence[Mapping[str, Any]],
+) -> str:
     results = info["results"]
     progress = info["progress"]
     threshold = info["configuration"]["pass_threshold"]
@@ -143,6 +156,16 @@ def _cards(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
             f"{tokens / len(counted):,.0f} per attempt on average" if counted else "not recorded",
         )
     )
+    costs = [float(r["cost"]) for r in records if isinstance(r.get("cost"), (int, float))]
+    if costs:
+        cards.append(
+            _card(
+                "Cost",
+                _cost_text(math.fsum(costs)),
+                f"{_cost_text(math.fsum(costs) / len(costs))} per priced attempt; "
+                f"{len(costs)} of {len(records)} priced",
+            )
+        )
     durations = [float(row["duration_ms"]) for row in rows if "duration_ms" in row]
     sub = (
         f"per attempt: median {format_duration(quantile(durations, 0.5))}, "
@@ -274,8 +297,14 @@ def _plots(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+def _cost_text(value: Any) -> str:
+    return f"${value:.4f}" if isinstance(value, (int, float)) else "–"
+
+
 def _table(records: Sequence[Mapping[str, Any]]) -> str:
     error_types = sorted({str(r["err"]) for r in records if r.get("err")})
+    explained = any("expl" in r for r in records)
+    priced = any("cost" in r for r in records)
     options = "".join(f'<option value="{_e(t)}">{_e(t)}</option>' for t in error_types)
     filters = (
         '<div class="filters">'
@@ -287,34 +316,53 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
         "</select></label>"
         '<label>reward &ge; <input type="number" id="f-min" step="any"></label>'
         '<label>&le; <input type="number" id="f-max" step="any"></label>'
-        '<input type="search" id="f-search" placeholder="search label, answer, error, rollout id">'
+        '<input type="search" id="f-search" '
+        'placeholder="search input, label, answer, error, rollout id">'
         '<span id="count"></span></div>'
     )
+    columns = [
+        ("r", "row", "num"),
+        ("n", "attempt", "num"),
+        ("outcome", "outcome", ""),
+        ("reward", "reward", "num"),
+        ("q_in", "input", "clip"),
+        ("lab", "label", "clip short"),
+        ("ans", "final answer", "clip"),
+        *([("expl", "grader's explanation", "clip")] if explained else []),
+        ("tokens", "tokens", "num"),
+        *([("cost", "cost", "num")] if priced else []),
+        ("dur", "duration", "num"),
+        ("err", "error type", ""),
+        ("rid", "rollout id", ""),
+    ]
     head = "".join(
-        f'<th data-sort="{key}"{" class=num" if numeric else ""}>{_e(label)}</th>'
-        for key, label, numeric in (
-            ("r", "row", True),
-            ("n", "attempt", True),
-            ("outcome", "outcome", False),
-            ("reward", "reward", True),
-            ("tokens", "tokens", True),
-            ("dur", "duration", True),
-            ("err", "error type", False),
-            ("rid", "rollout id", False),
-        )
+        f'<th data-sort="{key}"' + (f' class="{css}"' if css else "") + f">{_e(label)}</th>"
+        for key, label, css in columns
     )
     body = []
     for r in records:
         reward = f"{r['reward']:.3f}" if isinstance(r.get("reward"), float) else "–"
+        cells = {
+            "r": f'<td class="num">{r["r"]}</td>',
+            "n": f'<td class="num">{r["n"]}</td>',
+            "outcome": f'<td><span class="pill o-{_e(r["outcome"])}">'
+            f"{_e(OUTCOME_WORDS.get(r['outcome'], r['outcome']))}</span></td>",
+            "reward": f'<td class="num">{reward}</td>',
+            "q_in": _clip_cell(input_text(r)),
+            "lab": _clip_cell(r.get("lab", ""), "clip short"),
+            "ans": _clip_cell(r.get("ans", "")),
+            "expl": _clip_cell(r.get("expl", "")),
+            "tokens": f'<td class="num">{_e(r.get("tokens", "–"))}</td>',
+            "cost": f'<td class="num">{_cost_text(r.get("cost"))}</td>',
+            "dur": f'<td class="num">{format_duration(r.get("dur"))}</td>',
+            "err": f"<td>{_e(r.get('err', ''))}</td>",
+            "rid": f'<td class="mono">{_e(str(r.get("rid", ""))[:12])}</td>',
+        }
         body.append(
             f'<tr tabindex="0" data-i="{r["i"]}" data-key="{r["r"]}.{r["n"]}" '
             f'data-outcome="{_e(r["outcome"])}" data-status="{_e(r["status"])}">'
-            f'<td class="num">{r["r"]}</td><td class="num">{r["n"]}</td>'
-            f'<td><span class="pill o-{_e(r["outcome"])}">'
-            f"{_e(OUTCOME_WORDS.get(r['outcome'], r['outcome']))}</span></td>"
-            f'<td class="num">{reward}</td><td class="num">{_e(r.get("tokens", "–"))}</td>'
-            f'<td class="num">{format_duration(r.get("dur"))}</td><td>{_e(r.get("err", ""))}</td>'
-            f'<td class="mono">{_e(str(r.get("rid", ""))[:12])}</td></tr>'
+            + "".join(cells[key] for key, _, _ in columns)
+            + "</tr>"
         )
     return (
         '<section id="attempts"><h2>Every attempt</h2>'
@@ -324,7 +372,12 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _comparison(comparison: Mapping[str, Any]) -> str:
+def _clip_cell(text: str, css: str = "clip") -> str:
+    """A one-line cell cut to ``CELL_CHARS``; the drawer shows the whole text."""
+    return f'<td class="{css}">{_e(one_line(text, CELL_CHARS))}</td>'
+
+
+def _comparison(comparison: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]]) -> str:
     a, b = comparison["current"], comparison["baseline"]
     change = comparison["pass_rate_change"]
     cls = (
@@ -405,8 +458,62 @@ def _comparison(comparison: Mapping[str, Any]) -> str:
         + f"</th></tr></thead><tbody>{side}</tbody></table></div>"
         + listing("Regressed rows", "regressed")
         + listing("Improved rows", "improved")
+        + _row_by_row(pairs, b["name"], a["name"])
         + "</section>"
     )
+
+
+_CHANGE_WORDS = {
+    "regressed": "regressed",
+    "improved": "improved",
+    "unchanged": "unchanged",
+    "only_current": "only in current",
+    "only_baseline": "only in baseline",
+}
+
+
+def _answers_cell(attempts: Sequence[Mapping[str, Any]]) -> str:
+    """``1/2 passed`` and the first attempt's answer (or error type), on one line."""
+    if not attempts:
+        return '<td class="muted">not run</td>'
+    passes = sum(1 for a in attempts if a.get("outcome") == outcome.PASSED)
+    counted = sum(1 for a in attempts if a.get("outcome") != outcome.SKIPPED)
+    if not counted:
+        return f'<td class="muted">every attempt {_e(SKIPPED)}</td>'
+    first = attempts[0]
+    said = first.get("ans") or (f"[{first['err']}]" if first.get("err") else "")
+    return (
+        f'<td class="clip"><b>{passes}/{counted}</b> {_e(PASSED)} '
+        f'<span class="muted">·</span> {_e(one_line(str(said), CELL_CHARS))}</td>'
+    )
+
+
+def _row_by_row(pairs: Sequence[Mapping[str, Any]], baseline: str, current: str) -> str:
+    """Every dataset row with both runs' answers; a click opens them side by side."""
+    body = "".join(
+        f'<tr tabindex="0" data-cmp="{p["r"]}" data-change="{_e(p["change"])}">'
+        f'<td class="num">{p["r"]}</td>'
+        f'<td><span class="pill c-{_e(p["change"])}">{_e(_CHANGE_WORDS[p["change"]])}</span></td>'
+        f"{_clip_cell(input_text(p))}{_answers_cell(p['b'])}{_answers_cell(p['a'])}</tr>"
+        for p in pairs
+    )
+    return (
+        f"<h4>Row by row ({len(pairs)})</h4>"
+        '<div class="filters"><label>show <select id="f-change">'
+        '<option value="">every row</option><option value="changed">changed rows</option>'
+        "</select></label><span class='muted'>click a row to see both runs' answers side by "
+        "side</span></div>"
+        "<div class='tablewrap'><table id='row-by-row'><thead><tr><th class='num'>row</th>"
+        f"<th>change</th><th>input</th><th>baseline: {_e(baseline)}</th>"
+        f"<th>current: {_e(current)}</th></tr></thead><tbody>{body}</tbody></table></div>"
+    )
+
+
+def _inputs_note(inputs: DatasetInputs | None) -> str:
+    if inputs is not None and inputs.path is not None:
+        return f'<span id="inputs-from">Inputs from <code>{_e(inputs.path)}</code>.</span>'
+    note = inputs.note if inputs is not None else "inputs are taken from trajectories"
+    return f'<span id="inputs-from">{_e(note[:1].upper() + note[1:])}.</span>'
 
 
 def _fmt3(value: Any) -> str:
@@ -417,10 +524,20 @@ def render_html(
     run: Mapping[str, Any],
     report_dir: Path,
     comparison: Mapping[str, Any] | None = None,
+    inputs: DatasetInputs | None = None,
+    baseline: Mapping[str, Any] | None = None,
 ) -> str:
-    """The report page for *run* (from ``load_run``); links are relative to *report_dir*."""
+    """The report page for *run* (from ``load_run``); links are relative to *report_dir*.
+
+    *inputs* gives rows their dataset input (a row that failed before producing a
+    sample has no other); without it, inputs come from trajectories. With a
+    *comparison*, *baseline* (the compared run) gives the row-by-row answers.
+    """
     info = run_info(run)
-    records = build_rows(run, report_dir)
+    records = build_rows(run, report_dir, inputs)
+    pairs: list[dict[str, Any]] = []
+    if comparison is not None and baseline is not None:
+        pairs = side_by_side(comparison, records, build_rows(baseline, report_dir, embed=False))
     rows: Sequence[Mapping[str, Any]] = run["rows"]
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     parts = [
@@ -433,23 +550,35 @@ def render_html(
         f"<style>{CSS}</style></head><body><main>",
         _header(info),
         _warnings(info["warnings"]),
-        _cards(info, rows),
+        _cards(info, rows, records),
     ]
     if comparison is not None:
-        parts.append(_comparison(comparison))
+        parts.append(_comparison(comparison, pairs))
     parts += [
         "<h2>Plots</h2>",
         _plots(info, rows),
         _table(records),
         f"<footer>Generated by pytest-osmosis {_e(__version__)} on {generated} from "
-        f"<code>{_e(info['path'])}</code>. Links open files of the run directory.</footer>",
+        f"<code>{_e(info['path'])}</code>. Links open files of the run directory. "
+        + _inputs_note(inputs)
+        + "</footer>",
         "</main>",
         '<aside id="detail" hidden aria-label="attempt detail">'
         '<button type="button" id="close" title="close (Esc)">close</button>'
         '<div id="detail-body"></div></aside>',
-        '<script type="application/json" id="report-data">'
-        + _json_script({"rows": records, "words": OUTCOME_WORDS})
-        + "</script>",
+    ]
+    # After the table and the comparison are drawn: they read each record's own input.
+    shared = share_inputs(records, pairs)
+    data = {
+        "rows": records,
+        "inputs": shared,
+        "words": OUTCOME_WORDS,
+        "cmp": {"rows": pairs, "names": [comparison["baseline"]["name"], info["name"]]}
+        if comparison is not None
+        else None,
+    }
+    parts += [
+        f'<script type="application/json" id="report-data">{_json_script(data)}</script>',
         f"<script>{JS}</script>",
         "</body></html>",
     ]

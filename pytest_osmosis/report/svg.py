@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from html import escape
 
 from pytest_osmosis.words import PASS_RATE_BASIS
@@ -48,10 +49,10 @@ def nice_ticks(high: float, count: int = 4, *, whole: bool = False) -> list[floa
     return ticks
 
 
-def _open(name: str, label: str) -> list[str]:
+def _open(name: str, label: str, width: int = WIDTH) -> list[str]:
     return [
-        f'<svg class="plot" data-plot="{escape(name)}" viewBox="0 0 {WIDTH} {HEIGHT}" '
-        f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-label="{escape(label)}" '
+        f'<svg class="plot" data-plot="{escape(name)}" viewBox="0 0 {width} {HEIGHT}" '
+        f'width="{width}" height="{HEIGHT}" role="img" aria-label="{escape(label)}" '
         'xmlns="http://www.w3.org/2000/svg">',
         f"<title>{escape(label)}</title>",
     ]
@@ -66,12 +67,19 @@ def _empty(name: str, label: str, message: str) -> str:
     return "".join(parts)
 
 
-def _y_axis(parts: list[str], ticks: list[float], top: float, label: str, pct: bool) -> None:
+def _y_axis(
+    parts: list[str],
+    ticks: list[float],
+    top: float,
+    label: str,
+    pct: bool,
+    plot_w: float = PLOT_W,
+) -> None:
     for tick in ticks:
         y = TOP + PLOT_H - tick / top * PLOT_H
         text = f"{tick * 100:.0f}%" if pct else _fmt(tick)
         parts.append(
-            f'<line class="grid" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{y:.1f}" y2="{y:.1f}"/>'
+            f'<line class="grid" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}"/>'
             f'<text class="tick" x="{LEFT - 6}" y="{y + 3.5:.1f}" text-anchor="end">{text}</text>'
         )
     parts.append(
@@ -80,9 +88,9 @@ def _y_axis(parts: list[str], ticks: list[float], top: float, label: str, pct: b
     )
 
 
-def _x_label(parts: list[str], label: str) -> None:
+def _x_label(parts: list[str], label: str, plot_w: float = PLOT_W) -> None:
     parts.append(
-        f'<text class="axis-label" x="{LEFT + PLOT_W / 2}" y="{HEIGHT - 6}" '
+        f'<text class="axis-label" x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" '
         f'text-anchor="middle">{escape(label)}</text>'
     )
 
@@ -235,5 +243,73 @@ def line_chart(
         f'y2="{TOP + PLOT_H}"/>'
     )
     _x_label(parts, x_label)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+#: Series of a time chart beyond this many are drawn in the last colour.
+SERIES_COLOURS = 6
+
+
+def time_chart(
+    name: str,
+    label: str,
+    series: Sequence[tuple[str, Sequence[tuple[float, float, str, str | None]]]],
+    *,
+    y_label: str,
+    width: int = 2 * WIDTH,
+) -> str:
+    """0–100% lines over time: per series, points of (epoch seconds, value, hover, link).
+
+    Each point is a ``<circle>`` (inside an ``<a>`` when it has a link) with its own
+    ``<title>``; series get the classes ``s0`` .. ``s5`` and a legend line at the top.
+    """
+    points = [point for _, line in series for point in line]
+    if not points:
+        return _empty(name, label, f"no run with {PASS_RATE_BASIS} yet")
+    plot_w = width - LEFT - RIGHT
+    parts = _open(name, label, width)
+    _y_axis(parts, [0.0, 0.25, 0.5, 0.75, 1.0], 1.0, y_label, pct=True, plot_w=plot_w)
+    first = min(t for t, _, _, _ in points)
+    last = max(t for t, _, _, _ in points)
+    span = last - first
+
+    def xy(t: float, value: float) -> tuple[float, float]:
+        x = LEFT + (t - first) / span * plot_w if span > 0 else LEFT + plot_w / 2
+        return x, TOP + PLOT_H - value * PLOT_H
+
+    # Runs minutes apart need seconds on the axis; runs months apart need only the day.
+    shape = "%H:%M:%S" if span < 3600 else "%m-%d %H:%M" if span < 3 * 86400 else "%Y-%m-%d"
+    for tick in range(5 if span > 0 else 1):
+        t = first + span * tick / 4 if span > 0 else first
+        x, _ = xy(t, 0)
+        when = datetime.fromtimestamp(t, timezone.utc)
+        anchor = "end" if tick == 4 else "middle"  # the last label would leave the plot
+        parts.append(
+            f'<text class="tick" x="{x:.1f}" y="{TOP + PLOT_H + 14}" '
+            f'text-anchor="{anchor}">{when.strftime(shape)}</text>'
+        )
+    for index, (title, line) in enumerate(series):
+        css = f"s{min(index, SERIES_COLOURS - 1)}"
+        ordered = sorted(line, key=lambda p: p[0])
+        coords = [xy(t, v) for t, v, _, _ in ordered]
+        if len(coords) > 1:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+            parts.append(f'<polyline class="line {css}" points="{path}"/>')
+        for (_, _, hover, href), (x, y) in zip(ordered, coords, strict=True):
+            dot = (
+                f'<circle class="point {css}" cx="{x:.1f}" cy="{y:.1f}" r="4">'
+                f"<title>{escape(hover)}</title></circle>"
+            )
+            parts.append(f'<a href="{escape(href)}">{dot}</a>' if href else dot)
+        parts.append(
+            f'<text class="legend-entry {css}" x="{LEFT + 8 + (index % 3) * plot_w / 3:.1f}" '
+            f'y="{TOP + 10 + (index // 3) * 13}">&#9679; {escape(title)}</text>'
+        )
+    parts.append(
+        f'<line class="axis" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{TOP + PLOT_H}" '
+        f'y2="{TOP + PLOT_H}"/>'
+    )
+    _x_label(parts, "run started (UTC)", plot_w)
     parts.append("</svg>")
     return "".join(parts)

@@ -5,11 +5,14 @@ platform's ``eval download`` and this plugin write, and it is tolerant: a run th
 killed half-way (no ``metrics.json`` yet, only ``events.jsonl``) or has a damaged file
 still loads, with a warning instead of an exception. It never reads outside the run
 directory (symlinks that leave it are ignored): the directory is already redacted,
-anything else may not be.
+anything else may not be. The one exception is :func:`find_dataset`, which looks for the
+dataset file whose bytes the manifest's sha256 names (the report shows each row's input;
+the report redacts what it embeds).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -20,17 +23,22 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
-from pytest_osmosis.dataset import RowSelectorError
+from pytest_osmosis.dataset import FORMATS, RowSelectorError
 from pytest_osmosis.dataset import parse_row_selector as dataset_row_ranges
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.outcome import OUTCOMES, classify
 from pytest_osmosis.results.metrics import aggregate_metrics
 
 DEFAULT_OUTPUT = Path(".osmosis") / "evals"
+#: The run name that means "the newest run under the output root" (a run directory of
+#: that very name wins, so an existing run is never shadowed).
+LATEST = "latest"
 RUN_MARKERS = ("manifest.json", "metrics.json", "index.jsonl", "events.jsonl")
 DEFAULT_PASS_THRESHOLD = 1.0
 
 _MAX_JSON_BYTES = 64 * 1024 * 1024
+#: An index/journal row's cost in US dollars, when the session priced its model calls.
+COST_KEY = "cost_usd"
 _LOG_LINE = re.compile(r"^(\S+) ([A-Z]+) \[([^\]]+)\] (.*)$")
 
 
@@ -217,6 +225,11 @@ def resolve_run(ref: str, root: Path | None = None, *, cwd: Path | None = None) 
     named = output_root / ref
     if "/" not in ref and os.sep not in ref and ref not in (".", "..") and is_run_dir(named):
         return named
+    if ref == LATEST:
+        newest = latest_run(output_root)
+        if newest is not None:
+            return newest
+        raise RunNotFoundError(f"run {LATEST!r}: no runs under {output_root}")
     if candidate.is_dir():
         raise RunNotFoundError(f"{candidate}: not a run directory (no {', '.join(RUN_MARKERS)})")
     known = [p.name for p in discover_runs(output_root)] if output_root.is_dir() else []
@@ -253,6 +266,9 @@ def _normalize_row(raw: Mapping[str, Any]) -> dict[str, Any] | None:
     for key in ("reward", "duration_ms"):
         if _is_number(raw.get(key)):
             row[key] = float(raw[key])
+    cost = raw.get(COST_KEY)
+    if _is_number(cost) and cost >= 0:
+        row[COST_KEY] = float(cost)
     if _is_int(raw.get("tokens")):
         row["tokens"] = raw["tokens"]
     if _is_int(raw.get("source_row_index")):
@@ -455,6 +471,92 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
     runs = [load_run(path, summary_only=True) for path in discover_runs(root)]
     runs.sort(key=_sort_time, reverse=True)
     return runs
+
+
+def latest_run(root: Path) -> Path | None:
+    """The newest run directory under *root* (by its recorded start), or None."""
+    runs = list_runs(root)
+    return Path(str(runs[0]["path"])) if runs else None
+
+
+# ----------------------------------------------------------------------------- its dataset
+
+#: At most this many files are hashed while looking for a run's dataset.
+MAX_DATASET_CANDIDATES = 64
+#: The official SDK's content-addressed cache of platform datasets (contract §2).
+SDK_DATASET_CACHE = Path("~/.cache/osmosis/datasets")
+
+
+def dataset_sha256(run: Mapping[str, Any]) -> str | None:
+    """The sha256 of the dataset file the run read, as its manifest records it."""
+    inputs = _dict(_dict(run.get("manifest")).get("inputs"))
+    sha = _dict(inputs.get("dataset")).get("sha256")
+    return sha.lower() if isinstance(sha, str) and len(sha) == 64 else None
+
+
+def _file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _dataset_candidates(run: Mapping[str, Any], hints: tuple[Path, ...], cwd: Path) -> list[Path]:
+    """Files that may be the run's dataset, likeliest first (none of them is trusted yet)."""
+    run_dir = Path(str(run["path"]))
+    workspaces: list[Path] = []
+    if run_dir.parent.name == DEFAULT_OUTPUT.name and run_dir.parent.parent.name == ".osmosis":
+        workspaces.append(run_dir.parent.parent.parent)  # <workspace>/.osmosis/evals/<run>
+    workspaces.append(find_output_root(cwd).parent.parent)
+    name = _dict(_dict(run.get("metrics")).get("eval_run")).get("dataset_name")
+    found: list[Path] = list(hints)
+    for workspace in workspaces:
+        data = workspace / "data"
+        if isinstance(name, str) and name and "/" not in name:
+            found += [data / f"{name}.{extension}" for extension in FORMATS]
+        try:
+            found += sorted(p for p in data.iterdir() if p.suffix.lstrip(".").lower() in FORMATS)
+        except OSError:
+            pass
+    sha = dataset_sha256(run)
+    if sha:
+        try:
+            found += sorted(SDK_DATASET_CACHE.expanduser().glob(f"*/{sha}.*"))
+        except (OSError, RuntimeError):
+            pass
+    unique: list[Path] = []
+    for path in found:
+        if path not in unique:
+            unique.append(path)
+    return unique[:MAX_DATASET_CANDIDATES]
+
+
+def find_dataset(
+    run: Mapping[str, Any], hints: tuple[Path, ...] = (), *, cwd: Path | None = None
+) -> Path | None:
+    """The dataset file the run read, found by content: its sha256 is the manifest's.
+
+    Looked for among *hints* (``--dataset``, the session's own file), the ``data/`` folder
+    of the run's workspace and of the current one, and the SDK's dataset cache. A file
+    with other bytes is never used, so an edited dataset cannot put the wrong question
+    beside a row. None when nothing matches (or the manifest records no sha256).
+    """
+    sha = dataset_sha256(run)
+    if sha is None:
+        return None
+    for path in _dataset_candidates(run, hints, cwd or Path.cwd()):
+        try:
+            if not path.is_file():
+                continue
+        except OSError:
+            continue
+        if _file_sha256(path) == sha:
+            return path
+    return None
 
 
 def error_messages(run_dir: Path, rollout_ids: set[str] | None = None) -> dict[str, dict[str, str]]:
