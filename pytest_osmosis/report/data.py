@@ -271,7 +271,6 @@ def build_rows(
     errors = error_messages(
         run_dir, {r["rollout_id"] for r in rows if r["outcome"] == "failed" and "rollout_id" in r}
     )
-    costs = run.get("row_metrics", {}).get("cost_usd_by_rollout") or {}
     records: list[dict[str, Any]] = []
     for i, row in enumerate(rows):
         record: dict[str, Any] = {
@@ -292,9 +291,6 @@ def build_rows(
                 record[dst] = row[src]
         if row.get("resumed"):
             record["resumed"] = True
-        cost = costs.get(str(row.get("rollout_id")))
-        if isinstance(cost, (int, float)) and not isinstance(cost, bool):
-            record["cost"] = cost  # dollars (osmosis_metrics.json), when the model has a price
         error = errors.get(str(row.get("rollout_id")))
         if error:
             record["msg"] = _clip(error["message"], 2000)
