@@ -40,7 +40,9 @@ OFFLINE_ENV = {
 #   BENCH_MODE   sleep (default): await asyncio.sleep(BENCH_SLEEP); no model call
 #                bridge: one POST through the bridge with one client shared by every
 #                row (the way a rollout that cares about cost would write it)
-#   BENCH_CLIENT httpx (default, httpx's default limits) or aiohttp
+#   BENCH_CLIENT httpx (default, httpx's default limits), aiohttp, httpx-per-call (a new
+#                httpx client per call, the costly pattern) or bridge_client (the plugin's
+#                ready client: the attempt's URL and bearer over one pool per process)
 #   BENCH_SLEEP  seconds to await in sleep mode (0: an instant workflow)
 #   BENCH_COUNT  if set, every workflow execution appends one byte to this file
 ROLLOUT = """
@@ -72,6 +74,19 @@ async def _ask(prompt):
         async with _client.post(url, headers=headers, json=body) as response:
             response.raise_for_status()
             answer = await response.json()
+    elif CLIENT == "httpx-per-call":
+        import httpx
+
+        async with httpx.AsyncClient(timeout=60) as client:
+            response = await client.post(url, headers=headers, json=body)
+            response.raise_for_status()
+            answer = response.json()
+    elif CLIENT == "bridge_client":
+        from pytest_osmosis.rollout import bridge_client
+
+        response = await bridge_client().post("chat/completions", json=body)
+        response.raise_for_status()
+        answer = response.json()
     else:
         import httpx
 
@@ -212,6 +227,8 @@ def run(
     full_env = {**os.environ, **OFFLINE_ENV, **(env or {})}
     for name in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTHONPATH"):
         full_env.pop(name, None)
+    if os.environ.get("PYTHONPATH") == str(REPO):
+        full_env["PYTHONPATH"] = str(REPO)  # a worktree measures its own plugin source
     argv = list(cmd)
     rss_file = None
     if rss:

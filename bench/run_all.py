@@ -28,6 +28,8 @@ BENCHMARKS = (
     ("startup", "6"),
     ("scale", "7"),
     ("first_result", "8"),
+    ("cache_replay", "9"),
+    ("rate_limited", "10"),
 )
 
 

@@ -18,7 +18,7 @@ runs the benchmark rollout's httpx client alone against the model server, so the
 plugin's number can be split into LiteLLM + the workflow's client + bridge and harness.
 
     python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
-                                   [--client httpx|aiohttp]
+                                   [--client httpx|aiohttp|httpx-per-call|bridge_client]
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ async def main():
         import httpx
 
         client = httpx.AsyncClient(timeout=60)
+    per_call = kind == "httpx-per-call"
     gate = asyncio.Semaphore(concurrency)
 
     async def one(i):
@@ -91,6 +92,11 @@ async def main():
                 async with client.post(url, headers={"Authorization": "Bearer x"}, json=body) as r:
                     r.raise_for_status()
                     answer = await r.json()
+            elif per_call:
+                async with httpx.AsyncClient(timeout=60) as own:
+                    r = await own.post(url, headers={"Authorization": "Bearer x"}, json=body)
+                    r.raise_for_status()
+                    answer = r.json()
             else:
                 r = await client.post(url, headers={"Authorization": "Bearer x"}, json=body)
                 r.raise_for_status()
@@ -210,9 +216,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument(
         "--client",
-        choices=("httpx", "aiohttp"),
+        choices=("httpx", "aiohttp", "httpx-per-call", "bridge_client"),
         default="httpx",
-        help="the rollout's HTTP client (httpx with its default limits, or aiohttp)",
+        help="the rollout's HTTP client (one httpx client with its default limits, aiohttp, "
+        "a new httpx client per call, or the plugin's bridge_client; alone, bridge_client "
+        "is measured as one shared httpx client)",
     )
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()

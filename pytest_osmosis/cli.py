@@ -51,7 +51,11 @@ PROG = "pytest-osmosis"
 JSON_SCHEMA_VERSION = 1
 DEFAULT_LIMIT = 20
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-EXTENSIONS = ("pytest_osmosis.rubric.command",)
+EXTENSIONS = (
+    "pytest_osmosis.rubric.command",
+    "pytest_osmosis.cache_command",
+    "pytest_osmosis.regrade",
+)
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -34,6 +34,33 @@ class EvalFailure(Exception):
         self.detail = detail
 
 
+class RewardBelowThreshold(EvalFailure, AssertionError):
+    """The row ran and was graded, and its reward is too low: a failed assertion.
+
+    An ``AssertionError`` so that tools which tell a failed check from a broken test by the
+    exception's type (Allure, pytest-html) say "failed", as pytest does.
+    """
+
+
+class RowErrored(EvalFailure):
+    """The row could not be judged (its code raised, a budget ran out): a test error.
+
+    Raised from the item's setup, so pytest and every report built from its reports
+    (the terminal's ``E``, ``<error>`` in JUnit, pytest-html's "Error") count it among
+    errors, not failures. The phase is the only thing ``--junitxml`` reads to tell them
+    apart (a failed ``call`` report is a ``<failure>``, any other failed report an
+    ``<error>``): pytest's public report model, no private writer touched.
+    """
+
+
+class InfrastructureError(RowErrored):
+    """An error of what the row ran on, not of the rollout (``outcome.is_infrastructure``).
+
+    Its own type, so pytest-rerunfailures re-runs it while every other row outcome is
+    named in its ``rerun_except`` (rerun.py).
+    """
+
+
 class EvalConfigFile(pytest.File):
     """``configs/eval/<name>.toml``: yields one item per selected row and attempt."""
 
@@ -109,20 +136,56 @@ class EvalItem(pytest.Item):
         return (self.row_index, self.run_index)
 
     def setup(self) -> None:
+        """Start rows ahead, then wait for this one: an errored row is a setup error.
+
+        The wait is here, not in ``runtest``, so that an error can be reported in the
+        phase pytest reserves for errors (see :class:`RowErrored`); ``runtest`` then
+        only judges the reward.
+        """
         session: EvalSession = self.config.stash[SESSION_KEY]
+        if RESULT_KEY in self.stash:  # a re-run (pytest-rerunfailures) starts afresh
+            del self.stash[RESULT_KEY]
         session.start_ahead(self)
+        result = self._wait(session)
+        self.stash[RESULT_KEY] = result
+        outcome, text, detail = pytest_verdict(result, self.source_row_index, self.run_index)
+        if outcome != "error":
+            return
+        if self.config.option.usepdb and result.get("exception"):
+            raise result["exception"]  # --pdb: post-mortem in the rollout's own frames
+        from pytest_osmosis.outcome import is_infrastructure
+
+        raise (InfrastructureError if is_infrastructure(result) else RowErrored)(text, detail)
+
+    def _wait(self, session: EvalSession) -> dict[str, Any]:
+        """This row's result, under the backstop of the item's ``timeout`` marker.
+
+        pytest-timeout arms its timers around the call phase only (``func_only``), and
+        the wait is in setup, so the backstop (our own SIGALRM timer, the one
+        ``EvalHooks.pytest_timeout_set_timer`` arms) is armed here for the same seconds.
+        Not under a debugger, as pytest-timeout would not either.
+        """
+        marker = self.get_closest_marker("timeout")
+        seconds = marker.args[0] if marker is not None and marker.args else None
+        cancel = None
+        debugging = self.config.option.usepdb or getattr(self.config.option, "trace", False)
+        if seconds and not debugging:
+            from pytest_osmosis.execution.executor import arm_backstop
+
+            cancel = arm_backstop(float(seconds))
+        try:
+            return session.run_item(self)
+        finally:
+            if cancel is not None:
+                cancel()
 
     def runtest(self) -> None:
-        session: EvalSession = self.config.stash[SESSION_KEY]
-        result = session.run_item(self)
-        self.stash[RESULT_KEY] = result
+        result = self.stash[RESULT_KEY]
         outcome, text, detail = pytest_verdict(result, self.source_row_index, self.run_index)
         if outcome == "skipped":
             raise pytest.skip.Exception(text, _use_item_location=True)
-        if result["status"] == "failed" and self.config.option.usepdb and result.get("exception"):
-            raise result["exception"]  # --pdb: post-mortem in the rollout's own frames
         if outcome == "failed":
-            raise EvalFailure(text, detail)
+            raise RewardBelowThreshold(text, detail)
 
     def repr_failure(
         self, excinfo: ExceptionInfo[BaseException], style: Any = None
@@ -171,8 +234,9 @@ def pytest_verdict(
     """An attempt's result as pytest reports it: (outcome, headline, detail).
 
     The one mapping from :func:`outcome.classify` to pytest's outcomes: ``passed``,
-    ``failed`` (an error or a reward below the threshold), ``skipped``; the headline names
-    the dataset row, as node ids do.
+    ``failed`` (a reward below the threshold), ``error`` (the row could not be judged: the
+    item's setup raises it), ``skipped``; the headline names the dataset row, as node ids
+    do.
     """
     where = f"(row {source_row}, run {run_index})"
     resumed = " [resumed]" if result.get("resumed") else ""
@@ -182,48 +246,80 @@ def pytest_verdict(
         return "skipped", f"{result.get('message') or 'sample removed'} {where}{resumed}", ""
     if verdict == FAILED:
         headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
-        return "failed", f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", "")
+        return "error", f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", "")
     if verdict == BELOW_THRESHOLD:
         headline = f"reward {result['reward']:.2f} < pass_threshold {threshold:.2f}"
         return "failed", f"{headline} {where}{resumed}", ""
     return "passed", "", ""
 
 
-def junit_properties(result: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """``osmosis_*`` properties of an attempt's JUnit test case."""
-    return [
+def junit_properties(
+    result: Mapping[str, Any], plan: EvalPlan, source_row: int, run_index: int
+) -> list[tuple[str, Any]]:
+    """``osmosis_*`` properties of an attempt's JUnit test case (and pytest-html's row).
+
+    The item's ``user_properties``: pytest's public way to give a test case properties.
+    """
+    properties: list[tuple[str, Any]] = [
         (f"osmosis_{key}", result[key])
         for key in ("reward", "pass_threshold", "error_type", "tokens")
         if result.get(key) is not None
     ]
+    properties += [
+        ("osmosis_duration_s", f"{row_seconds(result):.3f}"),
+        ("osmosis_model", plan.settings.model_path),
+        ("osmosis_dataset_row", source_row),
+        ("osmosis_attempt", run_index),
+    ]
+    if result.get("rollout_id"):
+        from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
+
+        trajectory = plan.run_dir / TRIALS_DIRNAME / result["rollout_id"]
+        trajectory = trajectory / CANONICAL_TRAJECTORY_FILENAME
+        if trajectory.is_file():
+            properties.append(("osmosis_trajectory", str(trajectory)))
+    return properties
+
+
+def row_seconds(result: Mapping[str, Any]) -> float:
+    """The attempt's own duration: what its JUnit ``time`` and report durations say.
+
+    Rows run ahead and overlap, so the time pytest measured while an item waited is not
+    the row's (the first item would also carry the session's start-up).
+    """
+    return float(result.get("duration_ms") or 0.0) / 1000.0
 
 
 def recorded_reports(
-    nodeid: str, result: Mapping[str, Any], source_row: int, run_index: int
+    nodeid: str, result: Mapping[str, Any], plan: EvalPlan, source_row: int, run_index: int
 ) -> list[pytest.TestReport]:
-    """Call and teardown reports of an attempt recorded by an earlier session.
+    """The reports of an attempt recorded by an earlier session, as its item would make them.
 
-    What a replayed item would report, built without running pytest's protocol: a
-    finished run's items are deselected (nothing runs), and these let ``--junitxml``
-    still list its rows with their recorded outcome and duration.
+    Built without running pytest's protocol: a finished run's items are deselected
+    (nothing runs), and these let ``--junitxml`` still list its rows with their recorded
+    outcome and duration. An error is a failed setup report, as a running item makes it.
     """
     outcome: Any
     outcome, text, detail = pytest_verdict(result, source_row, run_index)
     path, _, name = nodeid.rpartition("::")
     location = (path, 0, name)
     longrepr: Any = None
-    if outcome == "failed":
+    if outcome in ("failed", "error"):
         longrepr = f"{text}\n{detail}".rstrip()
     elif outcome == "skipped":
         longrepr = (path, 1, f"Skipped: {text}")
-    duration = float(result.get("duration_ms") or 0.0) / 1000.0
-    properties = junit_properties(result)
-    return [
-        pytest.TestReport(nodeid, location, {}, outcome, longrepr, "call", duration=duration),
-        pytest.TestReport(
-            nodeid, location, {}, "passed", None, "teardown", user_properties=properties
-        ),
-    ]
+    duration = row_seconds(result)
+    properties = junit_properties(result, plan, source_row, run_index)
+    teardown = pytest.TestReport(
+        nodeid, location, {}, "passed", None, "teardown", user_properties=properties
+    )
+    if outcome == "error":
+        setup = pytest.TestReport(
+            nodeid, location, {}, "failed", longrepr, "setup", duration=duration
+        )
+        return [setup, teardown]
+    call = pytest.TestReport(nodeid, location, {}, outcome, longrepr, "call", duration=duration)
+    return [call, teardown]
 
 
 def _backstop_seconds(plan: EvalPlan, config: pytest.Config) -> float | None:
@@ -244,3 +340,45 @@ def _backstop_seconds(plan: EvalPlan, config: pytest.Config) -> float | None:
 
 SESSION_KEY = pytest.StashKey["EvalSession"]()
 RESULT_KEY = pytest.StashKey[dict[str, Any]]()
+
+
+def describe_report(item: EvalItem, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    """Make an eval item's phase report say what the row did (runner process).
+
+    The report of the phase that decided the row (setup for an error, else call)
+    carries the result as ``report.osmosis`` (builtins: it crosses xdist to the
+    controller, which journals it), the row's own duration, and its headline; the other
+    phases take no time. pytest's JUnit writer sums the phases' ``report.duration``
+    (``junit_duration_report = total``), so a test case's ``time`` is the row's own.
+    """
+    result = item.stash.get(RESULT_KEY, None)
+    if result is None:
+        return
+    if call.when == "call" or (call.when == "setup" and report.failed):
+        report.osmosis = {  # type: ignore[attr-defined]
+            **{k: v for k, v in result.items() if k != "exception"},
+            "config": str(item.parent.plan.config_path),
+        }
+        report.duration = row_seconds(result)
+        # pytest renders a setup failure as a traceback; the row's headline is the news.
+        if call.excinfo is not None and isinstance(call.excinfo.value, EvalFailure):
+            report.longrepr = item.repr_failure(call.excinfo)
+        # The item's list (junitxml reads it from the teardown report); ours replaced, not
+        # added again, when pytest-rerunfailures runs the item once more.
+        item.user_properties[:] = [
+            prop for prop in item.user_properties if not str(prop[0]).startswith("osmosis_")
+        ] + junit_properties(result, item.parent.plan, item.source_row_index, item.run_index)
+    else:
+        report.duration = 0.0
+
+
+def crashed_status(report: pytest.TestReport) -> tuple[str, str, str] | None:
+    """A row whose xdist worker died is an error, as every other row that was not judged.
+
+    xdist reports it in no phase (``when == "???"``), which JUnit writes as ``<error>``
+    but pytest's terminal would count as failed; the controller recorded it
+    ``worker_crashed`` (``report.osmosis``) before the terminal asks.
+    """
+    if str(report.when) == "???" and report.failed and getattr(report, "osmosis", None):
+        return "error", "E", "ERROR"
+    return None

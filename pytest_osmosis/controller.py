@@ -48,8 +48,7 @@ class Controller:
         problem = check_dependencies(getattr(session.config, "cache", None))
         if problem is not None:
             raise pytest.UsageError(problem)
-        if session.config.option.collectonly:
-            return
+        options = self.session.options
         from pytest_osmosis.discover import find_eval_configs
         from pytest_osmosis.milestones import Milestones
 
@@ -63,9 +62,22 @@ class Controller:
         else:
             configs = [p for p in named if is_eval_config(p) and p.is_file()]
         try:
+            if options.regrade:
+                from pytest_osmosis.regrade import choose_regrade
+
+                configs = choose_regrade(self.session, session.config, configs)
+            if options.plan or session.config.option.collectonly:
+                from pytest_osmosis.preview import show_plan
+
+                show_plan(self.session, session.config, configs)  # --osmosis-plan exits here
+                return
             self.session.open_runs(configs)
         except OsmosisError as exc:
             raise pytest.UsageError(str(exc)) from None
+        if options.confirm:
+            from pytest_osmosis.preview import confirm
+
+            confirm(self.session, session.config)
         models = [
             run.plan.settings.model_path
             for run in self.session.runs.values()
@@ -126,6 +138,10 @@ class Controller:
 
     def record(self, report: pytest.TestReport) -> None:
         """Journal the result a report carries, before anything reports it."""
+        from pytest_osmosis.rerun import is_rerun
+
+        if is_rerun(report):  # pytest-rerunfailures runs it again: the last attempt counts
+            return
         result = getattr(report, "osmosis", None)
         if result is None and report.failed and str(report.when) == "???":
             # xdist lost the worker running this item (os._exit, a segfault, OOM kill).
@@ -144,6 +160,8 @@ class Controller:
             run.executed += 1
             run.rate_limited += int(result.get("rate_limited") or 0)
             self._spend(run, result)
+            run.cache_calls += int(result.get("cache_calls") or 0)
+            run.cache_hits += int(result.get("cache_hits") or 0)
             self._last_result = result
             details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
             if result.get("reward") is not None:
@@ -303,7 +321,7 @@ class Controller:
                     continue
                 result = resumed_result(record, run.plan)
                 source = run.plan.dataset.source_row_index(key[0])
-                for report in recorded_reports(nodeid, result, source, key[1]):
+                for report in recorded_reports(nodeid, result, run.plan, source, key[1]):
                     xml.pytest_runtest_logreport(report)
 
     def _finished_runs_status(self, session: pytest.Session) -> None:

@@ -61,6 +61,24 @@ def row_passes(passes: int, attempts: int, need: int | None) -> bool:
     """A row's verdict: at least ``need`` passing attempts (``--osmosis-row-pass k/n``),
     every attempt when no k is given."""
     return attempts > 0 and passes >= (attempts if need is None else need)
+#: Error types of what a row ran on rather than of its code: a budget or a client's own
+#: timeout, the backstop, the process that died under it.
+INFRASTRUCTURE_ERRORS = frozenset(
+    {"timeout", "workflow_timeout", "grader_timeout", "backstop_timeout", "worker_crashed"}
+)
+
+
+def is_infrastructure(row: Mapping[str, Any]) -> bool:
+    """An errored attempt whose cause is infrastructure: worth running again as it is.
+
+    The error types above, or an error after the provider answered a model call with a
+    5xx (``provider_errors``, counted by the bridge). Never a low reward, never a bug in
+    the rollout (``agent_error``, ``validation_error``): running those again costs the
+    same and says the same. What pytest-rerunfailures may re-run (rerun.py).
+    """
+    if classify(row, 0.0) != FAILED:
+        return False
+    return row.get("error_type") in INFRASTRUCTURE_ERRORS or bool(row.get("provider_errors"))
 
 
 def is_retried(row: Mapping[str, Any]) -> bool:

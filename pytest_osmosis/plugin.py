@@ -129,6 +129,64 @@ OPTIONS = (
         is_flag=True,
         override=False,
     ),
+    # The model-call cache (model/cache.py).
+    _Option(
+        "cache",
+        "--osmosis-cache",
+        "model-call cache beside the runs: off (default); use (serve recorded answers, "
+        "call and record the rest); record (always call, record); replay (recorded answers "
+        "only: a call without one fails its row, cache_miss, and no model is called)",
+        "MODE",
+        override=False,
+    ),
+    _Option(
+        "cache_max_age",
+        "--osmosis-cache-max-age",
+        "recorded answers older than this are not served, e.g. 12h, 7d, 2w (default: no limit)",
+        "AGE",
+        override=False,
+    ),
+    # Regrade and the plan before spending (regrade.py, preview.py)
+    _Option(
+        "regrade",
+        "--osmosis-regrade",
+        "grade the samples a finished run recorded again with the current grader "
+        "(no workflow runs), into a new run directory",
+        "RUN",
+        override=False,
+    ),
+    _Option(
+        "rollout_dir",
+        "--osmosis-rollout-dir",
+        "load the rollout (its workflow and grader) from DIR instead of rollouts/<rollout>",
+        "DIR",
+        override=False,
+    ),
+    _Option(
+        "plan",
+        "--osmosis-plan",
+        "print what each config would run (model, rows, n, concurrency, budgets, run name) "
+        "and stop: no model call, no run directory",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "confirm",
+        "--osmosis-confirm",
+        "print the plan and ask before the first model call (skipped when stdin is not a terminal)",
+        is_flag=True,
+        override=False,
+    ),
+    # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
+    _Option(
+        "github",
+        "--osmosis-github",
+        "auto (default): when GITHUB_ACTIONS=true, append a Markdown summary to "
+        "$GITHUB_STEP_SUMMARY and annotate the dataset lines of attempts that did not pass; "
+        "off: neither",
+        "auto|off",
+        override=False,
+    ),
     # The gate's options are its rules' (gate.RULES): a new rule is declared there.
     *(_Option(rule.dest, rule.flag, rule.help, rule.metavar, override=False) for rule in RULES),
 )
@@ -391,7 +449,7 @@ def is_eval_config(path: Path) -> bool:
 
 
 def _enabled(config: pytest.Config) -> bool:
-    if _value(config, OPTIONS[0]):
+    if _value(config, OPTIONS[0]) or config.getoption("osmosis_regrade") is not None:
         return True
     return any(is_eval_config(p) for p in _named_paths(config))
 
@@ -448,12 +506,18 @@ def pytest_configure(config: pytest.Config) -> None:
         gate=gate,
         report=bool(plain("report")),
         secrets_file=plain("secrets_file"),
+        **_cache_options(plain),
+        regrade=plain("regrade"),
+        rollout_dir=_path(config, plain("rollout_dir")),
+        plan=bool(plain("plan")),
+        confirm=bool(plain("confirm")),
     )
+    named_configs = any(is_eval_config(p) for p in _named_paths(config))
     session = EvalSession(
         config,
         options,
         is_worker=hasattr(config, "workerinput"),
-        collect_all=bool(values["eval"]),
+        collect_all=bool(values["eval"]) or (bool(options.regrade) and not named_configs),
     )
     from pytest_osmosis.collect import SESSION_KEY
 
@@ -462,6 +526,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
     install_redaction(config)
     register_roles(config, session)
+    register_ci(config, session, values["github"])
+
+
+def register_ci(
+    config: pytest.Config, session: EvalSession, github: tuple[Any, str] | None
+) -> None:
+    """CI surfaces, each only where it applies, so nothing changes without its plugin.
+
+    GitHub Actions on the controller when ``GITHUB_ACTIONS=true``; pytest-html's reward
+    column and pytest-rerunfailures' exceptions when those plugins are installed.
+    """
+    from pytest_osmosis.github import GitHubHooks, active, github_mode
+
+    mode = github_mode(*(github or (None, "--osmosis-github")))
+    if not session.is_worker and active(mode):
+        config.pluginmanager.register(GitHubHooks(session), "osmosis-github")
+    if config.pluginmanager.hasplugin("html"):
+        from pytest_osmosis.html_columns import HtmlHooks
+
+        config.pluginmanager.register(HtmlHooks(), "osmosis-html")
+    if config.pluginmanager.hasplugin("rerunfailures"):
+        from pytest_osmosis.rerun import add_rerun_except
+
+        add_rerun_except(config)
+
+
+def _path(config: pytest.Config, value: str | None) -> Path | None:
+    return None if value is None else (config.invocation_params.dir / value).resolve()
 
 
 def register_roles(config: pytest.Config, session: EvalSession) -> None:
@@ -495,6 +587,24 @@ def _gate_options(plain: Any) -> GateOptions:
         raise pytest.UsageError(str(exc)) from None
 
 
+def _cache_options(plain: Any) -> dict[str, Any]:
+    """``--osmosis-cache`` and its max age, checked (a bad value is one line, exit 4)."""
+    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.model.cache import MODES, parse_max_age
+
+    mode = str(plain("cache") or "off").strip().lower()
+    if mode not in MODES:
+        raise pytest.UsageError(
+            f"--osmosis-cache: expected one of {', '.join(MODES)}, got {plain('cache')!r}"
+        )
+    age = plain("cache_max_age")
+    try:
+        max_age = parse_max_age(str(age)) if age is not None else None
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    return {"cache_mode": mode, "cache_max_age_s": max_age}
+
+
 def _is_override(dest: str) -> bool:
     return next(opt.override for opt in OPTIONS if opt.dest == dest)
 
@@ -507,7 +617,10 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     session = parent.config.stash.get(SESSION_KEY, None)
     if session is None:
         return None
-    if not session.collect_all and file_path.resolve() not in _named_paths(parent.config):
+    if session.regrade_config is not None:  # a regrade collects the run's config alone
+        if file_path.resolve() != session.regrade_config:
+            return None
+    elif not session.collect_all and file_path.resolve() not in _named_paths(parent.config):
         return None
     return EvalConfigFile.from_parent(parent, path=file_path)
 
@@ -643,16 +756,10 @@ class EvalHooks:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Runner process: put the item's result on its report (builtins only: it crosses xdist)."""
         report = yield
-        from pytest_osmosis.collect import RESULT_KEY, EvalItem, junit_properties
+        from pytest_osmosis.collect import EvalItem, describe_report
 
-        if isinstance(item, EvalItem) and call.when == "call" and RESULT_KEY in item.stash:
-            result = item.stash[RESULT_KEY]
-            report.osmosis = {  # type: ignore[attr-defined]
-                **{k: v for k, v in result.items() if k != "exception"},
-                "config": str(item.parent.plan.config_path),
-            }
-            # The item's list: junitxml reads it from the teardown report.
-            item.user_properties.extend(junit_properties(result))
+        if isinstance(item, EvalItem):
+            describe_report(item, call, report)
         return report
 
 
@@ -673,6 +780,13 @@ class ControllerHooks:
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
         self.controller.after_report()
+
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, str] | None:
+        from pytest_osmosis.collect import crashed_status
+
+        return crashed_status(report)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -752,6 +866,9 @@ class XdistControllerHooks:
                 directory = tempfile.mkdtemp(prefix="osmosis-budget-")
                 self.session.stop_file = os.path.join(directory, "spent")
             node.workerinput["osmosis_stop_file"] = self.session.stop_file
+        from pytest_osmosis.regrade import worker_input
+
+        node.workerinput["osmosis_regrade"] = worker_input(self.session)
         if prefetch:  # rows run ahead, so a worker's death needs the exact culprit
             if self.blame_dir is None:
                 from pytest_osmosis.execution.blame import make_directory

@@ -3,6 +3,8 @@
 When ``osmosis-ai`` is importable these are the SDK's own objects, so one rollout runs
 the same under ``osmosis eval run`` and under pytest; otherwise they are our own
 implementations with the same names and behaviour (``pytest_osmosis.workspace._sdk_api``).
+``bridge_client()`` is ours alone: a ready, cheap HTTP client for the attempt's model
+endpoint (``pytest_osmosis.model.client``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ __all__ = [
     "RubricGrader",
     "SampleSource",
     "USING_OSMOSIS_SDK",
+    "bridge_client",
     "get_rollout_context",
 ]
 
 if TYPE_CHECKING:
+    from pytest_osmosis.model.client import bridge_client
     from pytest_osmosis.rubric.grader import RubricGrader
     from pytest_osmosis.workspace._sdk_api import (
         AgentWorkflow,
@@ -90,4 +94,8 @@ def __getattr__(name: str) -> Any:
         from pytest_osmosis.rubric.grader import RubricGrader
 
         return RubricGrader
+    if name == "bridge_client":  # lazy: httpx is imported only by rollouts that use it
+        from pytest_osmosis.model.client import bridge_client
+
+        return bridge_client
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

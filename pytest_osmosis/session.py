@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -38,7 +38,7 @@ from pytest_osmosis.execution.executor import (
     fd_capacity,
     raise_fd_limit,
 )
-from pytest_osmosis.execution.runner import Budgets, WorkItem, execute
+from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem, execute
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
 from pytest_osmosis.workspace.plan import (
@@ -56,7 +56,9 @@ if TYPE_CHECKING:
     from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
+    from pytest_osmosis.results.regrade import SourceRun
 
 
 @dataclass
@@ -75,6 +77,14 @@ class SessionOptions:
     report: bool = False
     secrets_file: str | None = None
     main_timeout: float = DEFAULT_MAIN_TIMEOUT
+    cache_mode: str = "off"
+    """The model-call cache (model/cache.py): off, use, record or replay."""
+    cache_max_age_s: float | None = None
+    # Regrade and plan (regrade.py, preview.py)
+    regrade: str | None = None
+    rollout_dir: Path | None = None
+    plan: bool = False
+    confirm: bool = False
 
 
 @dataclass
@@ -100,6 +110,10 @@ class ControllerRun:
     index_path: Path | None = None
     created: bool = False
     """This session made the run directory (removed again if the preflight fails)."""
+    cache_calls: int = 0
+    """Model calls this session's rows made through the model-call cache..."""
+    cache_hits: int = 0
+    """...and how many of them it answered."""
     storage_fault: str | None = None
     """Why the run directory took no more results (a full disk, deleted): nothing more is
     written there, not even the final snapshots."""
@@ -127,6 +141,7 @@ class EvalSession:
         self._executor: Executor | None = None
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
+        self._caches: dict[Path, CallCache] = {}  # output root -> its model-call cache
         self._prefetched = False
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
@@ -147,6 +162,9 @@ class EvalSession:
         self.stop_file: str | None = None
         self.milestones: Milestones | None = None
         """Start-up phases on the controller's terminal (set by the controller role)."""
+        #: ``--osmosis-regrade``: the run whose samples are graded again, and its config.
+        self.regrade: SourceRun | None = None
+        self.regrade_config: Path | None = None
         raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     # -- planning --------------------------------------------------------------------
@@ -158,7 +176,7 @@ class EvalSession:
             raise self._errors[path]
         if path not in self._plans:
             try:
-                plan = build_plan(path, self.options.overrides, self.options.output)
+                plan = self._build_plan(path)
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
@@ -179,10 +197,27 @@ class EvalSession:
         self.stop_file = workerinput.get("osmosis_stop_file")
         blame_dir = workerinput.get("osmosis_blame_dir")
         self._blame_slot = (str(blame_dir), str(workerinput["workerid"])) if blame_dir else None
+        if workerinput.get("osmosis_regrade"):
+            from pytest_osmosis.regrade import take_worker_input
+
+            take_worker_input(self, workerinput["osmosis_regrade"])
+
+    def _build_plan(self, path: Path) -> EvalPlan:
+        return build_plan(
+            path, self.overrides(), self.options.output, rollout_dir=self.options.rollout_dir
+        )
+
+    def overrides(self) -> Overrides:
+        """The plan's overrides: the options', and under a regrade the regraded run's rows,
+        attempts and model."""
+        if self.regrade is None:
+            return self.options.overrides
+        return self.regrade.overrides(self.options.overrides)
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
         from pytest_osmosis.results import RunDirectory, RunLog
+        from pytest_osmosis.results.regrade import RegradeError
         from pytest_osmosis.secrets import (
             MissingSecretsError,
             SecretsFileError,
@@ -197,9 +232,14 @@ class EvalSession:
         for path in config_paths:
             path = path.resolve()
             try:
-                plan = build_plan(path, self.options.overrides, self.options.output)
+                plan = self._build_plan(path)
                 inputs = run_inputs(plan)
+                if self.regrade is not None:
+                    self.regrade.check_inputs(inputs, path)
+                    inputs = self.regrade.regrade_inputs(inputs)
                 plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
+                if self.regrade is not None:
+                    self.regrade.check_target(plan.run_dir)
                 # Secrets first: the rollout's import code may read (or print) them.
                 required = plan.config.secrets.required
                 resolved = resolve_secrets(
@@ -209,7 +249,7 @@ class EvalSession:
                 # A rollout that cannot be imported must fail before its run directory exists.
                 with self.phase(f"importing rollout {plan.rollout_dir.name}"):
                     self.load_rollout(plan)
-            except (RunDirectoryError, MissingSecretsError, SecretsFileError):
+            except (RunDirectoryError, MissingSecretsError, SecretsFileError, RegradeError):
                 raise
             except OsmosisError as exc:
                 self._errors[path] = exc  # collection reports it, naming the file
@@ -408,7 +448,8 @@ class EvalSession:
 
             model = item.parent.plan.settings.model_path
             try:
-                if _rows_need_litellm(model):
+                # replayed answers need no LiteLLM
+                if _rows_need_litellm(model) and self.options.cache_mode != "replay":
                     import_litellm()
             except ModelPreflightError as exc:
                 pytest.exit(
@@ -596,6 +637,12 @@ class EvalSession:
 
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
         blame.enter(item.nodeid)  # a crash in this row's code is pinned on it (xdist workers)
+        if self.regrade is not None:
+            from pytest_osmosis.regrade import kept_result
+
+            kept = kept_result(self.regrade, item)
+            if kept is not None:  # its workflow failed: nothing to grade again
+                return kept
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
         from pytest_osmosis.secrets import redactor_for
@@ -615,6 +662,12 @@ class EvalSession:
         )
         bridge = await self.bridge(plan.settings.model_path)
         bridge.allow_judge_models(self._judge_models(rollout))
+        cache = self.call_cache(plan.output_root)
+        cached = (
+            cache.attempt(plan.config.experiment.dataset, row.source_row_index, item.run_index)
+            if cache is not None
+            else None
+        )
         run_dir = plan.run_dir
         storage_faults: list[str] = []
 
@@ -645,14 +698,23 @@ class EvalSession:
                 return False
             return True
 
+        prepare: Callable[[str], Path | None] = lambda rid: prepare_trial_dir(run_dir, rid)  # noqa: E731
+        writer: TrajectoryWriter = save_trajectory
+        recorded = None
+        if self.regrade is not None:  # the recorded sample, graded again (regrade.py)
+            from pytest_osmosis.regrade import regrade_steps
+
+            recorded, prepare, writer = regrade_steps(self.regrade, item, redactor, storage_faults)
         result = await execute(
             work,
             rollout,
             bridge=bridge,
             budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
             pass_threshold=plan.settings.pass_threshold,
-            prepare_artifacts=lambda rid: prepare_trial_dir(run_dir, rid),
-            write_trajectory=save_trajectory,
+            prepare_artifacts=prepare,
+            write_trajectory=writer,
+            cache=cached,
+            recorded=recorded,
         )
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
@@ -678,13 +740,37 @@ class EvalSession:
             self._bridge_lock = asyncio.Lock()
         async with self._bridge_lock:
             if model_path not in self._bridges:
-                route = await asyncio.get_running_loop().run_in_executor(
-                    None, resolve_route, model_path
-                )
+                offline = self.options.cache_mode == "replay"
+                if offline:  # answers come from the cache: no key, no engine to start
+                    from pytest_osmosis.model.cache import offline_route
+
+                    route = offline_route(model_path)
+                else:
+                    route = await asyncio.get_running_loop().run_in_executor(
+                        None, resolve_route, model_path
+                    )
                 bridge = Bridge(route)
+                bridge.offline = offline
                 await bridge.start()
                 self._bridges[model_path] = bridge
             return self._bridges[model_path]
+
+    def call_cache(self, output_root: Path) -> CallCache | None:
+        """The model-call cache beside the runs under `output_root` (None when it is off).
+
+        Opened once per process and root; ``replay`` refuses a missing file (ConfigError).
+        """
+        mode = self.options.cache_mode
+        if mode == "off":
+            return None
+        cache = self._caches.get(output_root)
+        if cache is None:
+            from pytest_osmosis.model.cache import CallCache, cache_path
+
+            cache = CallCache(cache_path(output_root), mode, self.options.cache_max_age_s)
+            cache.open()
+            self._caches[output_root] = cache
+        return cache
 
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
         """Check each model before any row starts; raises :class:`ModelPreflightError`.
@@ -692,7 +778,19 @@ class EvalSession:
         ``in_process`` (a process that runs rows) imports LiteLLM here, on a thread of its own
         while the models are checked, unless no row needs it; an xdist controller checks
         OpenAI-compatible routes directly and others in a child process (model/preflight.py).
+        The model-call cache is opened first (a bad one stops the session here, in one line);
+        ``--osmosis-cache replay`` calls no model, so the cache existing is its whole check,
+        and ``use`` does not check a model the cache already holds answers of.
         """
+        answered = set()
+        for run in self.runs.values():
+            cache = self.call_cache(run.plan.output_root)
+            model = run.plan.settings.model_path
+            if cache is not None and (cache.replay or (cache.mode == "use" and cache.knows(model))):
+                answered.add(model)
+        model_paths = [model for model in model_paths if model not in answered]
+        if not model_paths:
+            return
         # Imported here first, so the check never waits for LiteLLM's thread to finish
         # importing a module both need (aiohttp's client above all).
         import aiohttp  # noqa: F401
@@ -764,6 +862,12 @@ class EvalSession:
     def close(self) -> None:
         if self._executor is not None:
             executor = self._executor
+            clients = sys.modules.get("pytest_osmosis.model.client")
+            if clients is not None:  # some rollout used bridge_client(): close its pool
+                try:
+                    executor.call(clients.close_pools(), timeout=5)
+                except Exception:  # noqa: BLE001 - shutting down; nothing to report to
+                    pass
             for bridge in list(self._bridges.values()):
                 try:
                     executor.call(bridge.close(), timeout=5)
@@ -771,6 +875,9 @@ class EvalSession:
                     pass
             executor.close()
             self._executor = None
+        caches, self._caches = list(self._caches.values()), {}
+        for cache in caches:
+            cache.close()  # what the bridges queued is written before the session ends
         if self._restore_exit is not None:
             self._restore_exit()
             self._restore_exit = None

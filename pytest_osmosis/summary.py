@@ -74,6 +74,13 @@ def summary_lines(run: ControllerRun) -> list[str]:
     )
     if run.rate_limited:
         lines.append(f"rate limit {run.rate_limited} calls answered 429, retried after back-off")
+    if run.cache_calls:
+        from pytest_osmosis.model.cache import cache_path
+
+        lines.append(
+            f"cache      {run.cache_hits} of {run.cache_calls} model calls answered from "
+            f"{cache_path(plan.output_root)}"
+        )
     lines.append(f"output     {plan.run_dir}")
     if run.report_path is not None:
         lines.append(f"report     {run.report_path}")

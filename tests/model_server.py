@@ -111,8 +111,9 @@ class ModelServer:
     `replies` (substring -> reply), `tool_rules`, `tool_answer` (format string with
     `{result}` used after a tool result), `delay` (seconds for every request) and
     `delays` (substring -> seconds), `gather` (hold requests until that many are in
-    flight), `hold` (hold requests until the test clears it), and call `fail_next()` to inject errors.
-    Observe it through `requests_total`, `in_flight`, `peak_in_flight`, `bodies` (chat),
+    flight), `hold` (hold requests until the test clears it), `rate_limit` (a provider's
+    requests/s limit, see `limit_rate`), and call `fail_next()` to inject errors.
+    Observe it through `requests_total`, `rate_limited` (429s the rate limit answered), `in_flight`, `peak_in_flight`, `bodies` (chat),
     `requests` (every call with its API path) and `answered` (per request, in order: the
     last user message and the `time.monotonic()` at which its answer was about to be sent;
     the clock is system-wide, so comparable with stamps taken in other processes).
@@ -134,6 +135,9 @@ class ModelServer:
         """When set, each request whose last user message contains it waits (counted in
         `holding`) until `hold` is changed or cleared: the test decides when it is answered."""
         self.holding = 0
+        self.fail_on: dict[str, tuple[int, int]] = {}
+        """Substring -> (HTTP status, count): the next `count` requests whose last user
+        message contains it are answered with that status (one row's provider errors)."""
         self._stopping = False
         self._gathering = 0
         self._gathered: asyncio.Event | None = None
@@ -146,6 +150,15 @@ class ModelServer:
         """Every model request as (API path, body): ``/v1/chat/completions`` or ``/v1/responses``."""
         self.answered: list[tuple[str, float]] = []
         self._failures: list[_Failure] = []
+        self.rate_limit = 0.0
+        """When > 0, a token bucket of this many requests/s (see `limit_rate`)."""
+        self.rate_burst = 0.0
+        self.rate_limited = 0
+        """Requests the rate limit answered 429 (with ``Retry-After``)."""
+        self._bucket = 0.0
+        self._bucket_at = 0.0
+        self._first_at: float | None = None
+        self._last_at = 0.0
         self._lock = threading.Lock()
         self._port_wanted = port
         self._port = 0
@@ -188,6 +201,34 @@ class ModelServer:
         with self._lock:
             self._failures.append(_Failure(status, count, retry_after, text))
 
+    def limit_rate(self, per_second: float, *, burst: float | None = None) -> None:
+        """Behave like a rate-limited provider: a token bucket refilled at `per_second`
+        holding `burst` requests (default one second's worth, full at first); a request
+        that finds it empty is answered 429 at once, with ``Retry-After`` saying when the
+        next one would be accepted. ``limit_rate(0)`` turns it off."""
+        with self._lock:
+            self.rate_limit = float(per_second)
+            self.rate_burst = float(burst if burst is not None else per_second)
+            self._bucket = self.rate_burst
+            self._bucket_at = time.monotonic()
+            self.rate_limited = 0
+
+    def _admit(self) -> float | None:
+        """None when the rate limit lets this request in, else the seconds to wait."""
+        with self._lock:
+            if self.rate_limit <= 0:
+                return None
+            now = time.monotonic()
+            self._bucket = min(
+                self.rate_burst, self._bucket + (now - self._bucket_at) * self.rate_limit
+            )
+            self._bucket_at = now
+            if self._bucket >= 1.0:
+                self._bucket -= 1.0
+                return None
+            self.rate_limited += 1
+            return (1.0 - self._bucket) / self.rate_limit
+
     def reset(self) -> None:
         """Forget the script and the counters (the listener stays up)."""
         with self._lock:
@@ -206,6 +247,9 @@ class ModelServer:
             self.requests = []
             self.answered = []
             self._failures = []
+            self.fail_on = {}
+            self.rate_limit = 0.0
+            self.rate_limited = 0
 
     def configure(self, config: dict[str, Any]) -> None:
         """Apply a JSON-able script (the `--config` file of the standalone server)."""
@@ -217,6 +261,8 @@ class ModelServer:
             for r in config.get("tool_rules", [])
         ]
         self.tool_answer = str(config.get("tool_answer", self.tool_answer))
+        if config.get("rate_limit"):
+            self.limit_rate(float(config["rate_limit"]), burst=config.get("rate_burst"))
         for failure in config.get("fail_next", []):
             self.fail_next(
                 int(failure["status"]),
@@ -234,6 +280,7 @@ class ModelServer:
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post("/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/stats", self._stats)
         return app
 
     async def start_async(self) -> None:
@@ -294,6 +341,18 @@ class ModelServer:
             {"object": "list", "data": [{"id": "model-server", "object": "model"}]}
         )
 
+    async def _stats(self, request: web.Request) -> web.Response:
+        """Counters for a benchmark that runs this server as its own process."""
+        with self._lock:
+            counts = {
+                "requests_total": self.requests_total,
+                "rate_limited": self.rate_limited,
+                "peak_in_flight": self.peak_in_flight,
+                # From the first request's arrival to the last's: the run's model phase.
+                "span_s": self._last_at - self._first_at if self._first_at is not None else 0.0,
+            }
+        return web.json_response(counts)
+
     def _take_failure(self) -> _Failure | None:
         with self._lock:
             while self._failures:
@@ -316,6 +375,9 @@ class ModelServer:
         """Count, parse, record, delay, inject failures, then let `answer` reply."""
         with self._lock:
             self.requests_total += 1
+            self._last_at = time.monotonic()
+            if self._first_at is None:
+                self._first_at = self._last_at
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             self._seq += 1
@@ -331,6 +393,9 @@ class ModelServer:
                 wanted = "a 'messages' list" if chat else "an 'input' string or list"
                 return _error(400, f"body must be an object with {wanted}")
             path = "/v1/chat/completions" if chat else "/v1/responses"
+            wait = self._admit()
+            if wait is not None:  # a provider refuses at once, before any work
+                return _error(429, "rate limit exceeded", {"Retry-After": f"{wait:.3f}"})
             self.requests.append((path, body))
             if chat:
                 self.bodies.append(body)
@@ -361,6 +426,11 @@ class ModelServer:
             if delay > 0:
                 await asyncio.sleep(delay)
             self.answered.append((last_user, time.monotonic()))
+            for needle, (status, count) in list(self.fail_on.items()):
+                if needle in last_user and count > 0:
+                    with self._lock:
+                        self.fail_on[needle] = (status, count - 1)
+                    return _error(status, f"injected error {status} for {needle!r}")
             failure = self._take_failure()
             if failure is not None:
                 headers = {}
@@ -607,6 +677,9 @@ def main(argv: list[str] | None = None) -> None:
         metavar="SUBSTRING=REPLY",
         help="answer REPLY when the last user message contains SUBSTRING",
     )
+    parser.add_argument(
+        "--rate-limit", type=float, default=0.0, help="requests/s beyond which it answers 429"
+    )
     parser.add_argument("--config", help="JSON file: delay, delays, replies, tool_rules, ...")
     args = parser.parse_args(argv)
 
@@ -614,6 +687,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.config:
         with open(args.config, encoding="utf-8") as fh:
             server.configure(json.load(fh))
+    if args.rate_limit > 0:
+        server.limit_rate(args.rate_limit)
     for item in args.reply:
         needle, sep, reply = item.partition("=")
         if not sep:

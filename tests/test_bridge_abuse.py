@@ -350,7 +350,7 @@ def test_a_session_reaches_only_the_judges_it_declares(
         result.assert_outcomes(passed=1)
         assert len(judged) == 1
     else:
-        result.assert_outcomes(failed=1)
+        result.assert_outcomes(errors=1)
         result.stdout.fnmatch_lines(
             ["*judge model 'openai/listed-judge' is not declared by this session*"]
         )

@@ -218,7 +218,7 @@ def test_ordinary_faults_are_failed_rows_with_their_own_types(
         evaluation={"batch_size": 4},
     )
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=len(behaviours) - 2)
+    result.assert_outcomes(passed=2, errors=len(behaviours) - 2)
     run_dir = only_run_dir(pytester.path)
     assert outcomes(run_dir) == {
         index: ("success" if error is None else "failed", error)
@@ -242,7 +242,7 @@ from pathlib import Path
 
 def pytest_runtest_logreport(report):
     # The blocking row's failure is reported: let its workflow return.
-    if report.when == "call" and report.nodeid.endswith("{nodeid}") and report.failed:
+    if report.nodeid.endswith("{nodeid}") and report.failed:
         Path({release!r}).touch()
 """
 
@@ -269,7 +269,7 @@ def test_a_row_blocking_the_event_loop_is_stopped_by_the_backstop_and_named(
     result = pytester.runpytest_subprocess(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "block"
     )
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(["*backstop_timeout: *row 1 run 0 is blocking the event loop*"])
     run_dir = pytester.path / ".osmosis" / "evals" / "block"
     assert outcomes(run_dir) == {
@@ -333,7 +333,7 @@ def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
         for index in range(len(CRASH_BEHAVIOURS))
     }
     assert outcomes(run_dir) == expected, out
-    result.assert_outcomes(passed=6, failed=4)
+    result.assert_outcomes(passed=6, errors=4)
     # Each row ran once: the crashed items were not sent to another worker.
     assert executions(root) == Counter(range(len(CRASH_BEHAVIOURS))), out
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -348,7 +348,7 @@ def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
     before = executions(root)
     result = pytester.runpytest_subprocess(*args, "--osmosis-retry-failed")
     assert executions(root) - before == Counter(CRASH_TYPES.keys()), result.stdout.str()
-    result.assert_outcomes(passed=8, failed=2)
+    result.assert_outcomes(passed=8, errors=2)
     after = outcomes(run_dir)
     assert after[2] == after[6] == ("success", None)
     assert after[4] == ("failed", "agent_error") and after[8] == ("failed", "validation_error")
@@ -387,7 +387,7 @@ def test_a_prefetched_row_that_crashes_is_the_one_recorded(
     expected[2] = ("failed", "worker_crashed")
     assert outcomes(run_dir) == expected, out
     assert executions(root)[2] == 1, out
-    result.assert_outcomes(passed=5, failed=1)
+    result.assert_outcomes(passed=5, errors=1)
     result.stdout.fnmatch_lines(["*worker 'gw*' crashed while running*row_2_run_0*"])
     assert not list(tmp.glob("osmosis-blame-*")), "the controller removes it at the end"
 

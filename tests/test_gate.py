@@ -68,7 +68,7 @@ def test_gate_decides_the_exit_status(
     result = workspace.runpytest("--osmosis-eval", "-p", "no:cacheprovider", *args)
     assert result.ret == code
     result.stdout.fnmatch_lines([f"*osmosis gate {'PASSED' if code == 0 else 'FAILED'}*", line])
-    result.assert_outcomes(passed=3, failed=2)  # rows stay visible either way
+    result.assert_outcomes(passed=3, failed=1, errors=1)  # rows stay visible either way
 
 
 @pytest.mark.parametrize(("rate", "code"), [("0.6", 0), ("0.7", 1)])
@@ -102,7 +102,7 @@ def test_ini_twin_and_the_gate_hook(workspace: pytest.Pytester) -> None:
 
 def test_junit_carries_reward_threshold_error_type_and_tokens(workspace: pytest.Pytester) -> None:
     result = workspace.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "--junitxml=out.xml")
-    result.assert_outcomes(passed=3, failed=2)
+    result.assert_outcomes(passed=3, failed=1, errors=1)
     cases = ET.parse(workspace.path / "out.xml").getroot().iter("testcase")
     props = {
         case.get("name"): {p.get("name"): p.get("value") for p in case.iter("property")}

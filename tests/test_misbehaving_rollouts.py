@@ -143,7 +143,7 @@ def test_exits_interrupts_stops_and_own_cancels_are_one_failed_row_each(
     result = run_session(pytester, "escapes")
     out = result.stdout.str()
     assert result.ret == 1, out
-    result.assert_outcomes(passed=3, failed=len(behaviours) - 3)
+    result.assert_outcomes(passed=3, errors=len(behaviours) - 3)
     assert "INTERNALERROR" not in out
     assert len(out.splitlines()) < 400, "a deep traceback was printed"
     run_dir = pytester.path / ".osmosis" / "evals" / "escapes"
@@ -175,7 +175,7 @@ def test_a_rollouts_own_cancelled_error_is_one_recorded_failure(
     )
     result = run_session(pytester, "cancel")
     out = result.stdout.str()
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, errors=1)
     assert len(out.splitlines()) < 120, "a deep traceback was printed"
     result.stdout.fnmatch_lines(["*agent_error: workflow raised CancelledError*(row 1, run 0)*"])
     run_dir = pytester.path / ".osmosis" / "evals" / "cancel"

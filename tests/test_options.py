@@ -51,6 +51,8 @@ SPACE_VALUES = {
     "--osmosis-row-pass": "1/1",
     "--osmosis-max-tokens": "1000",
     "--osmosis-max-cost": "2.5",
+    "--osmosis-cache": "use",
+    "--osmosis-cache-max-age": "7d",
     "--osmosis-rubric": "../elsewhere/conversations.jsonl",
     "--osmosis-rubric-text": "rubric",
     "--osmosis-judge-model": "openai/judge",
@@ -58,12 +60,32 @@ SPACE_VALUES = {
     "--osmosis-rubric-n": "3",
     "--osmosis-rubric-score-min": "0",
     "--osmosis-rubric-score-max": "1",
+    "--osmosis-regrade": "../elsewhere/finished",
+    "--osmosis-rollout-dir": "../elsewhere/rollout",
 }
 
 
 def test_the_table_names_every_value_taking_option() -> None:
     flags = {opt.flag for opt in (*OPTIONS, *RUBRIC_OPTIONS) if not opt.is_flag}
     assert flags == set(SPACE_VALUES)
+
+
+def _finished_run(ws: Path, run_dir: Path) -> None:
+    """A finished run of the workspace's config (what ``--osmosis-regrade`` asks for)."""
+    from pytest_osmosis.workspace.plan import build_plan, run_inputs
+
+    plan = build_plan(ws / "configs" / "eval" / "calc.toml", {}, None)
+    run_dir.mkdir()
+    manifest = {
+        "schema_version": 1,
+        "local_run_id": "0" * 32,
+        "run_name": run_dir.name,
+        "created_at": "2026-01-01T00:00:00Z",
+        "inputs": run_inputs(plan),
+        "provenance": {"config_path": "configs/eval/calc.toml"},
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    (run_dir / "metrics.json").write_text(json.dumps({"eval_run": {"status": "finished"}}))
 
 
 def _layout(root: Path) -> Path:
@@ -84,6 +106,9 @@ def _layout(root: Path) -> Path:
         ]
     }
     (elsewhere / "conversations.jsonl").write_text(json.dumps(record) + "\n")
+    _finished_run(ws, elsewhere / "finished")
+    (elsewhere / "rollout").mkdir()
+    (elsewhere / "rollout" / "main.py").write_text((ws / "rollouts/calc/main.py").read_text())
     (root / "out").mkdir()
     for value in SPACE_VALUES.values():
         if not value.startswith(("..", "<")):

@@ -36,7 +36,7 @@ def _row(status: str, reward: float | None = None, **more: Any) -> dict[str, Any
     [
         (_row("success", 0.5), outcome.PASSED, "passed"),
         (_row("success", 0.4), outcome.BELOW_THRESHOLD, "failed"),
-        (_row("failed", error_type="agent_error"), outcome.FAILED, "failed"),
+        (_row("failed", error_type="agent_error"), outcome.FAILED, "error"),
         (_row("skipped"), outcome.SKIPPED, "skipped"),
     ],
 )

@@ -33,15 +33,20 @@ MIXED = calc_rows(
 def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     write_workspace(pytester.path, rows=MIXED)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-rA")
-    result.assert_outcomes(passed=1, failed=3, skipped=1)
+    # A low reward is a failure, an error an error (at setup), a removed sample a skip.
+    result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     result.stdout.fnmatch_lines(
         [
-            "*reward 0.00 < pass_threshold 1.00 (row 1, run 0)*",
-            "*agent_error: workflow raised RuntimeError: workflow exploded on purpose (row 2, run 0)*",
-            "*agent_error: grader raised RuntimeError: grader exploded on purpose (row 3, run 0)*",
-            "*the rollout removed this sample*(row 4, run 0)*",
+            "*ERROR at setup of row_2_run_0*",
+            "agent_error: workflow raised RuntimeError: workflow exploded on purpose (row 2, run 0)",
+            "*ERROR at setup of row_3_run_0*",
+            "agent_error: grader raised RuntimeError: grader exploded on purpose (row 3, run 0)",
+            "*FAILURES*",
+            "*row_1_run_0*",
+            "reward 0.00 < pass_threshold 1.00 (row 1, run 0)",
         ]
     )
+    result.stdout.fnmatch_lines(["*the rollout removed this sample*(row 4, run 0)*"])
     # The rollout's own frame is shown; pytest's and ours are not.
     result.stdout.fnmatch_lines(["*main.py*in run*", "*raise RuntimeError*"])
     assert "pytest_osmosis/execution/runner.py" not in result.stdout.str()
@@ -74,7 +79,7 @@ def test_each_budget_expires_into_its_own_error(pytester: pytest.Pytester, model
         evaluation={"agent_workflow_timeout_s": 6, "grader_timeout_s": 6},
     )
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, errors=2)
     result.stdout.fnmatch_lines(
         [
             "*workflow_timeout: workflow timeout after 6 s (row 0, run 0)*",
@@ -95,7 +100,7 @@ def test_invalid_rewards_and_returns_are_validation_errors(
     )
     write_workspace(pytester.path, rows=rows)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
-    result.assert_outcomes(failed=3)
+    result.assert_outcomes(errors=3)
     result.stdout.fnmatch_lines(
         [
             "validation_error: grader raised ValidationError: reward: *finite number (row 0, run 0)",
@@ -207,7 +212,7 @@ def test_missing_secret_stops_the_session_naming_it(
 def test_xdist_gives_the_same_outcomes(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     write_workspace(pytester.path, rows=MIXED)
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
-    result.assert_outcomes(passed=1, failed=3, skipped=1)
+    result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     rows = read_index(only_run_dir(pytester.path))
     assert [(r["row_index"], r["status"]) for r in rows] == [
         (0, "success"),
@@ -374,7 +379,7 @@ def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
     write_workspace(pytester.path, rows=MIXED)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "done", *xdist)
     first = pytester.runpytest_subprocess(*args)
-    first.assert_outcomes(passed=1, failed=3, skipped=1)
+    first.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     journal = (pytester.path / ".osmosis" / "evals" / "done" / "events.jsonl").read_text()
     before = model_env.requests_total
     again = pytester.runpytest_subprocess(*args)

@@ -733,11 +733,12 @@ def test_rubric_grader_judges_with_its_own_model_through_the_bridge(
     rows = calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "16"), ("What is 3 + 3?", "6")])
     write_workspace(pytester.path, rows=rows, rollout_source=GRADER_ROLLOUT)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, failed=1, errors=1)
+    # pytest shows errors (row 2, the judge's answer) before failures (row 1, low reward).
     result.stdout.fnmatch_lines(
         [
-            "*reward 0.00 < pass_threshold 1.00 (row 1, run 0)*",
             "*grader raised JudgeAnswerError: unparseable judge answer: not valid JSON*(row 2*",
+            "*reward 0.00 < pass_threshold 1.00 (row 1, run 0)*",
         ]
     )
     run_dir = only_run_dir(pytester.path)
@@ -808,7 +809,7 @@ def test_a_judge_model_that_cannot_be_called_fails_each_row_in_one_line(
     rows = calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")])
     write_workspace(pytester.path, rows=rows, rollout_source=grader_rollout(judge_model))
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(errors=2)
     out = result.stdout.str()
     for index in (0, 1):
         result.stdout.fnmatch_lines([f"*grader raised {error}: {message} (row {index}, run 0)*"])
@@ -837,7 +838,7 @@ def test_a_judge_provider_error_fails_the_row_as_a_grader_error(
     write_workspace(pytester.path, rows=calc_rows([("What is 2 + 2?", "4")]),
                     rollout_source=rollout)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([
         "*grader raised ProviderRequestError: provider error from judge model 'openai/judge': "
         "InternalServerError: *judge refused this request* (row 0, run 0)*",

@@ -459,7 +459,10 @@ def test_every_row_ends_as_the_sdks_own_local_backend_ends_it(
         "validation_error",
         "rollout_failed",
     }
-    result.assert_outcomes(passed=3, failed=14, skipped=1)
+    statuses = [status for _, status, _, _ in ours]  # an error is a pytest error, not a failure
+    result.assert_outcomes(
+        passed=3, failed=statuses.count("success") - 3, errors=statuses.count("failed"), skipped=1
+    )
 
 
 def comparable(path: Path, rollout_id: str) -> dict[str, Any]:

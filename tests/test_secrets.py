@@ -793,7 +793,7 @@ def test_the_secrets_file_option_resolves_and_redacts(
         option,
         stdin=dotenv.encode() if source == "stdin" else subprocess.DEVNULL,
     )
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(errors=1)
     text = result.stdout.str() + result.stderr.str()
     assert not leaks({"output": text.encode()}), leaks({"output": text.encode()})
     assert f"workflow leaked {REDACTED} {REDACTED}" in text
@@ -832,7 +832,7 @@ def test_a_short_secret_is_left_in_the_output_and_named_once(
             secrets=["TINY_TOKEN"],
         )
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-s", "-rA")
-    result.assert_outcomes(passed=2, failed=2)
+    result.assert_outcomes(passed=2, errors=2)
     out = result.stdout.str()
     assert "imported in a sandboxed process" in out
     assert "grader exploded on purpose" in out

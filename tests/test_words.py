@@ -69,7 +69,7 @@ def test_a_row_selection_is_named_by_its_dataset_rows_everywhere(
     result = pytester.runpytest(
         *BASE, "--osmosis-rows", "5-6", "--osmosis-name", "sel", "--osmosis-report", "-v"
     )
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(failed=1, errors=1)
     result.stdout.fnmatch_lines(["*calc.toml::row_5_run_0 FAILED*", "*calc.toml::row_6_run_0 *"])
     # No line a user reads names the selection positions 0 and 1.
     assert not re.search(r"\brow [01] run 0\b", result.stdout.str())
@@ -125,7 +125,7 @@ def test_one_vocabulary_in_the_terminal_info_and_report(
 ) -> None:
     write_workspace(pytester.path, rows=MIXED)
     result = pytester.runpytest(*BASE, "--osmosis-name", "mix")
-    result.assert_outcomes(passed=1, failed=3, skipped=1)
+    result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     result.stdout.fnmatch_lines(
         [
             "outcomes   1 passed, 1 below threshold, 2 errored, 1 skipped of 5",
@@ -170,7 +170,7 @@ def test_after_a_resume_progress_has_the_summarys_basis(
         passed=1, failed=1
     )
     again = pytester.runpytest(*named)
-    again.assert_outcomes(passed=1, failed=3, skipped=1)  # two of them replayed
+    again.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)  # two of them replayed
     lines = progress_lines(again.stdout.str())
     assert len(lines) == 3  # only what ran in this session
     assert lines[0].startswith(
@@ -200,7 +200,7 @@ def test_a_finished_run_keeps_its_record_and_junit_lists_its_rows(
     write_workspace(pytester.path, rows=MIXED)
     args = (*BASE, "--osmosis-name", "done", *xdist)
     first = pytester.runpytest_subprocess(*args, "--junitxml", "first.xml")
-    first.assert_outcomes(passed=1, failed=3, skipped=1)
+    first.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     root = pytester.path / ".osmosis" / "evals"
     run_dir = root / "done"
     snapshots = ("metrics.json", "index.jsonl", "summary.jsonl", "progress.json")
@@ -222,13 +222,18 @@ def test_a_finished_run_keeps_its_record_and_junit_lists_its_rows(
     assert junit_cases(pytester.path / "again.xml") == {
         "row_0_run_0": ("passed", ""),
         "row_1_run_0": ("failure", "reward 0.00 < pass_threshold 1.00 (row 1, run 0) [resumed]"),
-        "row_2_run_0": ("failure", f"agent_error: {recorded} (row 2, run 0) [resumed]"),
-        "row_3_run_0": ("failure", f"agent_error: {recorded} (row 3, run 0) [resumed]"),
+        "row_2_run_0": ("error", f'failed on setup with "agent_error: {recorded} (row 2, run 0) [resumed]"'),
+        "row_3_run_0": ("error", f'failed on setup with "agent_error: {recorded} (row 3, run 0) [resumed]"'),
         "row_4_run_0": ("skipped", f"{recorded} (row 4, run 0) [resumed]"),
     }
     suite = ET.parse(pytester.path / "again.xml").getroot().find("testsuite")
     assert suite is not None
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("5", "3", "1")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
+        "5",
+        "1",
+        "2",
+        "1",
+    )
     # Each test case takes the duration recorded for its row.
     recorded_times = {
         f"row_{r['row_index']}_run_{r['run_index']}": r["duration_ms"] / 1000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from array import array
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,16 +20,19 @@ _NEWLINE = re.compile(rb"\r\n|\r|\n")
 
 
 class _CsvRows:
-    """The contract columns present (`names`) and one tuple of their cells per kept row."""
+    """The contract columns present (`names`), one tuple of their cells and the line where
+    it starts per kept row."""
 
-    __slots__ = ("names", "values")
+    __slots__ = ("names", "values", "lines")
 
     def __init__(self) -> None:
         self.names: tuple[str, ...] = ()
         self.values: list[tuple[Any, ...]] = []
+        self.lines = array("q")
 
     def keep(self, positions: list[int]) -> None:
         self.values = [self.values[at] for at in positions]
+        self.lines = array("q", (self.lines[at] for at in positions))
 
     def raw(self, position: int) -> Mapping[str, Any]:
         return dict(zip(self.names, self.values[position], strict=True))
@@ -104,6 +108,7 @@ def scan_csv(path: Path, selection: Selection) -> Scan:
             raw = {name: (record[at] if at < width else None) for name, at in columns}
             scan.add(raw, source, (path, line))
             store.values.append(tuple(raw.values()))
+            store.lines.append(line)
         scan.total = total
     except csv.Error as exc:
         raise DatasetError(f"{path}:{reader.line_num}: invalid CSV ({one_line(exc)})") from None

@@ -65,6 +65,12 @@ class SelectedDataset:
         """O(1) source index of one selected row."""
         return self._sources[self._check(row_index)]
 
+    def line(self, row_index: int) -> int | None:
+        """The line of the dataset file where selected row `row_index` is, where the format
+        has lines it keeps (JSONL and CSV); None for a columnar file (parquet)."""
+        lines = getattr(self._store, "lines", None)
+        return int(lines[self._check(row_index)]) if lines is not None else None
+
     def _check(self, row_index: int) -> int:
         if not 0 <= row_index < len(self._sources):
             raise IndexError(f"row_index {row_index} outside 0..{len(self._sources) - 1}")

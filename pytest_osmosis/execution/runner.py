@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_osmosis.errors import ResourceExhaustedError
 from pytest_osmosis.execution.executor import LoopStopped, stalled_by_others, start_owned
@@ -27,19 +27,26 @@ from pytest_osmosis.secrets import scrub
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import LoadedRollout
 
+if TYPE_CHECKING:
+    from pytest_osmosis.model.cache import CachedAttempt
+    from pytest_osmosis.results.regrade import RecordedSample
+
 logger = logging.getLogger(__name__)
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)  # the whole package
 
 
 class BridgeLike(Protocol):
-    def open_rollout(self, rollout_id: str) -> tuple[str, str]: ...
+    def open_rollout(
+        self, rollout_id: str, cache: CachedAttempt | None = None
+    ) -> tuple[str, str]: ...
 
     def close_rollout(self, rollout_id: str) -> int | None: ...
 
     def pop_rate_limited(self, rollout_id: str) -> int: ...
 
     def pop_cost(self, rollout_id: str) -> float | None: ...
+    def pop_provider_errors(self, rollout_id: str) -> int: ...
 
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
 
@@ -104,14 +111,22 @@ async def execute(
     pass_threshold: float,
     prepare_artifacts: Callable[[str], Path | None],
     write_trajectory: TrajectoryWriter,
+    cache: CachedAttempt | None = None,
+    recorded: RecordedSample | None = None,
 ) -> dict[str, Any]:
-    """Run ``work``; the result is a dict of builtins because it travels to the xdist controller."""
+    """Run ``work``; the result is a dict of builtins because it travels to the xdist controller.
+
+    With ``cache`` (the model-call cache's view of this row and attempt) the bridge serves
+    the attempt's calls through it. Given the ``recorded`` sample of an earlier run (a
+    regrade), the workflow does not run: the grader step, the same one, grades that sample
+    under the same rollout id.
+    """
     import pytest_osmosis.rollout as api
 
-    rollout_id = uuid.uuid4().hex
+    rollout_id = recorded.rollout_id if recorded is not None else uuid.uuid4().hex
     started = time.monotonic()
     exhaustions = bridge.exhaustions
-    url, api_key = bridge.open_rollout(rollout_id)
+    url, api_key = bridge.open_rollout(rollout_id, cache)
     artifacts_dir = prepare_artifacts(rollout_id)
     sample: Any = None
     step_usage: list[dict[str, int]] = []
@@ -121,8 +136,13 @@ async def execute(
         rollout_ctx = api.RolloutContext(
             chat_completions_url=url, api_key=api_key, rollout_id=rollout_id
         )
-        with rollout_ctx:
-            sample = await _workflow_phase(work, rollout, rollout_ctx, artifacts_dir, budgets, api)
+        if recorded is not None:
+            sample = recorded.sample(api)
+        else:
+            with rollout_ctx:
+                sample = await _workflow_phase(
+                    work, rollout, rollout_ctx, artifacts_dir, budgets, api
+                )
         # Taken before grading: a judge's calls are not steps of the sample's conversation.
         step_usage = bridge.call_usage(rollout_id)
         if rollout.grader_cls is None:
@@ -149,9 +169,16 @@ async def execute(
         # nulls the wire reward of every non-success result (0.3.8 `_handle_rollout`).
         error_type, message, detail = failure.error_type, failure.message, failure.detail
         cause = failure.cause
+    if cache is not None and cache.missed is not None:
+        # Replay had no answer for one of its calls: whatever the rollout made of the
+        # refused call, the row is that miss (a result no model gave is no result).
+        missed = _PhaseFailed("cache_miss", cache.missed)
+        status, reward, cause = "failed", None, None
+        error_type, message, detail = missed.error_type, missed.message, missed.detail
     tokens = bridge.close_rollout(rollout_id)
     cost_usd = bridge.pop_cost(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
+    provider_errors = bridge.pop_provider_errors(rollout_id)  # 5xx: outcome.is_infrastructure
     if status == "failed" and bridge.exhaustions != exhaustions:
         # Our own exhaustion, not the rollout's failure: the row stays pending for a resume.
         raise ResourceExhaustedError(
@@ -170,6 +197,10 @@ async def execute(
             trajectory_problem = f"no trajectory written: {_one_line(exc)}"
             logger.warning("rollout %s: %s", rollout_id, trajectory_problem)
     duration_ms = (time.monotonic() - started) * 1000.0
+    if recorded is not None:  # the attempt is the recorded one, graded again (contract D40)
+        duration_ms = recorded.duration_ms
+        if recorded.tokens is not None:
+            tokens = recorded.tokens + (tokens or 0)
     return RowResult(
         row_index=work.row_index,
         run_index=work.run_index,
@@ -188,6 +219,10 @@ async def execute(
             "trajectory_problem": trajectory_problem,
             "rate_limited": rate_limited,
             "cost_usd": cost_usd,  # dollars by LiteLLM's cost map; None: no price
+            # Model calls through the model-call cache, and how many it answered.
+            "cache_calls": cache.calls if cache is not None else 0,
+            "cache_hits": cache.hits if cache is not None else 0,
+            "provider_errors": provider_errors,
             # The exception itself, for --pdb in this process; never sent to the xdist controller.
             "exception": cause,
         },

@@ -13,15 +13,17 @@ failure reads (`errors`) live beside this server, which only serves.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
 import secrets
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.model.cache import CachedAttempt, offline_judge
 from pytest_osmosis.model.direct import DirectClient, direct_base, is_plain, missing_keys
 from pytest_osmosis.model.errors import (
     _CONNECT_ERRORS,
@@ -33,7 +35,7 @@ from pytest_osmosis.model.errors import (
     _out_of_descriptors,
 )
 from pytest_osmosis.model.litellm import _litellm, _litellm_imported, cost_usd
-from pytest_osmosis.model.ratelimit import Backoff, is_rate_limit, retry_after
+from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,
     JUDGE_MODEL_NOT_ALLOWED,
@@ -118,6 +120,12 @@ class Bridge:
         self._rate_limited: dict[str, int] = {}
         self._costs: dict[str, float | None] = {}
         """Per open rollout: dollars spent so far by LiteLLM's cost map (None: unpriced)."""
+        self._cached: dict[str, CachedAttempt] = {}
+        """Per open rollout using the model-call cache: its row and attempt there."""
+        self.offline = False
+        """Replaying a model-call cache: no call reaches a provider, no judge is resolved."""
+        self._provider_errors: dict[str, int] = {}
+        """Per rollout: model calls the provider answered with a 5xx (``pop_provider_errors``)."""
         self.backoff = Backoff()
         """Back-off of the run's model; each judge model has its own."""
         self._lock = threading.Lock()
@@ -231,8 +239,13 @@ class Bridge:
         if self._direct is not None:
             await self._direct.close()
 
-    def open_rollout(self, rollout_id: str) -> tuple[str, str]:
-        """Accept calls for `rollout_id`; returns (chat_completions_url, api_key)."""
+    def open_rollout(
+        self, rollout_id: str, cache: CachedAttempt | None = None
+    ) -> tuple[str, str]:
+        """Accept calls for `rollout_id`; returns (chat_completions_url, api_key).
+
+        With `cache`, its calls go through the model-call cache as that row and attempt.
+        """
         if not rollout_id or "/" in rollout_id:
             raise ValueError(f"rollout id must be one URL path segment, got {rollout_id!r}")
         with self._lock:
@@ -244,6 +257,8 @@ class Bridge:
             self._tokens.setdefault(rollout_id, None)
             self._calls.setdefault(rollout_id, [])
             self._costs.setdefault(rollout_id, 0.0)
+            if cache is not None:
+                self._cached[rollout_id] = cache
         return f"{self.base_url}/v1/rollouts/{rollout_id}", key.decode()[len("Bearer ") :]
 
     def close_rollout(self, rollout_id: str) -> int | None:
@@ -252,6 +267,7 @@ class Bridge:
             self._keys.pop(rollout_id, None)
             self._calls.pop(rollout_id, None)
             self._reasoning.pop(rollout_id, None)
+            self._cached.pop(rollout_id, None)
             return self._tokens.pop(rollout_id, None)
 
     def allow_judge_models(self, models: Iterable[str]) -> None:
@@ -268,6 +284,16 @@ class Bridge:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
         with self._lock:
             return self._rate_limited.pop(rollout_id, 0)
+
+    def pop_provider_errors(self, rollout_id: str) -> int:
+        """How many of `rollout_id`'s calls the provider answered with a 5xx (infrastructure)."""
+        with self._lock:
+            return self._provider_errors.pop(rollout_id, 0)
+
+    def _count_rate_limit(self, rollout_id: str | None) -> None:
+        if rollout_id is not None:
+            with self._lock:
+                self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
 
     def _open(self, rollout_id: str) -> bool:
         with self._lock:
@@ -380,7 +406,7 @@ class Bridge:
                     try:
                         # Off the loop: osmosis/embedded starts a local server here.
                         known = await asyncio.get_running_loop().run_in_executor(
-                            None, _resolve_judge, model
+                            None, offline_judge if self.offline else _resolve_judge, model
                         )
                     except _JudgeUnavailable as exc:
                         logger.warning("osmosis bridge: %s", exc)  # once, not once per row
@@ -461,7 +487,9 @@ class Bridge:
             return _json_error(400, f"bad chat completions request: {exc}")
         model = body.get("model")
         echo = model if isinstance(model, str) and model else self.route.model_path
-        if not self._rows_direct:  # a direct bridge imports LiteLLM only for what needs it
+        # A direct bridge imports LiteLLM only for what needs it; a replayed answer needs
+        # none (~3 s of import).
+        if not self._rows_direct and not self.offline:
             try:
                 await _litellm_imported()
             except ModelPreflightError as exc:
@@ -493,15 +521,34 @@ class Bridge:
     async def _complete(
         self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
     ) -> Any:
+        """One model call: through the model-call cache (model/cache.py) when the rollout
+        has one (looked up before the provider, stored after), else straight to it."""
+        target = target or self._main
+        with self._lock:
+            cached = self._cached.get(rollout_id or "")
+        if cached is None:
+            return await self._upstream(body, rollout_id, target)
+        model = target.route.model_path
+        response, hit = await cached.serve(
+            model, body, lambda: self._upstream(body, rollout_id, target), self._secrets
+        )
+        if hit and not target.judge and rollout_id is not None:
+            self._remember_reasoning(response, rollout_id)
+        return response
+
+    async def _upstream(
+        self, body: dict[str, Any], rollout_id: str | None = None, target: _Target | None = None
+    ) -> Any:
         """One provider call for a chat body, made the way osmosis-ai 0.3.8's bridge makes it."""
         target = target or self._main
         route = target.route
         responses = False
         if not target.judge:
             body = self._with_reasoning(body, rollout_id)
-        direct = self._upstream(body, rollout_id, target)
+        direct = self._direct_client(body, rollout_id, target)
+        request: Callable[[], Awaitable[Any]]
         if direct is not None:
-            call = body
+            request = functools.partial(direct.complete, body)
         else:
             await _litellm_imported()
             litellm = _litellm()
@@ -512,26 +559,29 @@ class Bridge:
                 call = (
                     _responses_call(body, route) if responses else _chat_call(litellm, body, route)
                 )
-        while True:
-            await target.backoff.wait()
-            try:
-                if direct is not None:
-                    raw = await direct.complete(call)
-                elif responses:
-                    raw = await litellm.aresponses(model=route.litellm_model, **call)
-                else:
-                    raw = await litellm.acompletion(model=route.litellm_model, **call)
-            except Exception as exc:
-                # A 429 slows every call to this model and is retried while the rollout
-                # is open; its own budget, not the rate limit, decides when it gives up.
-                if not is_rate_limit(exc) or rollout_id is None or not self._open(rollout_id):
-                    raise
-                target.backoff.hit(retry_after(exc))
+            send = litellm.aresponses if responses else litellm.acompletion
+            request = functools.partial(
+                send, model=route.litellm_model, **{**call, "max_retries": 0}
+            )
+        try:
+            if direct is not None and rollout_id is None:
+                # The preflight's direct check is one request, never retried (contract D71).
+                raw = await request()
+            else:
+                # Retries are the back-off's (ratelimit.py), not the provider client's: every
+                # 429 is paced and counted. A 429 is retried while the rollout is open; its
+                # own budget, not the rate limit, decides when it gives up.
+                raw = await target.backoff.call(
+                    request,
+                    retry_rate_limit=lambda: rollout_id is not None and self._open(rollout_id),
+                    on_rate_limit=lambda: self._count_rate_limit(rollout_id),
+                )
+        except Exception as exc:
+            status = getattr(exc, "status_code", None)
+            if rollout_id is not None and isinstance(status, int) and status >= 500:
                 with self._lock:
-                    self._rate_limited[rollout_id] = self._rate_limited.get(rollout_id, 0) + 1
-                continue
-            target.backoff.ok()
-            break
+                    self._provider_errors[rollout_id] = self._provider_errors.get(rollout_id, 0) + 1
+            raise
         response = _from_responses(raw) if responses else raw
         if not _field(response, "choices", None):
             raise RuntimeError("the model returned no choices")
@@ -539,7 +589,7 @@ class Bridge:
             self._remember_reasoning(response, rollout_id)
         return response
 
-    def _upstream(
+    def _direct_client(
         self, body: dict[str, Any], rollout_id: str | None, target: _Target
     ) -> DirectClient | None:
         """The direct client where this call may skip LiteLLM, else None (LiteLLM calls).

@@ -419,3 +419,94 @@ def _final_metrics(calls: list[_CallUsage]) -> FinalMetrics | None:
 def trial_dir_of(run_dir: Path, rollout_id: str) -> Path:
     """``<run_dir>/rollout_trials/<rollout_id>``."""
     return run_dir / TRIALS_DIRNAME / rollout_id
+
+
+# --------------------------------------------------------------------------- #
+# Back to messages (regrade)
+# --------------------------------------------------------------------------- #
+
+_ROLES = {"system": "system", "user": "user", "agent": "assistant"}
+
+
+def trajectory_messages(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chat messages a trajectory was built from, as far as ATIF kept them.
+
+    The inverse of :func:`build_trajectory` for a regrade, which grades the sample the
+    run recorded: steps become messages again (an agent step an ``assistant`` message
+    with its ``tool_calls``, arguments as JSON text), an observation's results become
+    the ``tool`` messages after it, and a role ATIF has no source for comes back from
+    ``extra.original_role``. What ATIF does not keep stays lost: content parts other than
+    text were written as JSON text, ``developer`` reads ``system``, and inline usage is
+    not put back.
+    """
+    messages: list[dict[str, Any]] = []
+    steps = document.get("steps")
+    for step in steps if isinstance(steps, Sequence) else ():
+        if not isinstance(step, Mapping):
+            continue
+        extra = _mapping(step.get("extra"))
+        original = extra.get("original_role")
+        orphan_tools = original in ("tool", "function") and not step.get("message")
+        if not orphan_tools:
+            role = original if isinstance(original, str) and original else None
+            message: dict[str, Any] = {
+                "role": role or _ROLES.get(str(step.get("source")), "user"),
+                "content": _message_content(step.get("message")),
+            }
+            reasoning = step.get("reasoning_content", extra.get("reasoning_content"))
+            if isinstance(reasoning, str):
+                message["reasoning_content"] = reasoning
+            calls = step.get("tool_calls") or extra.get("tool_calls")
+            if isinstance(calls, Sequence) and calls:
+                message["tool_calls"] = [
+                    _openai_tool_call(call) for call in calls if isinstance(call, Mapping)
+                ]
+            messages.append(message)
+        observation = step.get("observation")
+        results = observation.get("results") if isinstance(observation, Mapping) else None
+        for result in results if isinstance(results, Sequence) else ():
+            if not isinstance(result, Mapping):
+                continue
+            call_id = result.get("source_call_id") or _mapping(result.get("extra")).get(
+                "tool_call_id"
+            )
+            tool: dict[str, Any] = {
+                "role": "tool",
+                "content": _message_content(result.get("content")),
+            }
+            if call_id is not None:
+                tool["tool_call_id"] = call_id
+            messages.append(tool)
+    return messages
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _message_content(value: Any) -> Any:
+    """ATIF message text as chat content; a list of ATIF parts as chat parts."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, Sequence):
+        parts: list[dict[str, Any]] = []
+        for part in value:
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                parts.append({"type": "text", "text": part.get("text", "")})
+            elif isinstance(part, Mapping):
+                parts.append(dict(part))
+        return parts
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _openai_tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    arguments = call.get("arguments")
+    if isinstance(arguments, Mapping) and set(arguments) == {"_raw"}:
+        text = str(arguments["_raw"])
+    else:
+        text = json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+    return {
+        "id": call.get("tool_call_id"),
+        "type": "function",
+        "function": {"name": call.get("function_name"), "arguments": text},
+    }

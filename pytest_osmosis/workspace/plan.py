@@ -55,12 +55,31 @@ class EvalPlan:
         return len(self.dataset) * self.settings.n
 
 
-def build_plan(config_path: Path, overrides: Overrides, output: Path | None) -> EvalPlan:
-    """Load and validate everything one config needs; raises our own errors only."""
+def build_plan(
+    config_path: Path,
+    overrides: Overrides,
+    output: Path | None,
+    *,
+    rollout_dir: Path | None = None,
+) -> EvalPlan:
+    """Load and validate everything one config needs; raises our own errors only.
+
+    *rollout_dir* (``--osmosis-rollout-dir``) loads the rollout from another directory
+    than ``rollouts/<rollout>`` (another checkout's grader, for a regrade).
+    """
     config_path = config_path.resolve()
     workspace = config_path.parent.parent.parent
     cfg = load_eval_config(config_path)
     entrypoint = validate_rollout_paths(workspace, cfg.experiment, config_path)
+    rollout_root = (workspace / "rollouts" / cfg.experiment.rollout).resolve()
+    if rollout_dir is not None:
+        rollout_root = rollout_dir.resolve()
+        entrypoint = rollout_root / cfg.experiment.entrypoint
+        if not entrypoint.is_file():
+            raise ConfigError(
+                f"--osmosis-rollout-dir: {rollout_root} has no {cfg.experiment.entrypoint} "
+                f"(experiment.entrypoint of {config_path})"
+            )
     settings = resolve_settings(cfg, overrides)
     dataset_file = settings.dataset_file
     if dataset_file is not None and not dataset_file.is_absolute():
@@ -93,7 +112,7 @@ def build_plan(config_path: Path, overrides: Overrides, output: Path | None) -> 
         config=cfg,
         settings=settings,
         dataset=dataset,
-        rollout_dir=(workspace / "rollouts" / cfg.experiment.rollout).resolve(),
+        rollout_dir=rollout_root,
         entrypoint=entrypoint,
         output_root=output_root,
     )

@@ -6,8 +6,6 @@ classes import from ``osmosis_ai.rollout`` and run under ``osmosis eval run`` to
 
 from __future__ import annotations
 
-import httpx
-
 from pytest_osmosis.rollout import (
     AgentWorkflow,
     AgentWorkflowContext,
@@ -15,22 +13,20 @@ from pytest_osmosis.rollout import (
     Grader,
     GraderContext,
     LocalBackend,
-    get_rollout_context,
+    bridge_client,
 )
 
 
 class CapitalsWorkflow(AgentWorkflow):
     async def run(self, ctx: AgentWorkflowContext) -> AgentWorkflowOutput:
-        rollout = get_rollout_context()
-        assert rollout is not None, "no rollout context: run this under an Osmosis runner"
-        async with httpx.AsyncClient(timeout=60.0) as client:
-            response = await client.post(
-                rollout.chat_completions_url.rstrip("/") + "/chat/completions",
-                headers={"Authorization": f"Bearer {rollout.api_key}"},
-                json={"model": "osmosis-rollout", "messages": ctx.prompt, "max_tokens": 24},
-            )
-            response.raise_for_status()
-            body = response.json()
+        # This attempt's model endpoint and bearer, over one connection pool per process:
+        # never a new client (and its CA certificates) per call.
+        response = await bridge_client().post(
+            "chat/completions",
+            json={"model": "osmosis-rollout", "messages": ctx.prompt, "max_tokens": 24},
+        )
+        response.raise_for_status()
+        body = response.json()
         answer = body["choices"][0]["message"].get("content") or ""
         if ctx.artifacts_dir:
             (ctx.artifacts_dir / "answer.txt").write_text(answer)

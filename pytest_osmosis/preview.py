@@ -1,0 +1,240 @@
+"""The plan before spending: what each config is about to run, and an optional prompt.
+
+``osmosis eval run`` prints a table before it starts (rollout, entrypoint, model,
+dataset, rows, runs per row, work items, output) and asks before dispatching. We print
+the same facts, plus what a pytest session decides on top (attempts, concurrency, budgets,
+pass threshold, cache mode, the run name and whether it resumes), with
+``--osmosis-plan`` (then stop), under ``--collect-only``, and before the prompt of
+``--osmosis-confirm``. Printing the plan calls no model and creates no run directory: it
+reads the TOML, the dataset and an existing run's manifest and journal, nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_osmosis.errors import OsmosisError
+
+if TYPE_CHECKING:
+    from pytest_osmosis.session import EvalSession
+    from pytest_osmosis.workspace.plan import EvalPlan
+
+
+@dataclass
+class ConfigPlan:
+    """One config's plan, as printed."""
+
+    config: str
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    pending: int = 0
+    model: str = ""
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g} s"
+
+
+def _shown(path: Path, base: Path) -> str:
+    try:
+        return str(path.relative_to(base))
+    except ValueError:
+        return str(path)
+
+
+def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> tuple[str, int]:
+    """Whether the run is new, resumes (and how much is recorded) or would be refused;
+    and how many work items would run."""
+    from pytest_osmosis.controller import run_keys
+    from pytest_osmosis.outcome import is_retried
+    from pytest_osmosis.results import changed_input_keys, read_journal
+    from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
+
+    keys = run_keys(plan)
+    manifest_path = plan.run_dir / MANIFEST_FILENAME
+    if not manifest_path.is_file():
+        return "new run", len(keys)
+    if session.options.fresh:
+        return "exists: --osmosis-fresh archives it and starts a new one", len(keys)
+    try:
+        manifest = read_manifest(manifest_path)
+        records = read_journal(plan.run_dir)
+    except OsmosisError as exc:
+        return f"cannot resume: {exc}", 0
+    changed = changed_input_keys(manifest["inputs"], inputs)
+    if changed:
+        return (
+            f"would be refused: made with different inputs (changed: {', '.join(changed)})",
+            0,
+        )
+    retry = session.options.retry_failed
+    pending = [key for key in keys if key not in records or (retry and is_retried(records[key]))]
+    recorded = len(keys) - len(pending) if not retry else len(records)
+    if not pending:
+        return f"finished earlier: all {len(keys)} recorded, nothing runs", 0
+    return f"resumes: {recorded} recorded, {len(pending)} to run", len(pending)
+
+
+def _cache_mode(config: pytest.Config) -> str | None:
+    """``--osmosis-cache`` (and its ini twin) when the plugin has that option."""
+    from pytest_osmosis.plugin import OPTIONS, _value
+
+    option = next((opt for opt in OPTIONS if opt.dest == "cache"), None)
+    if option is None:
+        return None
+    given = _value(config, option)
+    return str(given[0]) if given is not None else "off"
+
+
+def plan_config(
+    session: EvalSession, config: pytest.Config, path: Path, several: bool
+) -> ConfigPlan:
+    """The rows of one config's plan; an error becomes the plan's one line."""
+    from pytest_osmosis.workspace.plan import choose_run_name, run_inputs, utc_now
+
+    base = config.invocation_params.dir
+    shown = ConfigPlan(_shown(path, base))
+    opened = session.runs.get(path)
+    try:
+        plan = session.plan_for(path)
+        if opened is None:  # an opened run (--osmosis-confirm) has its name and state
+            inputs = run_inputs(plan)
+            if session.regrade is not None:
+                session.regrade.check_inputs(inputs, path)
+                inputs = session.regrade.regrade_inputs(inputs)
+            plan.run_name = choose_run_name(plan, session.options.name, inputs, utc_now(), several)
+            if session.regrade is not None:
+                session.regrade.check_target(plan.run_dir)
+        session.load_rollout(plan)
+    except OsmosisError as exc:
+        # Collection reports it too, as open_runs would have kept it (a rollout imported a
+        # second time may not fail the same way).
+        session._errors[path] = exc
+        shown.rows.append(("error", str(exc)))
+        return shown
+    settings, experiment, dataset = plan.settings, plan.config.experiment, plan.dataset
+    if opened is None:
+        state, pending = _run_state(session, plan, inputs)
+    else:
+        pending = opened.pending_at_start
+        recorded = len(opened.rundir.records)
+        state = "new run" if opened.created else f"resumes: {recorded} recorded, {pending} to run"
+    shown.pending, shown.model = pending, settings.model_path
+    rows = shown.rows
+    rows.append(("rollout", f"{experiment.rollout} ({experiment.entrypoint})"))
+    rows.append(("model", settings.model_path))
+    rows.append(("dataset", f"{experiment.dataset} ({_shown(dataset.path, base)})"))
+    rows.append(("rows", f"{len(dataset)} of {dataset.total_dataset_rows} ({dataset.selector})"))
+    rows.append(("attempts (n)", str(settings.n)))
+    rows.append(("work items", f"{plan.total_items} ({pending} to run)"))
+    rows.append(("concurrency", str(session.total_concurrency())))
+    rows.append(
+        (
+            "budgets",
+            f"workflow {_seconds(settings.agent_timeout_s)}, "
+            f"grader {_seconds(settings.grader_timeout_s)}",
+        )
+    )
+    rows.append(("pass threshold", f"{settings.pass_threshold:g}"))
+    cache = _cache_mode(config)
+    if cache is not None:
+        rows.append(("cache", cache))
+    rows.append(("run", f"{plan.run_name} ({state})"))
+    rows.append(("output", _shown(plan.run_dir, base)))
+    if session.regrade is not None:
+        rows.append(
+            ("regrades", f"run {session.regrade.name!r}: the grader only, no workflow runs")
+        )
+    return shown
+
+
+def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    lines: list[str] = []
+    for shown in plans:
+        lines.append(f"osmosis plan: {shown.config}")
+        width = max((len(label) for label, _ in shown.rows), default=0)
+        lines += [f"  {label.ljust(width)}  {value}" for label, value in shown.rows]
+    for line in lines:
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line)
+
+
+def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> None:
+    """Print every config's plan; ``--osmosis-plan`` then ends the session: exit 0, or 4
+    when a config cannot run (its plan says why)."""
+    if not session.options.plan and config.option.verbose < -1:
+        return  # `--co -qq`: the bare list of node ids tools read, nothing else
+    several = len(configs) > 1
+    plans = [plan_config(session, config, path.resolve(), several) for path in configs]
+    _write(config, plans)
+    if not session.options.plan:
+        return
+    broken = sum(1 for shown in plans if any(label == "error" for label, _ in shown.rows))
+    if broken:
+        pytest.exit(
+            f"osmosis: --osmosis-plan: {broken} of {len(plans)} config(s) cannot run "
+            "(the error is in their plan); nothing ran",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+    pytest.exit(
+        "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)",
+        returncode=pytest.ExitCode.OK,
+    )
+
+
+def confirm(session: EvalSession, config: pytest.Config) -> None:
+    """``--osmosis-confirm``: show the plan and ask before the first model call.
+
+    Asked only when stdin is a terminal (a CI job or a pipe goes on, as with
+    ``--yes``). Declining removes the run directories this session created and exits 2,
+    as an interrupt before any row does.
+    """
+    runs = list(session.runs.values())
+    pending = sum(run.pending_at_start for run in runs)
+    if not runs or pending == 0:
+        return
+    with _terminal(config) as interactive:
+        if not interactive:
+            return
+        paths = [run.plan.config_path for run in runs]
+        _write(config, [plan_config(session, config, path, len(paths) > 1) for path in paths])
+        models = sorted({run.plan.settings.model_path for run in runs})
+        sys.stdout.write(f"osmosis: run {pending} work items with {', '.join(models)}? [y/N] ")
+        sys.stdout.flush()
+        try:
+            with open(0, closefd=False) as stdin:  # noqa: PTH123 - fd 0, not a path
+                answer = stdin.readline()
+        except (OSError, KeyboardInterrupt):
+            answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return
+    session.abandon_runs()
+    session.close()
+    pytest.exit("osmosis: not started (declined at the prompt)", returncode=2)
+
+
+@contextlib.contextmanager
+def _terminal(config: pytest.Config) -> Iterator[bool]:
+    """pytest's capture set aside (it puts /dev/null on fd 0); whether stdin is a terminal."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    try:
+        try:
+            interactive = os.isatty(0)
+        except OSError:
+            interactive = False
+        yield interactive
+    finally:
+        if capture is not None:
+            capture.resume_global_capture()

@@ -1,0 +1,417 @@
+"""CI surfaces (issue 17, points 4-6): GitHub Actions, JUnit, pytest-html, pytest-rerunfailures.
+
+Each runs a real session on the loopback model, in one process and under ``-n 2``, and
+reads what CI reads: the step summary file, the workflow commands on stdout, the JUnit
+file element by element, the HTML report's data.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_gate import ROWS
+from workspaces import calc_rows, only_run_dir, read_index, write_workspace
+
+from pytest_osmosis.github import annotation_lines, command, gate_section
+
+# test_gate's five rows: 3 pass; row 3 is below the threshold; row 4 is an error.
+BASE = ("--osmosis-eval", "-p", "no:cacheprovider")
+MODES = pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
+RAISED = "agent_error: workflow raised RuntimeError: workflow exploded on purpose (row 4, run 0)"
+LOW = "reward 0.00 < pass_threshold 1.00 (row 3, run 0)"
+
+
+@pytest.fixture
+def workspace(pytester: pytest.Pytester, model_env: Any) -> pytest.Pytester:
+    write_workspace(pytester.path, rows=ROWS)
+    return pytester
+
+
+def run(pytester: pytest.Pytester, xdist: tuple[str, ...], *args: str) -> pytest.RunResult:
+    if xdist:
+        return pytester.runpytest_subprocess(*BASE, *xdist, *args)
+    return pytester.runpytest(*BASE, *args)
+
+
+# ------------------------------------------------------------------ GitHub Actions
+
+
+@pytest.fixture
+def github(workspace: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Path:
+    summary = workspace.path / "step-summary.md"
+    summary.write_text("earlier step\n", encoding="utf-8")
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(workspace.path))
+    return summary
+
+
+@MODES
+def test_github_step_summary_and_annotations(
+    workspace: pytest.Pytester, github: Path, xdist: tuple[str, ...]
+) -> None:
+    result = run(workspace, xdist, "--osmosis-min-pass-rate", "0.5", "--osmosis-name", "ci")
+    assert result.ret == 0  # the gate passes
+    text = github.read_text(encoding="utf-8")
+    assert text.startswith("earlier step\n")  # appended, never overwritten
+    lines = text.splitlines()
+    assert lines[1:12] == [
+        "## pytest-osmosis: ci",
+        "",
+        "rollout `calc`, model `openai/test-model`, dataset `calc`, status **finished**",
+        "",
+        "| passed | below threshold | errored | skipped | total |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+        "| 3 | 1 | 1 | 0 | 5 |",
+        "",
+        "**Pass rate** 60.0% (3 passed / 5 attempts not skipped), 95% Wilson interval "
+        "23.1% to 88.2%, pass_threshold 1.0",
+        "",
+        "### Worst attempts (2 of 2)",
+    ]
+    # Worst first: the error, then the lowest reward, each with its headline.
+    assert lines[13:17] == [
+        "| row | run | outcome | reward | headline |",
+        "| ---: | ---: | --- | ---: | --- |",
+        f"| 4 | 0 | errored |  | {RAISED} |",
+        f"| 3 | 0 | below threshold | 0.00 | {LOW} |",
+    ]
+    assert lines[18:] == [
+        "### Gate: PASSED",
+        "",
+        "- ci: pass rate 60.0% (3 passed / 5 attempts not skipped) >= 50.0%",
+        "",
+    ]
+    # One workflow command per attempt that did not pass, at its dataset line.
+    commands = [line for line in result.stdout.lines if line.startswith("::")]
+    assert commands == [
+        f"::error file=data/calc.jsonl,line=5,title=ci%3A row 4 run 0::{RAISED}",
+        f"::error file=data/calc.jsonl,line=4,title=ci%3A row 3 run 0::{LOW}",
+    ]
+
+
+def test_github_annotations_stop_at_ten_then_count(
+    pytester: pytest.Pytester, model_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 12 rows below the threshold, written as CSV (line 1 is the header).
+    rows = "".join(f"What is {n} + 1?,{n}\n" for n in range(12))
+    write_workspace(pytester.path, rows=[])
+    (pytester.path / "data" / "calc.jsonl").unlink()
+    (pytester.path / "data" / "calc.csv").write_text("user_prompt,ground_truth\n" + rows)
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)  # annotations only
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(pytester.path))
+    result = pytester.runpytest(*BASE, "--osmosis-name", "many")
+    result.assert_outcomes(failed=12)
+    commands = [line for line in result.stdout.lines if line.startswith("::")]
+    assert len(commands) == 11
+    assert commands[0] == (
+        "::error file=data/calc.csv,line=2,title=many%3A row 0 run 0::"
+        "reward 0.00 < pass_threshold 1.00 (row 0, run 0)"
+    )
+    assert all(c.startswith("::error file=data/calc.csv,line=") for c in commands[:10])
+    assert commands[10] == "::warning::2 more attempts did not pass (see the step summary)"
+
+
+@pytest.mark.parametrize(
+    ("env", "args"),
+    [
+        ({"GITHUB_ACTIONS": "true"}, ("--osmosis-github", "off")),
+        ({"GITHUB_ACTIONS": "true"}, ("-o", "osmosis_github=off")),
+        ({}, ()),  # not on GitHub Actions
+    ],
+    ids=["option-off", "ini-off", "not-github"],
+)
+def test_github_off(
+    workspace: pytest.Pytester,
+    github: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    args: tuple[str, ...],
+) -> None:
+    if not env:
+        monkeypatch.delenv("GITHUB_ACTIONS")
+    result = workspace.runpytest(*BASE, *args)
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    assert github.read_text(encoding="utf-8") == "earlier step\n"
+    assert not [line for line in result.stdout.lines if line.startswith("::")]
+
+
+def test_a_bad_github_value_is_one_line(workspace: pytest.Pytester, github: Path) -> None:
+    result = workspace.runpytest(*BASE, "--osmosis-github", "yes")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --osmosis-github: must be auto or off, got 'yes'"])
+
+
+def test_gate_section_shows_regressions_when_the_verdict_has_them() -> None:
+    verdict = {
+        "passed": False,
+        "reasons": ["nightly: pass rate 40.0% < 50.0%"],
+        "regressions": ["row 7 run 0: passed -> below threshold", {"row": 9, "was": "passed"}],
+    }
+    assert gate_section(verdict).splitlines() == [
+        "### Gate: FAILED",
+        "",
+        "- nightly: pass rate 40.0% < 50.0%",
+        "",
+        "### Regressions against the baseline (2)",
+        "",
+        "- row 7 run 0: passed -> below threshold",
+        "- row 9, was passed",
+        "",
+    ]
+    assert "Regressions" not in gate_section({"passed": True, "reasons": []})
+
+
+def test_workflow_commands_are_escaped(tmp_path: Path) -> None:
+    assert command("error", {"file": "a,b:c", "line": "3"}, "50% done\nnext\r") == (
+        "::error file=a%2Cb%3Ac,line=3::50%25 done%0Anext%0D"
+    )
+    assert annotation_lines([], tmp_path) == []
+
+
+# -------------------------------------------------------------------------- JUnit
+
+
+@MODES
+def test_junit_tells_errors_from_failures_element_by_element(
+    workspace: pytest.Pytester, xdist: tuple[str, ...]
+) -> None:
+    result = run(workspace, xdist, "--osmosis-name", "j", "--junitxml=out.xml")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    check_junit(workspace.path / "out.xml", workspace.path, resumed="")
+    # The finished run, run again, runs nothing and writes its recorded rows, not nothing.
+    again = run(workspace, xdist, "--osmosis-name", "j", "--junitxml=again.xml")
+    assert again.ret == pytest.ExitCode.TESTS_FAILED
+    check_junit(workspace.path / "again.xml", workspace.path, resumed=" [resumed]")
+
+
+def check_junit(path: Path, root: Path, *, resumed: str) -> None:
+    run_dir = only_run_dir(root)
+    index = {(r["row_index"], r["run_index"]): r for r in read_index(run_dir)}
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert suite is not None
+    assert {k: suite.get(k) for k in ("tests", "failures", "errors", "skipped")} == {
+        "tests": "5",
+        "failures": "1",
+        "errors": "1",
+        "skipped": "0",
+    }
+    cases = {str(case.get("name")): case for case in suite.iter("testcase")}
+    assert sorted(cases) == [f"row_{n}_run_0" for n in range(5)]
+    for row in range(5):
+        case = cases[f"row_{row}_run_0"]
+        record = index[(row, 0)]
+        # The row's own duration, not the wait (nor the session's start-up on row 0).
+        assert float(str(case.get("time"))) == pytest.approx(record["duration_ms"] / 1000, abs=5e-4)
+        children = [child.tag for child in case]
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert properties["osmosis_model"] == "openai/test-model"
+        assert properties["osmosis_dataset_row"] == str(row)
+        assert properties["osmosis_attempt"] == "0"
+        assert properties["osmosis_pass_threshold"] == "1.0"
+        assert float(str(properties["osmosis_duration_s"])) == pytest.approx(
+            record["duration_ms"] / 1000, abs=5e-4
+        )
+        trajectory = run_dir / "rollout_trials" / record["rollout_id"] / "trajectory.json"
+        if row < 4:
+            assert properties["osmosis_trajectory"] == str(trajectory)
+            assert trajectory.is_file()
+            assert properties["osmosis_reward"] == ("0.0" if row == 3 else "1.0")
+            assert "osmosis_error_type" not in properties
+        else:
+            assert properties["osmosis_error_type"] == "agent_error"
+            assert "osmosis_reward" not in properties
+        if row < 3:
+            assert children == ["properties"]
+            continue
+        (verdict,) = [child for child in case if child.tag != "properties"]
+        if row == 3:
+            assert verdict.tag == "failure"
+            assert verdict.get("message") == LOW.replace(")", f"){resumed}")
+        else:
+            assert verdict.tag == "error"
+            message = (
+                RAISED
+                if not resumed
+                else ("agent_error: recorded by an earlier session (row 4, run 0) [resumed]")
+            )
+            # pytest's JUnit writer: the setup failure's whole text, cut at 500 characters.
+            assert str(verdict.get("message")).startswith(f'failed on setup with "{message}')
+            assert str(verdict.text).startswith(message)
+
+
+def test_a_low_reward_is_an_assertion_error_and_an_error_is_not(workspace: pytest.Pytester) -> None:
+    # What Allure (and others) read to say "failed" rather than "broken".
+    workspace.makeconftest(
+        """
+        import json
+
+        def pytest_exception_interact(node, call, report):
+            with open("raised.jsonl", "a") as out:
+                out.write(json.dumps([node.name, call.when, isinstance(call.excinfo.value, AssertionError)]) + "\\n")
+        """
+    )
+    workspace.runpytest(*BASE).assert_outcomes(passed=3, failed=1, errors=1)
+    seen = [json.loads(line) for line in (workspace.path / "raised.jsonl").read_text().splitlines()]
+    assert sorted(seen) == [["row_3_run_0", "call", True], ["row_4_run_0", "setup", False]]
+
+
+# ---------------------------------------------------------------------- pytest-html
+
+
+@MODES
+def test_pytest_html_has_a_reward_column(
+    workspace: pytest.Pytester, xdist: tuple[str, ...]
+) -> None:
+    result = run(workspace, xdist, "--html=report.html", "--self-contained-html")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    page = (workspace.path / "report.html").read_text(encoding="utf-8")
+    blob = re.search(r'data-jsonblob="([^"]*)"', page)
+    assert blob is not None
+    data = json.loads(html.unescape(blob.group(1)))
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", page)
+    assert headers == ["Result", "Test", "Reward", "Duration", "Links"]
+    shown: dict[str, list[tuple[str, str]]] = {}
+    for nodeid, runs in data["tests"].items():
+        for row in runs:
+            cells = row["resultsTableRow"]
+            assert cells[2].startswith('<td class="col-reward">'), cells
+            texts = [re.sub(r"<[^>]+>", "", cell) for cell in cells]
+            shown.setdefault(nodeid.rsplit("::", 1)[-1], []).append((texts[0], texts[2]))
+    assert shown == {
+        "row_0_run_0": [("Passed", "1.00")],
+        "row_1_run_0": [("Passed", "1.00")],
+        "row_2_run_0": [("Passed", "1.00")],
+        "row_3_run_0": [("Failed", "0.00")],
+        "row_4_run_0": [("Error", "agent_error")],
+    }
+
+
+# ------------------------------------------------------------ pytest-rerunfailures
+
+#: Each execution appends its row's ``do`` to executions.txt beside the rollout; the first
+#: execution of ``hang`` outlives its budget, ``bug`` always raises, the rest ask the model.
+RERUN_ROLLOUT = """
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, get_rollout_context,
+)
+
+LOG = Path(__file__).with_name("executions.txt")
+
+
+class Flaky(AgentWorkflow):
+    async def run(self, ctx):
+        do = (ctx.metadata or {}).get("do", "")
+        with LOG.open("a") as out:
+            out.write(do + "\\n")
+        if do == "bug":
+            raise RuntimeError("a bug in the rollout")
+        if do == "hang" and LOG.read_text().splitlines().count("hang") == 1:
+            await asyncio.sleep(3600)  # only the budget ends it
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=120) as client:
+            response = await client.post(
+                rollout.chat_completions_url + "/chat/completions",
+                headers={"Authorization": f"Bearer {rollout.api_key}"},
+                json={"model": "anything", "messages": ctx.prompt},
+            )
+            response.raise_for_status()
+        answer = response.json()["choices"][0]["message"]["content"]
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        final = list(ctx.sample.messages)[-1]["content"].strip()
+        ctx.set_reward(1.0 if final == ctx.label else 0.0)
+
+
+backend = LocalBackend(workflow=Flaky, grader=Exact)
+"""
+
+RERUN_ROWS = calc_rows(
+    [
+        ("What is 2 + 2?", "4", "ok"),
+        ("What is 3 + 3?", "6", "hang"),  # workflow_timeout once: infrastructure
+        ("What is 9 + 9? FLAKY5XX", "18", "provider"),  # the provider's 503 once
+        ("What is 3 * 5?", "16", "low"),  # below the threshold: never again
+        ("What is 1 + 1?", "2", "bug"),  # agent_error: never again
+    ]
+)
+
+
+@MODES
+def test_reruns_run_again_only_infrastructure_errors_and_record_once(
+    pytester: pytest.Pytester, model_env: Any, xdist: tuple[str, ...]
+) -> None:
+    write_workspace(
+        pytester.path,
+        rows=RERUN_ROWS,
+        rollout_source=RERUN_ROLLOUT,
+        evaluation={"agent_workflow_timeout_s": 5, "grader_timeout_s": 30},
+    )
+    # Three 503s: the provider's client retries a 5xx twice itself before the row sees it.
+    model_env.fail_on = {"FLAKY5XX": (503, 3)}
+    result = run(pytester, xdist, "--osmosis-name", "r", "--reruns", "2", "-rR")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    assert result.parseoutcomes()["rerun"] == 2
+    executions = (pytester.path / "rollouts" / "calc" / "executions.txt").read_text().split()
+    assert sorted(executions) == sorted(
+        ["ok", "hang", "hang", "provider", "provider", "low", "bug"]
+    )
+    run_dir = only_run_dir(pytester.path)
+    # One record per (row, attempt): the re-run's, not the error it replaced.
+    events = (run_dir / "events.jsonl").read_text().splitlines()
+    assert len(events) == 5
+    by_row = {r["row_index"]: r for r in read_index(run_dir)}
+    assert [by_row[n]["status"] for n in range(5)] == [
+        "success",
+        "success",
+        "success",
+        "success",
+        "failed",
+    ]
+    assert by_row[4]["error_type"] == "agent_error"
+    result.stdout.fnmatch_lines(["*RERUN configs/eval/calc.toml::row_1_run_0*"])
+    result.stdout.fnmatch_lines(["*RERUN configs/eval/calc.toml::row_2_run_0*"])
+
+
+def test_reruns_keep_the_users_rerun_except(pytester: pytest.Pytester, model_env: Any) -> None:
+    write_workspace(pytester.path, rows=ROWS)
+    pytester.makeini("[pytest]\nrerun_except =\n    SomethingOfMine\n")
+    pytester.makeconftest(
+        """
+        def pytest_sessionfinish(session):
+            with open("rerun_except.txt", "w") as out:
+                out.write("\\n".join(session.config.option.rerun_except))
+        """
+    )
+    pytester.runpytest(*BASE, "--reruns", "1").assert_outcomes(passed=3, failed=1, errors=1)
+    assert (pytester.path / "rerun_except.txt").read_text().splitlines() == [
+        "SomethingOfMine",
+        "^RewardBelowThreshold: ",
+        "^RowErrored: ",
+    ]
+
+
+def test_without_the_optional_plugins_nothing_changes(workspace: pytest.Pytester) -> None:
+    result = workspace.runpytest(*BASE, "-p", "no:html", "-p", "no:rerunfailures")
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+    without = workspace.parseconfigure(*BASE, "-p", "no:html", "-p", "no:rerunfailures")
+    assert without.pluginmanager.get_plugin("osmosis-html") is None
+    assert not hasattr(without.option, "rerun_except")  # its option is not there to extend
+    with_them = workspace.parseconfigure(*BASE, "--reruns", "1")
+    assert with_them.pluginmanager.get_plugin("osmosis-html") is not None
+    assert with_them.option.rerun_except == ["^RewardBelowThreshold: ", "^RowErrored: "]

@@ -1,0 +1,187 @@
+"""The plan before spending: ``--osmosis-plan``, ``--collect-only``, ``--osmosis-confirm``.
+
+Printing the plan must cost nothing: the loopback model server counts every request, and
+the output root must not exist afterwards. The prompt is driven through a real
+pseudo-terminal; without one (a pipe, CI) it is never asked.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from workspaces import calc_rows, write_workspace
+
+PLAIN = ("-p", "no:cacheprovider", "-p", "no:randomly")
+
+
+def _workspace(root: Path) -> Path:
+    return write_workspace(
+        root,
+        rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "15"), ("1 + 1?", "2")]),
+        evaluation={
+            "n": 2,
+            "limit": 2,
+            "batch_size": 3,
+            "agent_workflow_timeout_s": 60,
+            "grader_timeout_s": 30,
+            "pass_threshold": 0.5,
+        },
+    )
+
+
+def _plan_lines(output: str) -> dict[str, str]:
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("osmosis plan: "))
+    found: dict[str, str] = {}
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break
+        label, _, value = line.strip().partition("  ")
+        found[label] = value.strip()
+    return found
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["single", "xdist"])
+def test_plan_prints_and_spends_nothing(
+    pytester: pytest.Pytester, model_env, workers: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    result = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *workers, *PLAIN
+    )
+    assert result.ret == pytest.ExitCode.OK
+    out = result.stdout.str()
+    assert "osmosis plan: configs/eval/calc.toml" in out
+    plan = _plan_lines(out)
+    assert plan == {
+        "rollout": "calc (main.py)",
+        "model": "openai/test-model",
+        "dataset": "calc (data/calc.jsonl)",
+        "rows": "2 of 3 (0-1)",
+        "attempts (n)": "2",
+        "work items": "4 (4 to run)",
+        "concurrency": "3",
+        "budgets": "workflow 60 s, grader 30 s",
+        "pass threshold": "0.5",
+        "run": "nightly (new run)",
+        "output": ".osmosis/evals/nightly",
+    }
+    assert "--osmosis-plan: nothing ran (no model call, no run directory)" in out
+    assert model_env.requests_total == 0
+    assert not (pytester.path / ".osmosis").exists()
+
+
+def test_plan_says_a_named_run_resumes(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    pytester.runpytest("--osmosis-eval", "--osmosis-name", "nightly", "-k", "row_0_", *PLAIN)
+    requests = model_env.requests_total
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *PLAIN
+    )
+    plan = _plan_lines(result.stdout.str())
+    assert plan["run"] == "nightly (resumes: 2 recorded, 2 to run)"
+    assert plan["work items"] == "4 (2 to run)"
+    changed = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", "--osmosis-n", "3", *PLAIN
+    )
+    assert _plan_lines(changed.stdout.str())["run"] == (
+        "nightly (would be refused: made with different inputs (changed: n))"
+    )
+    assert model_env.requests_total == requests
+
+
+def test_collect_only_shows_the_plan(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "--co", "-q", *PLAIN)
+    assert result.ret == pytest.ExitCode.OK
+    out = result.stdout.str()
+    assert _plan_lines(out)["work items"] == "4 (4 to run)"
+    assert "configs/eval/calc.toml::row_1_run_1" in out
+    assert model_env.requests_total == 0
+    assert not (pytester.path / ".osmosis").exists()
+
+
+def test_collect_only_very_quiet_lists_node_ids_alone(pytester: pytest.Pytester) -> None:
+    _workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "--co", "-qq", *PLAIN)
+    assert "osmosis plan" not in result.stdout.str()
+    assert "configs/eval/calc.toml: 4" in result.stdout.str()
+
+
+def test_a_broken_config_is_one_line_of_the_plan(pytester: pytest.Pytester) -> None:
+    config = _workspace(pytester.path)
+    config.write_text(config.read_text().replace('dataset = "calc"', 'dataset = "missing"'))
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-plan", *PLAIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    plan = _plan_lines(result.stdout.str())
+    assert list(plan) == ["error"] and "missing" in plan["error"]
+    assert "1 of 1 config(s) cannot run (the error is in their plan)" in result.stdout.str()
+
+
+def test_confirm_is_skipped_without_a_terminal(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "--osmosis-confirm", *PLAIN)
+    result.assert_outcomes(passed=4)
+    assert "[y/N]" not in result.stdout.str()
+
+
+def _in_terminal(root: Path, answer: bytes, *args: str) -> tuple[int, str]:
+    """Run pytest with a pseudo-terminal as stdin/stdout; answer the prompt when it comes."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=root,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    os.close(follower)
+    output = b""
+    answered = False
+    while True:
+        ready, _, _ = select.select([leader], [], [], 300)  # a hang guard, not a timing check
+        if not ready:
+            process.kill()
+            raise AssertionError(f"no output for 300 s:\n{output.decode()}")
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+        if not answered and b"[y/N]" in output:
+            os.write(leader, answer)
+            answered = True
+    os.close(leader)
+    return process.wait(), output.decode(errors="replace")
+
+
+def test_confirm_declined_makes_no_model_call_and_no_run(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    status, out = _in_terminal(
+        pytester.path, b"n\n", "--osmosis-eval", "--osmosis-confirm", "--osmosis-name", "x", *PLAIN
+    )
+    assert "osmosis plan: configs/eval/calc.toml" in out
+    assert "osmosis: run 4 work items with openai/test-model? [y/N]" in out
+    assert "not started (declined at the prompt)" in out
+    assert status == 2
+    assert model_env.requests_total == 0
+    assert not (pytester.path / ".osmosis" / "evals" / "x").exists()
+
+
+def test_confirm_accepted_runs(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    status, out = _in_terminal(pytester.path, b"y\n", "--osmosis-eval", "--osmosis-confirm", *PLAIN)
+    assert "[y/N]" in out
+    assert status == 0, out
+    assert "4 passed" in out
