@@ -35,6 +35,10 @@ class Controller:
         self._letterless: pytest.TestReport | None = None  # live progress: see letterless
         self.progress_option = progress_option(session.config)
         self.started = time.monotonic()  # live progress counts elapsed time from here
+        #: What this session's rows spent (the budgets count this session only, so that
+        #: running the same command again resumes with a fresh budget).
+        self.spent_tokens = 0
+        self.spent_cost = 0.0
 
     # -- before any row -------------------------------------------------------------
 
@@ -83,6 +87,7 @@ class Controller:
             for run in self.session.runs.values()
             if run.rundir.pending(run_keys(run.plan))
         ]
+        self._check_gate(models)
         if not models:
             milestones.finish()
             return
@@ -97,6 +102,34 @@ class Controller:
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
         milestones.finish()
+
+    def _check_gate(self, models: list[str]) -> None:
+        """The gate's options against the runs, before any row (one line, exit 4)."""
+        from pytest_osmosis.gate import GateOptionError, check_runs
+
+        gate = self.session.options.gate
+        try:
+            check_runs(
+                gate,
+                [
+                    (run.plan.run_name, run.plan.run_dir, run.rundir.manifest["inputs"])
+                    for run in self.session.runs.values()
+                ],
+            )
+            if gate.values.get("max_cost") is not None:
+                from pytest_osmosis.model.litellm import has_price
+
+                for model in sorted(set(models)):
+                    if not has_price(model):
+                        raise GateOptionError(
+                            f"--osmosis-max-cost: model {model!r} has no price in LiteLLM's "
+                            "local cost map, so a cost budget cannot be kept "
+                            "(use --osmosis-max-tokens)"
+                        )
+        except GateOptionError as exc:
+            self.session.abandon_runs()
+            self.session.close()
+            raise pytest.UsageError(str(exc)) from None
 
     def keep_recorded(self, entries: list[RecordedEntry]) -> None:
         """Note the recorded items a finished run deselected: --junitxml still lists them."""
@@ -132,6 +165,7 @@ class Controller:
             run.rundir.append(result)
             run.executed += 1
             run.rate_limited += int(result.get("rate_limited") or 0)
+            self._spend(run, result)
             run.cache_calls += int(result.get("cache_calls") or 0)
             run.cache_hits += int(result.get("cache_hits") or 0)
             self._last_result = result
@@ -156,6 +190,33 @@ class Controller:
                     rollout_id=result["rollout_id"],
                     detail=result["detail"],
                 )
+
+    def _spend(self, run: ControllerRun, result: dict[str, Any]) -> None:
+        """Count what the row spent; once a budget is spent no new row starts."""
+        from pytest_osmosis.results.row_metrics import cost_of
+        from pytest_osmosis.words import dollars
+
+        cost = cost_of(result.get("cost_usd"))
+        run.costs[str(result["rollout_id"])] = cost
+        self.spent_tokens += int(result.get("tokens") or 0)
+        self.spent_cost += cost or 0.0
+        if self.session.stop_line is not None:
+            return
+        values = self.session.options.gate.values
+        max_tokens, max_cost = values.get("max_tokens"), values.get("max_cost")
+        spent = None
+        if max_tokens is not None and self.spent_tokens >= max_tokens:
+            spent = f"{self.spent_tokens} tokens of --osmosis-max-tokens {max_tokens}"
+        elif max_cost is not None and self.spent_cost >= max_cost:
+            spent = f"{dollars(self.spent_cost)} of --osmosis-max-cost {dollars(max_cost)}"
+        if spent is not None:
+            line = (
+                f"osmosis: budget spent ({spent}): rows in flight finished, rows not started "
+                "stay pending; run the same command again to resume"
+            )
+            self.session.stop_starting(line)
+            for each in self.session.runs.values():
+                each.log.warning("budget", line)
 
     def after_report(self) -> None:
         """Progress, after pytest has shown the row's letter."""
@@ -220,6 +281,8 @@ class Controller:
             for run in self.session.runs.values():
                 stopped = run.storage_fault is not None
                 run.metrics = finalize_run(run, cancelled=bool(interrupted))
+                if run.metrics:
+                    run.row_metrics = self._row_metrics(run)
                 if not stopped and run.storage_fault is not None:
                     self.session.storage_fault_at_finish(session, run)
             self._recorded_to_junit(session.config)
@@ -229,6 +292,39 @@ class Controller:
             self._gate(session)
         finally:
             self.session.close()
+
+    def _row_metrics(self, run: ControllerRun) -> dict[str, Any]:
+        """Write ``osmosis_metrics.json`` beside ``metrics.json`` (a run that ran nothing
+        keeps its files as they were: the document is computed, not written)."""
+        from pytest_osmosis.results.row_metrics import (
+            attempts_by_row,
+            cost_of,
+            read_row_metrics,
+            row_metrics,
+            write_row_metrics,
+        )
+
+        plan = run.plan
+        earlier = read_row_metrics(plan.run_dir).get("cost_usd_by_rollout")
+        earlier = earlier if isinstance(earlier, dict) else {}
+        costs: dict[str, float | None] = {}
+        for record in run.rundir.records.values():
+            rollout_id = str(record.get("rollout_id"))
+            cost = run.costs[rollout_id] if rollout_id in run.costs else earlier.get(rollout_id)
+            costs[rollout_id] = cost_of(cost)
+        row_pass = self.session.options.gate.values.get("row_pass")
+        doc = row_metrics(
+            attempts_by_row(run.rundir.records.values(), plan.settings.pass_threshold),
+            n=plan.settings.n,
+            row_pass=row_pass,
+            costs=costs,
+        )
+        if run.executed:
+            try:
+                write_row_metrics(plan.run_dir, doc)
+            except OSError as exc:
+                run.storage_fault = f"cannot write {plan.run_dir}: {exc}"
+        return doc
 
     def summary(self, terminalreporter: Any) -> None:
         from pytest_osmosis.summary import write_summary
@@ -307,8 +403,18 @@ class Controller:
             return
         if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             return  # interrupted, usage or internal errors keep their own exit status
+        from pytest_osmosis.gate import RunDetail
+        from pytest_osmosis.results.row_metrics import attempts_by_row
+
         runs = [(run.plan.run_name, run.metrics) for run in self.session.runs.values()]
-        verdict = decide(gate, runs)
+        details = {
+            run.plan.run_name: RunDetail(
+                attempts_by_row(run.rundir.records.values(), run.plan.settings.pass_threshold),
+                run.plan.run_dir,
+            )
+            for run in self.session.runs.values()
+        }
+        verdict = decide(gate, runs, details)
         override = session.config.hook.pytest_osmosis_gate(
             config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
         )

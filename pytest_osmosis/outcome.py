@@ -40,6 +40,27 @@ def classify(row: Mapping[str, Any], threshold: float) -> str:
     return BELOW_THRESHOLD
 
 
+#: A dataset row's class over its attempts not skipped: every one passed, they disagree, or
+#: none passed. ``flaky`` needs n >= 2; a row with every attempt skipped has no class.
+ROW_PASSED = "passed"
+ROW_FLAKY = "flaky"
+ROW_FAILED = "failed"
+ROW_CLASSES = (ROW_PASSED, ROW_FLAKY, ROW_FAILED)
+
+
+def row_class(passes: int, attempts: int) -> str | None:
+    """passed / flaky / failed for a row with ``passes`` of ``attempts`` (not skipped)."""
+    if attempts <= 0:
+        return None
+    if passes >= attempts:
+        return ROW_PASSED
+    return ROW_FLAKY if passes > 0 else ROW_FAILED
+
+
+def row_passes(passes: int, attempts: int, need: int | None) -> bool:
+    """A row's verdict: at least ``need`` passing attempts (``--osmosis-row-pass k/n``),
+    every attempt when no k is given."""
+    return attempts > 0 and passes >= (attempts if need is None else need)
 #: Error types of what a row ran on rather than of its code: a budget or a client's own
 #: timeout, the backstop, the process that died under it.
 INFRASTRUCTURE_ERRORS = frozenset(

@@ -679,6 +679,24 @@ class EvalHooks:
         cancel()
         return True
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> bool | None:
+        """Once a budget is spent, the first row not already in flight stops the session.
+
+        It is not run and not reported: it stays pending, as every row after it does.
+        """
+        from pytest_osmosis.collect import EvalItem
+
+        if not isinstance(item, EvalItem):
+            return None
+        line = self.session.budget_stop()
+        if line is None or self.session.may_report(item):
+            return None
+        item.session.shouldstop = line
+        return True
+
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
         """Collect with the cyclic GC paused, then freeze what was collected.
@@ -864,6 +882,13 @@ class XdistControllerHooks:
         node.workerinput["osmosis_prefetch"] = prefetch
         node.workerinput["osmosis_controller_pid"] = os.getpid()  # workers watch it (xdist.py)
         node.workerinput["osmosis_junit"] = bool(self.session.config.option.xmlpath)
+        if self.session.options.gate.budgeted:  # the controller tells workers a budget is spent
+            if self.session.stop_file is None:
+                import tempfile
+
+                directory = tempfile.mkdtemp(prefix="osmosis-budget-")
+                self.session.stop_file = os.path.join(directory, "spent")
+            node.workerinput["osmosis_stop_file"] = self.session.stop_file
         from pytest_osmosis.regrade import worker_input
 
         node.workerinput["osmosis_regrade"] = worker_input(self.session)
@@ -918,6 +943,10 @@ class XdistControllerHooks:
         return running(self.blame_dir, str(node.gateway.id))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.session.stop_file is not None:
+            import shutil
+
+            shutil.rmtree(os.path.dirname(self.session.stop_file), ignore_errors=True)
         if self.blame_dir is not None:
             import shutil
 

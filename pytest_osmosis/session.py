@@ -117,6 +117,10 @@ class ControllerRun:
     storage_fault: str | None = None
     """Why the run directory took no more results (a full disk, deleted): nothing more is
     written there, not even the final snapshots."""
+    costs: dict[str, float | None] = field(default_factory=dict)
+    """Rollout id -> dollars, of the attempts this session recorded (None: no price)."""
+    row_metrics: dict[str, Any] = field(default_factory=dict)
+    """``osmosis_metrics.json`` as written at the end (results/row_metrics.py)."""
 
 
 class EvalSession:
@@ -152,6 +156,10 @@ class EvalSession:
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
         self._fd_capped = False
+        #: Why no new row may start (a spent budget), set by the controller; an xdist
+        #: worker reads it from ``stop_file``, which the controller writes.
+        self.stop_line: str | None = None
+        self.stop_file: str | None = None
         self.milestones: Milestones | None = None
         """Start-up phases on the controller's terminal (set by the controller role)."""
         #: ``--osmosis-regrade``: the run whose samples are graded again, and its config.
@@ -186,6 +194,7 @@ class EvalSession:
         """What the xdist controller decided: run directory names, whether shards are ours."""
         self._run_names.update(workerinput.get("osmosis_runs", {}))
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
+        self.stop_file = workerinput.get("osmosis_stop_file")
         blame_dir = workerinput.get("osmosis_blame_dir")
         self._blame_slot = (str(blame_dir), str(workerinput["workerid"])) if blame_dir else None
         if workerinput.get("osmosis_regrade"):
@@ -373,7 +382,9 @@ class EvalSession:
     @property
     def executor(self) -> Executor:
         if self._executor is None:
-            self._executor = Executor(self._concurrency())
+            self._executor = Executor(
+                self._concurrency(), may_start=lambda: self.budget_stop() is None
+            )
             if self._blame_slot:
                 # Which row's code runs, for whoever reads it if this process dies (blame.py):
                 # the xdist controller, or the next single-process session.
@@ -461,6 +472,34 @@ class EvalSession:
 
             items = item.session.items
             self._prefetch([items[i] for i in queued_indices(self.config) if i < len(items)])
+
+    # -- budgets ---------------------------------------------------------------------
+
+    def stop_starting(self, line: str) -> None:
+        """Controller: a budget is spent; no new row starts here or on any xdist worker.
+
+        Rows in flight finish and are recorded; the rows not started stay pending.
+        """
+        self.stop_line = line
+        if self.stop_file is not None:
+            from pytest_osmosis.results.atomic import atomic_write_bytes
+
+            atomic_write_bytes(Path(self.stop_file), line.encode(), durable=False)
+
+    def budget_stop(self) -> str | None:
+        """The line a spent budget stops the session with, once the controller said so."""
+        if self.stop_line is None and self.is_worker and self.stop_file:
+            try:
+                self.stop_line = Path(self.stop_file).read_text() or None
+            except OSError:
+                return None
+        return self.stop_line
+
+    def may_report(self, item: EvalItem) -> bool:
+        """Whether ``item`` can run after a budget is spent: it is in flight, or recorded."""
+        if self.carried_forward(item) is not None:
+            return True
+        return self._executor is not None and self._executor.started(item.nodeid)
 
     def run_item(self, item: EvalItem) -> dict[str, Any]:
         plan = item.parent.plan

@@ -65,9 +65,11 @@ def summary_lines(run: ControllerRun) -> list[str]:
         lines.append(
             "pass@k     " + "  ".join(f"pass@{p['k']} {percent(p['value'])}" for p in points)
         )
+    lines += row_lines(run.row_metrics)
     duration = eval_run.get("duration_ms")
     lines.append(
         f"tokens     {summary.get('tokens_used', 0)}"
+        + cost_text(run.row_metrics)
         + (f"   duration {duration / 1000:.1f} s" if isinstance(duration, (int, float)) else "")
     )
     if run.rate_limited:
@@ -114,3 +116,40 @@ def summary_lines(run: ControllerRun) -> list[str]:
         if len(not_passed) > 20:
             lines.append(f"  ... and {len(not_passed) - 20} more (see index.jsonl)")
     return lines
+
+
+def row_lines(doc: dict[str, Any]) -> list[str]:
+    """pass^k, and rows by class over their attempts (``osmosis_metrics.json``), for n >= 2."""
+    from pytest_osmosis.outcome import ROW_FAILED, ROW_FLAKY, ROW_PASSED
+    from pytest_osmosis.words import percent
+
+    lines = []
+    points = doc.get("pass_hat_k")
+    if points:
+        lines.append(
+            "pass^k     " + "  ".join(f"pass^{p['k']} {percent(p['value'])}" for p in points)
+        )
+    classes = doc.get("rows") or {}
+    if points or doc.get("row_pass"):
+        flaky = doc.get("flaky_rows") or []
+        shown = ", ".join(str(row) for row in flaky[:10]) + (" ..." if len(flaky) > 10 else "")
+        lines.append(
+            f"rows       {classes.get(ROW_PASSED, 0)} passed every attempt, "
+            f"{classes.get(ROW_FLAKY, 0)} flaky"
+            + (f" (row{'s' if len(flaky) > 1 else ''} {shown})" if flaky else "")
+            + f", {classes.get(ROW_FAILED, 0)} passed none"
+        )
+    row_pass = doc.get("row_pass")
+    if row_pass:
+        lines.append(
+            f"row pass   {row_pass['k']}/{row_pass['n']}: {row_pass['passed']} rows pass, "
+            f"{row_pass['failed']} do not"
+        )
+    return lines
+
+
+def cost_text(doc: dict[str, Any]) -> str:
+    """``   cost $0.000123``, or ``   cost unknown`` when a model has no price."""
+    from pytest_osmosis.words import dollars
+
+    return f"   cost {dollars(doc['cost_usd'])}" if "cost_usd" in doc else ""

@@ -63,6 +63,19 @@ def percent(value: Any) -> str:
     return "–"
 
 
+def points(change: float) -> str:
+    """A change of a rate in percentage points: ``-12.5 pp``."""
+    return f"{change * 100:+.1f} pp"
+
+
+def dollars(cost: Any) -> str:
+    """A cost as ``$0.000123`` (six decimals: one row of a small model costs well under a
+    cent); ``unknown`` when a model has no price in LiteLLM's cost map."""
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        return f"${float(cost):.6f}"
+    return "unknown"
+
+
 def one_line(text: str, limit: int | None = None) -> str:
     """Text as one line (white space folded), cut to *limit* characters with ``...``."""
     flat = " ".join(text.split())

@@ -217,8 +217,10 @@ def stalled_by_others(owner: object, since: float) -> float:
 class Executor:
     """Runs coroutine factories on a background loop, at most ``concurrency`` at a time."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, may_start: Callable[[], bool] | None = None) -> None:
         self.concurrency = max(1, concurrency)
+        #: Asked before a queued item starts ahead: False holds the queue (a spent budget).
+        self.may_start = may_start or (lambda: True)
         self.loop = asyncio.new_event_loop()
         self._stopping = False
         self._stop_loop = self.loop.stop
@@ -335,6 +337,11 @@ class Executor:
             return False
         return True
 
+    def started(self, key: str) -> bool:
+        """Whether ``key`` was started (ahead or now) and its result not taken yet."""
+        with self._lock:
+            return key in self._futures and key not in self._queue
+
     def in_flight(self) -> int:
         with self._lock:
             return self._running
@@ -383,7 +390,7 @@ class Executor:
             with self._lock:
                 self._again = False
                 starting = []
-                while self._queue and self._running < self.concurrency:
+                while self._queue and self._running < self.concurrency and self.may_start():
                     _, entry = self._queue.popitem(last=False)
                     starting.append(entry)
                     self._running += 1

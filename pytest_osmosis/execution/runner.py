@@ -45,6 +45,7 @@ class BridgeLike(Protocol):
 
     def pop_rate_limited(self, rollout_id: str) -> int: ...
 
+    def pop_cost(self, rollout_id: str) -> float | None: ...
     def pop_provider_errors(self, rollout_id: str) -> int: ...
 
     def call_usage(self, rollout_id: str) -> list[dict[str, int]]: ...
@@ -175,6 +176,7 @@ async def execute(
         status, reward, cause = "failed", None, None
         error_type, message, detail = missed.error_type, missed.message, missed.detail
     tokens = bridge.close_rollout(rollout_id)
+    cost_usd = bridge.pop_cost(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
     provider_errors = bridge.pop_provider_errors(rollout_id)  # 5xx: outcome.is_infrastructure
     if status == "failed" and bridge.exhaustions != exhaustions:
@@ -216,6 +218,7 @@ async def execute(
             "has_trajectory": has_trajectory,
             "trajectory_problem": trajectory_problem,
             "rate_limited": rate_limited,
+            "cost_usd": cost_usd,  # dollars by LiteLLM's cost map; None: no price
             # Model calls through the model-call cache, and how many it answered.
             "cache_calls": cache.calls if cache is not None else 0,
             "cache_hits": cache.hits if cache is not None else 0,

@@ -34,7 +34,7 @@ from pytest_osmosis.model.errors import (
     _one_line,
     _out_of_descriptors,
 )
-from pytest_osmosis.model.litellm import _litellm, _litellm_imported
+from pytest_osmosis.model.litellm import _litellm, _litellm_imported, cost_usd
 from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,
@@ -118,6 +118,8 @@ class Bridge:
         self._reasoning: dict[str, dict[str, dict[str, Any]]] = {}
         """Per rollout: reasoning fields by the id of the tool call they came with."""
         self._rate_limited: dict[str, int] = {}
+        self._costs: dict[str, float | None] = {}
+        """Per open rollout: dollars spent so far by LiteLLM's cost map (None: unpriced)."""
         self._cached: dict[str, CachedAttempt] = {}
         """Per open rollout using the model-call cache: its row and attempt there."""
         self.offline = False
@@ -254,6 +256,7 @@ class Bridge:
                 self._keys[rollout_id] = key
             self._tokens.setdefault(rollout_id, None)
             self._calls.setdefault(rollout_id, [])
+            self._costs.setdefault(rollout_id, 0.0)
             if cache is not None:
                 self._cached[rollout_id] = cache
         return f"{self.base_url}/v1/rollouts/{rollout_id}", key.decode()[len("Bearer ") :]
@@ -271,6 +274,11 @@ class Bridge:
         """Let requests name these judge models: a token holder may not spend on any other."""
         with self._lock:
             self._allowed_judges.update(_model_ids(models))
+
+    def pop_cost(self, rollout_id: str) -> float | None:
+        """What `rollout_id`'s calls cost in dollars (None: a call's model has no price)."""
+        with self._lock:
+            return self._costs.pop(rollout_id, None)
 
     def pop_rate_limited(self, rollout_id: str) -> int:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
@@ -504,7 +512,7 @@ class Bridge:
             logger.warning("osmosis bridge: model call failed: %s", detail)
             return _json_error(status, detail, kind=kind)
         usage = _usage(response)
-        self._account(rollout_id, usage, _call_metrics(response, usage))
+        self._account(rollout_id, usage, _call_metrics(response, usage), target)
         return web.Response(
             body=json.dumps(_payload(response, echo, usage, stream=False)).encode(),
             content_type="application/json",
@@ -632,7 +640,13 @@ class Bridge:
                     if call_id:
                         stored[call_id] = fields
 
-    def _account(self, rollout_id: str, usage: dict[str, int] | None, call: dict[str, int]) -> None:
+    def _account(
+        self,
+        rollout_id: str,
+        usage: dict[str, int] | None,
+        call: dict[str, int],
+        target: _Target | None = None,
+    ) -> None:
         self.calls += 1
         with self._lock:
             calls = self._calls.get(rollout_id)
@@ -642,9 +656,14 @@ class Bridge:
             return
         total = usage["total_tokens"]
         self.tokens_total += total
+        model = (target or self._main).route.litellm_model
+        cost = cost_usd(model, usage["prompt_tokens"], usage["completion_tokens"])
         with self._lock:
             if rollout_id in self._tokens:
                 self._tokens[rollout_id] = (self._tokens[rollout_id] or 0) + total
+            if rollout_id in self._costs:
+                spent = self._costs[rollout_id]
+                self._costs[rollout_id] = None if spent is None or cost is None else spent + cost
 
     async def _stream(
         self,
@@ -686,7 +705,7 @@ class Bridge:
             await response.write(f"event: error\ndata: {json.dumps(error)}\n\n".encode())
         else:
             usage = _usage(result)
-            self._account(rollout_id, usage, _call_metrics(result, usage))
+            self._account(rollout_id, usage, _call_metrics(result, usage), target)
             chunk = json.dumps(_payload(result, echo, usage, stream=True))
             await response.write(f"data: {chunk}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")

@@ -89,3 +89,32 @@ async def _litellm_imported() -> None:
     """Import LiteLLM off the loop thread if nothing has yet (sessions import it up front)."""
     if not _LITELLM_READY.is_set():
         await asyncio.to_thread(import_litellm)
+
+
+def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """What a call cost in US dollars by LiteLLM's cost map; None when the model has no price.
+
+    The map is LiteLLM's bundled copy (the session sets ``LITELLM_LOCAL_MODEL_COST_MAP``):
+    pricing never reaches the network. Only a session that imported LiteLLM prices calls:
+    one whose rows skip it (``osmosis/embedded``, model/direct.py) must not import it here,
+    on the rows' loop, for a model that has no price anyway.
+    """
+    if "litellm" not in sys.modules:
+        return None
+    try:
+        prompt_cost, completion_cost = _litellm().cost_per_token(
+            model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        )
+        total = float(prompt_cost) + float(completion_cost)
+    except Exception:  # noqa: BLE001 - LiteLLM raises its own errors for an unmapped model
+        return None
+    return total if total == total and total >= 0 else None  # NaN, negative: no price
+
+
+def has_price(model: str) -> bool:
+    """Whether LiteLLM's local cost map prices ``model`` (``--osmosis-max-cost`` needs it)."""
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import_litellm()
+    return bool(cost_usd(model, 1_000_000, 1_000_000))

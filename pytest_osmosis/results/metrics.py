@@ -59,7 +59,20 @@ def pass_at_k(*, attempts: int, passes: int, k: int) -> float:
     return 1.0 - all_fail
 
 
-def _ks_up_to(limit: int) -> list[int]:
+def pass_hat_k(*, attempts: int, passes: int, k: int) -> float:
+    """Unbiased pass^k for one row: the chance that k attempts drawn without replacement
+    all pass, ``C(passes, k) / C(attempts, k)`` (pass@k asks for at least one)."""
+    if k > attempts:
+        raise ValueError(f"k={k} exceeds the attempt count {attempts}")
+    if passes < k:
+        return 0.0
+    all_pass = 1.0
+    for i in range(k):
+        all_pass *= (passes - i) / (attempts - i)
+    return all_pass
+
+
+def ks_up_to(limit: int) -> list[int]:
     ks: list[int] = []
     k = 1
     while k <= limit:
@@ -132,7 +145,7 @@ def aggregate_metrics(
     if n_runs >= 2:
         summary["n_runs"] = n_runs
         points: list[dict[str, Any]] = []
-        for k in _ks_up_to(n_runs):
+        for k in ks_up_to(n_runs):
             values = [
                 pass_at_k(attempts=attempts[r], passes=passes[r], k=k)
                 for r in sorted(attempts)

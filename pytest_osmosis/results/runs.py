@@ -336,7 +336,9 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
     """Everything ``list``/``info``/``report`` need about one run, as plain data.
 
     Keys: ``name`` (the directory name: what ``info NAME`` takes), ``path``,
-    ``manifest``, ``metrics``, ``progress`` (each ``{}`` when absent or unreadable),
+    ``manifest``, ``metrics``, ``progress``, ``row_metrics`` (our ``osmosis_metrics.json``:
+    pass^k, flaky rows, cost, whose per-attempt costs become the rows' ``cost_usd``) (each
+    ``{}`` when absent or unreadable),
     ``rows`` (index rows sorted by row then run, each with an ``outcome``; empty for a
     finished run when *summary_only*), ``rows_done``, ``rows_source``, ``summary``
     (``metrics.json``'s, or recomputed from the rows when absent), ``pass_threshold``,
@@ -370,8 +372,15 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
             )
     inputs = _dict(manifest.get("inputs"))
     selection = parse_row_selector(_dict(inputs.get("dataset")).get("selected_source_rows"))
+    from pytest_osmosis.results.row_metrics import read_row_metrics
+
+    row_metrics = read_row_metrics(run_dir)
+    costs = _dict(row_metrics.get("cost_usd_by_rollout"))  # what the session priced
     for row in rows:
         row["outcome"] = classify(row, threshold)
+        cost = costs.get(str(row.get("rollout_id")))
+        if COST_KEY not in row and _is_number(cost) and cost >= 0:
+            row[COST_KEY] = float(cost)
         if "source_row_index" not in row and selection and row["row_index"] < len(selection):
             row["source_row_index"] = selection[row["row_index"]]
     n = inputs.get("n") if _is_int(inputs.get("n")) else None
@@ -403,6 +412,7 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
         "path": str(run_dir.resolve()),
         "manifest": manifest,
         "metrics": metrics,
+        "row_metrics": row_metrics,
         "progress": progress,
         "rows": rows,
         "rows_done": rows_done,

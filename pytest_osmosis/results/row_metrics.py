@@ -1,0 +1,106 @@
+"""``osmosis_metrics.json``: what we measure beyond the SDK's ``metrics.json``, in a file of ours.
+
+``metrics.json`` keeps the SDK's shape byte for byte (the platform recomputes it), so the
+per-row view of ``n`` attempts (pass^k, flaky rows, the ``--osmosis-row-pass`` verdicts) and
+the run's cost in dollars live beside it. The upload ignores the file (contract §14 D50).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_osmosis.outcome import ROW_CLASSES, ROW_FLAKY, classify, row_class, row_passes
+from pytest_osmosis.results.metrics import ks_up_to, pass_hat_k
+
+ROW_METRICS_FILENAME = "osmosis_metrics.json"
+
+
+def cost_of(value: Any) -> float | None:
+    """A recorded cost as a float; None for anything else (unpriced, or not recorded)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def attempts_by_row(
+    records: Iterable[Mapping[str, Any]], threshold: float
+) -> dict[int, tuple[int, int]]:
+    """Dataset row -> (passing attempts, attempts not skipped) of journal or index rows."""
+    from pytest_osmosis.report.stats import per_row_passes
+    from pytest_osmosis.results.runs import dataset_row
+
+    return per_row_passes(
+        ({**record, "outcome": classify(record, threshold)} for record in records),
+        key=dataset_row,
+    )
+
+
+def row_metrics(
+    counts: Mapping[int, tuple[int, int]],
+    *,
+    n: int,
+    row_pass: tuple[int, int] | None = None,
+    costs: Mapping[str, float | None] | None = None,
+) -> dict[str, Any]:
+    """The ``osmosis_metrics.json`` document for one run's per-row counts.
+
+    ``costs`` maps each recorded attempt's rollout id to its cost in dollars (None: the
+    model has no price); the run's cost is unknown when any attempt's is.
+    """
+    classes = dict.fromkeys(ROW_CLASSES, 0)
+    flaky: list[int] = []
+    for row, (passes, attempts) in sorted(counts.items()):
+        found = row_class(passes, attempts)
+        if found is not None:
+            classes[found] += 1
+        if found == ROW_FLAKY:
+            flaky.append(row)
+    doc: dict[str, Any] = {"rows": classes, "flaky_rows": flaky}
+    points = []
+    for k in ks_up_to(n) if n >= 2 else []:
+        values = [
+            pass_hat_k(attempts=attempts, passes=passes, k=k)
+            for passes, attempts in counts.values()
+            if attempts >= k
+        ]
+        if values:
+            points.append({"k": k, "value": statistics.fmean(values)})
+    if points:
+        doc["pass_hat_k"] = points
+    if row_pass is not None:
+        need, of = row_pass
+        verdicts = [row_passes(p, a, need) for p, a in counts.values() if a > 0]
+        doc["row_pass"] = {
+            "k": need,
+            "n": of,
+            "passed": sum(verdicts),
+            "failed": len(verdicts) - sum(verdicts),
+        }
+    if costs is not None:
+        known = [cost for cost in costs.values() if cost is not None]
+        doc["cost_usd"] = math.fsum(known) if len(known) == len(costs) else None
+        doc["cost_usd_by_rollout"] = dict(sorted(costs.items()))
+    return doc
+
+
+def read_row_metrics(run_dir: Path) -> dict[str, Any]:
+    """The run's ``osmosis_metrics.json`` ({} when absent or unreadable: it is only ours)."""
+    import json
+
+    from pytest_osmosis.results.runs import read_bytes
+
+    try:
+        value = json.loads(read_bytes(run_dir, ROW_METRICS_FILENAME))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def write_row_metrics(run_dir: Path, doc: Mapping[str, Any]) -> None:
+    from pytest_osmosis.results.atomic import atomic_write_json
+
+    atomic_write_json(run_dir / ROW_METRICS_FILENAME, dict(doc))
