@@ -93,6 +93,24 @@ def _cache_mode(config: pytest.Config) -> str | None:
     return str(given[0]) if given is not None else "off"
 
 
+def _expected_hits(session: EvalSession, plan: EvalPlan, mode: str) -> str:
+    """What the model-call cache will answer: work items it holds answers of (use, replay)."""
+    if mode not in ("use", "replay"):
+        return ""
+    from pytest_osmosis.model.cache import answered_attempts, attempt_id, cache_path, row_id
+
+    answered = answered_attempts(
+        cache_path(plan.output_root), plan.settings.model_path, session.options.cache_max_age_s
+    )
+    dataset, name = plan.dataset, plan.config.experiment.dataset
+    hits = sum(
+        attempt_id(row_id(name, dataset.source_row_index(index)), attempt) in answered
+        for index in range(len(dataset))
+        for attempt in range(plan.settings.n)
+    )
+    return f", expected hits: answers recorded for {hits} of {plan.total_items} work items"
+
+
 def plan_config(
     session: EvalSession, config: pytest.Config, path: Path, several: bool
 ) -> ConfigPlan:
@@ -145,7 +163,7 @@ def plan_config(
     rows.append(("pass threshold", f"{settings.pass_threshold:g}"))
     cache = _cache_mode(config)
     if cache is not None:
-        rows.append(("cache", cache))
+        rows.append(("cache", cache + _expected_hits(session, plan, cache)))
     rows.append(("run", f"{plan.run_name} ({state})"))
     rows.append(("output", _shown(plan.run_dir, base)))
     if session.regrade is not None:

@@ -101,7 +101,7 @@ def test_replay_fails_exactly_the_row_whose_entry_is_gone_and_calls_no_model(
         "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider"
     )
 
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, errors=1)
     assert model_env.requests_total == 0
     result.stdout.fnmatch_lines(
         ["*cache_miss: no recorded answer for row 1 run 0 call 1 (openai/test-model)*"]
@@ -159,7 +159,7 @@ def test_n_attempts_hit_distinct_entries(pytester: pytest.Pytester, model_env) -
         "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider", "-rf"
     )
 
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         [
             "cache_miss: no recorded answer for row 0 run 1 call 1 *",
@@ -382,7 +382,7 @@ def test_secrets_never_enter_the_cache(
         "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider", "-rf"
     )
 
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, errors=2)
     result.stdout.fnmatch_lines(
         [
             "cache_miss: no recorded answer for row 1 run 0 call 1 *(a call whose request holds a secret*"
@@ -475,7 +475,7 @@ def test_xdist_workers_share_the_cache_and_a_killed_worker_tears_nothing(
     common = ("--osmosis-eval", "-n", "2", "-p", "no:cacheprovider", "--osmosis-cache")
 
     first = pytester.runpytest_subprocess(*common, "use", "--osmosis-name", "first")
-    first.assert_outcomes(passed=7, failed=1)  # the killed worker's row: worker_crashed
+    first.assert_outcomes(passed=7, errors=1)  # the killed worker's row: worker_crashed
     assert _integrity(path) == "ok"
     answers = [json.loads(e[2])["choices"][0]["message"]["content"] for e in _entries(path)]
     assert len(answers) == len(set(answers)) >= 7  # no call stored twice, none torn
@@ -695,3 +695,30 @@ def test_the_same_request_twice_in_an_attempt_replays_both_answers_in_order(
     ).assert_outcomes(passed=1)
 
     assert ids() == recorded and model_env.requests_total == 0
+
+
+def test_the_plan_counts_the_work_items_the_cache_will_answer(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """--osmosis-plan with a cache mode says how many work items have recorded answers."""
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS), evaluation={"n": 2})
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=6)
+    path = _cache_file(pytester.path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM calls WHERE attempt = ?", ("calc#1:0",))
+    _fresh_runs(pytester.path)
+    model_env.reset()
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-cache", "replay", "-p", "no:cacheprovider"
+    )
+    result.stdout.fnmatch_lines(
+        ["  cache * replay, expected hits: answers recorded for 5 of 6 work items"]
+    )
+    assert model_env.requests_total == 0
+    record = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-cache", "record", "-p", "no:cacheprovider"
+    )
+    record.stdout.fnmatch_lines(["  cache * record"])

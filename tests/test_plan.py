@@ -69,6 +69,7 @@ def test_plan_prints_and_spends_nothing(
         "concurrency": "3",
         "budgets": "workflow 60 s, grader 30 s",
         "pass threshold": "0.5",
+        "cache": "off",
         "run": "nightly (new run)",
         "output": ".osmosis/evals/nightly",
     }

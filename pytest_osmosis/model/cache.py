@@ -76,6 +76,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     key BLOB PRIMARY KEY,
     model TEXT NOT NULL,
+    attempt TEXT NOT NULL,
     response TEXT NOT NULL,
     prompt_tokens INTEGER,
     completion_tokens INTEGER,
@@ -123,6 +124,8 @@ def _connect(path: Path) -> sqlite3.Connection:
 class _Entry:
     key: bytes
     model: str
+    attempt: str
+    """Which (row, attempt) made the call (``gsm8k#7:0``): what a plan counts as answered."""
     response: dict[str, Any]
     latency_ms: float
     checked: tuple[str, ...]
@@ -189,7 +192,7 @@ class CallCache:
 
     def attempt(self, dataset: str, source_row: int, attempt: int) -> CachedAttempt:
         """The view of one (row, attempt): its calls are keyed by this row and attempt."""
-        return CachedAttempt(self, f"{dataset}#{source_row}", source_row, attempt)
+        return CachedAttempt(self, row_id(dataset, source_row), source_row, attempt)
 
     # ----------------------------------------------------------------- reading
 
@@ -270,6 +273,7 @@ class CallCache:
                     (
                         entry.key,
                         entry.model,
+                        entry.attempt,
                         text,
                         usage.get("prompt_tokens"),
                         usage.get("completion_tokens"),
@@ -284,7 +288,7 @@ class CallCache:
                         conn = _connect(self.path)
                     conn.execute("BEGIN IMMEDIATE")
                     conn.executemany(
-                        "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows
+                        "INSERT OR REPLACE INTO calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
                     )
                     conn.execute("COMMIT")
                     self.stored += len(rows)
@@ -378,7 +382,17 @@ class CachedAttempt:
         started = time.perf_counter()
         response = await call()
         latency_ms = (time.perf_counter() - started) * 1000.0
-        cache.store(_Entry(key, model, _plain(response), latency_ms, (request.decode(),), secrets))
+        cache.store(
+            _Entry(
+                key,
+                model,
+                attempt_id(self.row, self.attempt),
+                _plain(response),
+                latency_ms,
+                (request.decode(),),
+                secrets,
+            )
+        )
         return response, False
 
 
@@ -393,6 +407,33 @@ def offline_route(model: str) -> ModelRoute:
 
 
 # ----------------------------------------------------------------- maintenance (the command)
+
+
+def row_id(dataset: str, source_row: int) -> str:
+    """How the cache names a row: its dataset and its row number there (``gsm8k#7``)."""
+    return f"{dataset}#{source_row}"
+
+
+def attempt_id(row: str, attempt: int) -> str:
+    """How the cache names one (row, attempt): ``<dataset>#<dataset row>:<attempt>``."""
+    return f"{row}:{attempt}"
+
+
+def answered_attempts(path: Path, model: str, max_age_s: float | None = None) -> set[str]:
+    """The (row, attempt) ids with at least one answer of `model` (a plan's expected hits)."""
+    conn = _existing(path)
+    if conn is None:
+        return set()
+    oldest = time.time() - max_age_s if max_age_s is not None else 0.0
+    try:
+        found = conn.execute(
+            "SELECT DISTINCT attempt FROM calls WHERE model = ? AND created >= ?", (model, oldest)
+        )
+        return {str(attempt) for (attempt,) in found}
+    except sqlite3.Error as exc:
+        raise ConfigError(f"model-call cache {path}: cannot read it: {exc}") from None
+    finally:
+        conn.close()
 
 
 def _existing(path: Path) -> sqlite3.Connection | None:
