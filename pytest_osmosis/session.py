@@ -40,7 +40,12 @@ from pytest_osmosis.execution.executor import (
 )
 from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem, execute
 from pytest_osmosis.words import one_line
-from pytest_osmosis.workspace.loader import DEFAULT_MAIN_TIMEOUT, LoadedRollout, load_rollout
+from pytest_osmosis.workspace.loader import (
+    DEFAULT_MAIN_TIMEOUT,
+    LoadedRollout,
+    forget_loaded,
+    load_rollout,
+)
 from pytest_osmosis.workspace.plan import (
     EvalPlan,
     Overrides,
@@ -133,6 +138,7 @@ class EvalSession:
         self.options = options
         self.is_worker = is_worker
         self.collect_all = collect_all
+        forget_loaded()  # each session imports its rollouts as they are now
         self._plans: dict[Path, EvalPlan] = {}
         self._errors: dict[Path, OsmosisError] = {}
         self._run_names: dict[str, str] = {}

@@ -506,7 +506,7 @@ path, fd = Path(sys.argv[1]), int(sys.argv[2])
 def entry(i):
     response = {"choices": [{"message": {"content": str(i) + "x" * 20000}}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-    return _Entry(i.to_bytes(32, "big"), "m", response, 1.0, (), ())
+    return _Entry(i.to_bytes(32, "big"), "m", "d#0:0", response, 1.0, (), ())
 
 
 first = CallCache(path, "use").open()

@@ -44,6 +44,7 @@ SPACE_VALUES = {
     "--osmosis-name": "nightly",
     "--osmosis-secrets-file": "../elsewhere/secrets.env",
     "--osmosis-progress": "log",
+    "--osmosis-github": "off",
     "--osmosis-min-pass-rate": "0.5",
     "--osmosis-gate-bound": "wilson",
     "--osmosis-max-error-rate": "0.25",

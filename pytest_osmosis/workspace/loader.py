@@ -64,6 +64,13 @@ _lock = threading.Lock()
 _cache: dict[tuple[Path, str | None, str | None], LoadedRollout] = {}
 
 
+def forget_loaded() -> None:
+    """Forget the rollouts imported so far: a new session in the same process (pytester's
+    in-process runs) loads each one anew, so an edited grader is the one that runs."""
+    with _lock:
+        _cache.clear()
+
+
 def load_rollout(
     rollout_dir: Path,
     entrypoint: Path,
