@@ -50,7 +50,8 @@ import asyncio
 import os
 
 from pytest_osmosis.rollout import (
-    AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend, get_rollout_context,
+    AgentWorkflow, AgentWorkflowConfig, AgentWorkflowOutput, Grader, LocalBackend,
+    get_rollout_context,
 )
 
 MODE = os.environ.get("BENCH_MODE", "sleep")
@@ -120,7 +121,13 @@ class BenchGrader(Grader):
         ctx.set_reward(1.0)
 
 
-backend = LocalBackend(workflow=BenchWorkflow, grader=BenchGrader)
+# A workflow_config without max_concurrent advertises no in-flight cap, so batch_size
+# decides the rows in flight (without one the SDK's rule caps them at 4, contract §5).
+backend = LocalBackend(
+    workflow=BenchWorkflow,
+    grader=BenchGrader,
+    workflow_config=AgentWorkflowConfig(name="bench"),
+)
 """
 
 
