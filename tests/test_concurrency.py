@@ -177,13 +177,18 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
     assert proc.returncode == 2, out.decode()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
-    done = len(read_index(run_dir))
+    # What finished is what the journal holds (fsync'd before anything reports it). The
+    # index is a projection appended after it: a Ctrl-C landing between the two leaves the
+    # index one row short until the next session (seen once at load; see the closing note).
+    done = len(events.read_text().splitlines())
     assert 3 <= done < 16
+    assert done - 1 <= len(read_index(run_dir)) <= done
     before = slow_model.requests_total
     slow_model.delay = 0.0
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "sig")
     result.assert_outcomes(passed=16)
     assert slow_model.requests_total - before == (16 - done) + 1
+    assert len(read_index(run_dir)) == 16
 
 
 XDIST_WITHOUT_QUEUE_LOCK = '''
