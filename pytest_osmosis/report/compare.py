@@ -8,7 +8,15 @@ from typing import Any
 
 from pytest_osmosis.report.stats import newcombe_difference, per_row_passes
 from pytest_osmosis.results.runs import dataset_row
-from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, PASSED, SKIPPED, one_line, percent
+from pytest_osmosis.words import (
+    ERRORED,
+    PASS_RATE_BASIS,
+    PASSED,
+    SKIPPED,
+    one_line,
+    percent,
+    points,
+)
 
 
 def _inputs(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -158,10 +166,6 @@ def side_by_side(
     return [{**sides[row], "change": change.get(row, "unchanged")} for row in ordered]
 
 
-def _pp(value: float) -> str:
-    return f"{value * 100:+.1f} pp"
-
-
 def _num(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return "–" if value is None else str(value)
@@ -191,8 +195,8 @@ def comparison_markdown(comparison: Mapping[str, Any], *, max_rows: int = 50) ->
         f"### Osmosis eval: {escape_markdown(a['name'])} vs {escape_markdown(b['name'])}",
         "",
         f"**Pass rate {percent(a['pass_rate'])}** (was {percent(b['pass_rate'])}): "
-        f"**{_pp(change['difference'])}**, 95% CI {_pp(change['ci95_low'])} to "
-        f"{_pp(change['ci95_high'])} ({verdict}).",
+        f"**{points(change['difference'])}**, 95% CI {points(change['ci95_low'])} to "
+        f"{points(change['ci95_high'])} ({verdict}).",
         "",
         f"| | baseline: {escape_markdown(b['name'])} | current: {escape_markdown(a['name'])} |",
         "|---|---|---|",
