@@ -248,11 +248,15 @@ def test_only_openai_itself_is_called_through_the_responses_api(
 
 @pytest.fixture
 def at_openai(
-    harness: Harness, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
-) -> Harness:
-    """The harness's model, served where the bridge takes OpenAI itself to be."""
+    model_loop: Any, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Harness]:
+    """The harness's model, served where the bridge takes OpenAI itself to be (set before
+    the bridge starts: it decides at start which calls may skip LiteLLM)."""
     monkeypatch.setattr(routes, "_OPENAI_API_BASE", model_server.url)
-    return harness
+    route = ModelRoute(MODEL, MODEL, {"api_base": model_server.url, "api_key": "sk-test-bridge"})
+    bridge = _start(model_loop, route)
+    yield Harness(model_loop, bridge)
+    model_loop.run(bridge.close())
 
 
 WEATHER = [

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from workspaces import calc_rows, write_workspace
+from workspaces import calc_rows, free_port, write_workspace
 
 from pytest_osmosis.milestones import Milestones
 from pytest_osmosis.model import direct
@@ -245,6 +245,9 @@ class _Stub:
         )
         body = json.loads(raw)
         message: dict[str, Any] = {"role": "assistant", "content": f"seen {len(raw)} bytes"}
+        asked = str(body["messages"][-1].get("content"))
+        if asked in REASONING_ANSWERS:  # the shapes local reasoning models answer in
+            message = {"role": "assistant", **REASONING_ANSWERS[asked]}
         finish = "stop"
         if body.get("tools"):
             message = {
@@ -291,7 +294,18 @@ _TOOLS = [
         },
     }
 ]
-#: Bodies a rollout sends (the example's, an agent's multi-turn tool loop, every plain field).
+#: Answers with reasoning, by the question that asks for them: in think tags (Qwen3 or
+#: DeepSeek-R1 on llama.cpp/Ollama), as vLLM's ``reasoning`` field, as ``reasoning_content``.
+REASONING_ANSWERS: dict[str, dict[str, Any]] = {
+    "think-tags": {"content": "<think>2 and 3 make 5</think>\n\nThe answer is 5."},
+    "thinking-tags": {"content": "<thinking>a\nb</thinking>5 <think>x</think>"},
+    "tags-not-first": {"content": "So: <think>not reasoning</think> 5"},
+    "reasoning-field": {"content": "5", "reasoning": "2 + 3 = 5"},
+    "reasoning-content": {"content": "5", "reasoning_content": "<think>kept</think>"},
+    "both-fields": {"content": "<think>t</think>5", "reasoning_content": "r", "reasoning": "x"},
+}
+#: Bodies a rollout sends (the example's, an agent's multi-turn tool loop, every plain field,
+#: and questions whose answers carry reasoning).
 PLAIN_BODIES: list[dict[str, Any]] = [
     {"model": "x", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 256},
     # A null field of a message is left out (LiteLLM leaves it out), wherever it is.
@@ -340,6 +354,7 @@ PLAIN_BODIES: list[dict[str, Any]] = [
         "frequency_penalty": 0.2,
         "logprobs": False,
     },
+    *({"messages": [{"role": "user", "content": asked}]} for asked in REASONING_ANSWERS),
 ]
 
 
@@ -465,6 +480,24 @@ def test_which_routes_may_be_called_directly(monkeypatch: pytest.MonkeyPatch) ->
     assert direct.direct_base(ModelRoute("openai/m", "openai/m", {})) == "http://127.0.0.1:9/v1"
     monkeypatch.setenv("OPENAI_ORGANIZATION", "org-1")  # LiteLLM would send its header
     assert direct.direct_base(ModelRoute("openai/m", "openai/m", {})) is None
+    monkeypatch.delenv("OPENAI_ORGANIZATION")
+    # A proxy LiteLLM's client would go through, by the base's scheme.
+    remote = {"api_base": "https://models.example.invalid/v1", "api_key": "k"}
+    for variable, base, expected in [
+        ("HTTP_PROXY", local["api_base"], False),
+        ("all_proxy", local["api_base"], False),
+        ("HTTPS_PROXY", local["api_base"], True),
+        ("https_proxy", remote["api_base"], False),
+        ("http_proxy", remote["api_base"], True),
+    ]:
+        with monkeypatch.context() as proxied:
+            proxied.setenv(variable, "http://127.0.0.1:9")
+            route = ModelRoute("openai/m", "openai/m", {**local, "api_base": base})
+            assert (direct.direct_base(route) is not None) is expected, variable
+    # Rows go direct over plain HTTP only (HTTPS: LiteLLM's certificate settings decide).
+    assert direct.serves_rows("http://127.0.0.1:9/v1")
+    assert direct.serves_rows("http://gpu-box.internal:8000/v1")
+    assert not direct.serves_rows(remote["api_base"])
 
 
 def _user_agents(stub: _Stub) -> list[str]:
@@ -493,27 +526,103 @@ def _row_call(loop: Any, bridge: Bridge, body: dict[str, Any]) -> dict[str, Any]
         bridge.close_rollout("r1")
 
 
-def test_the_bridge_takes_the_direct_path_only_where_it_may(model_loop: Any, stub: _Stub) -> None:
+def test_the_bridge_takes_the_direct_path_only_where_it_may(
+    model_loop: Any, stub: _Stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import litellm
+
     embedded = _routes(stub)[0]
     other = ModelRoute(
         "openai/test-model", "openai/test-model", {"api_base": stub.url, "api_key": "k"}
     )
     plain = {"messages": [{"role": "user", "content": "What is 2 + 3?"}]}
     rewritten = {"messages": [{"role": "developer", "content": "What is 2 + 3?"}]}
-    for route, expected in [
-        (embedded, ["direct", "direct", "litellm"]),
-        # Another OpenAI-compatible route: only its preflight skips LiteLLM.
-        (other, ["direct", "litellm", "litellm"]),
+    for route, configured, expected in [
+        (embedded, False, ["direct", "direct", "litellm"]),
+        # Another endpoint over plain HTTP: its rows' plain bodies skip LiteLLM too.
+        (other, False, ["direct", "direct", "litellm"]),
+        # ... unless a rollout configured LiteLLM in code meanwhile (a callback to tell).
+        (other, True, ["direct", "litellm", "litellm"]),
     ]:
         stub.requests.clear()
         bridge = Bridge(route)
         model_loop.run(bridge.start())
         try:
             model_loop.run(bridge.preflight())
-            first = _row_call(model_loop, bridge, plain)
-            _row_call(model_loop, bridge, rewritten)
+            with monkeypatch.context() as patched:
+                if configured:
+                    patched.setattr(litellm, "success_callback", [lambda *args: None])
+                first = _row_call(model_loop, bridge, plain)
+                _row_call(model_loop, bridge, rewritten)
         finally:
             model_loop.run(bridge.close())
         assert _user_agents(stub) == expected, route
         assert first["usage"]["total_tokens"] == 19
         assert bridge.tokens_total == 19 * 2
+
+
+class _Flaky(_Stub):
+    """Fails its first requests the ways a provider does (a 503, a dropped connection)."""
+
+    def __init__(self, failures: list[str]) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        if self.failures:
+            failure = self.failures.pop(0)
+            raw = await request.read()
+            self.requests.append({"headers": dict(request.headers), "body": raw})
+            if failure == "drop":
+                assert request.transport is not None
+                request.transport.close()
+                raise ConnectionResetError("dropped by the test")
+            return web.json_response({"error": {"message": "overloaded"}}, status=503)
+        return await super()._chat(request)
+
+
+@pytest.mark.parametrize("failures", [["503"], ["drop"], ["503", "drop"]])
+def test_a_direct_row_call_is_retried_as_a_litellm_one_is(
+    model_loop: Any, failures: list[str]
+) -> None:
+    # The retries are the bridge's (D79) on both paths: a 5xx or a dropped connection
+    # is retried twice, paced, and the row gets the answer.
+    flaky = _Flaky(list(failures))
+    model_loop.run(flaky.start())
+    route = ModelRoute("openai/m", "openai/m", {"api_base": flaky.url, "api_key": "k"})
+    bridge = Bridge(route)
+    model_loop.run(bridge.start())
+    try:
+        answer = _row_call(model_loop, bridge, {"messages": [{"role": "user", "content": "hi"}]})
+    finally:
+        model_loop.run(bridge.close())
+        model_loop.run(flaky.stop())
+    assert answer["choices"][0]["message"]["content"].startswith("seen ")
+    assert _user_agents(flaky) == ["direct"] * (len(failures) + 1)
+
+
+def test_a_dead_endpoint_fails_a_direct_row_call_in_one_line(model_loop: Any) -> None:
+    import httpx
+
+    route = ModelRoute("openai/m", "openai/m", {"api_base": f"http://127.0.0.1:{free_port()}/v1", "api_key": "k"})
+    bridge = Bridge(route)
+    model_loop.run(bridge.start())
+    url, key = bridge.open_rollout("r1")
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient() as client:
+            return await client.post(
+                url + "/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=60,
+            )
+
+    try:
+        response = model_loop.run(post())
+    finally:
+        bridge.close_rollout("r1")
+        model_loop.run(bridge.close())
+    assert response.status_code == 502
+    detail = response.json()["detail"]
+    assert detail.startswith("APIConnectionError: ") and "\n" not in detail, detail

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 from importlib import metadata
 from pathlib import Path
 
 import pytest
-from workspaces import calc_rows, write_workspace
+from workspaces import calc_rows, free_port, write_workspace
 
 from pytest_osmosis.errors import ModelPreflightError
 from pytest_osmosis.model.direct import direct_base
@@ -123,14 +122,9 @@ def test_an_xdist_worker_imports_litellm_before_its_first_workflow(
     assert len(stamps) == 4 and all(s["litellm"] for s in stamps), stamps
 
 
-def _dead_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def _point_at_a_dead_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"http://127.0.0.1:{_dead_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     for key in ("OPENAI_API_BASE", "OPENAI_BASE_URL"):
         monkeypatch.setenv(key, url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-dead-endpoint")
@@ -281,7 +275,7 @@ def test_the_check_runs_in_a_child_and_names_a_dead_endpoint(model_server) -> No
     assert asyncio.run(check_model(_route(model_server.url))) is None
     assert model_server.bodies[-1]["messages"] == [{"role": "user", "content": "hi"}]
     with pytest.raises(ModelPreflightError, match="model preflight failed for 'openai/test-model'"):
-        asyncio.run(check_model(_route(f"http://127.0.0.1:{_dead_port()}/v1")))
+        asyncio.run(check_model(_route(f"http://127.0.0.1:{free_port()}/v1")))
 
 
 def test_an_interpreter_that_cannot_import_us_checks_in_process(

@@ -35,7 +35,7 @@ from model_server import ModelServer, ToolRule, count_tokens  # noqa: E402
 from osmosis_ai.eval.local.dataset import select_rows  # noqa: E402
 from osmosis_ai.eval.local.runner import _classify_outcome  # noqa: E402
 from osmosis_ai.rollout.server.app import _handle_rollout  # noqa: E402
-from workspaces import only_run_dir, read_index, toml_text  # noqa: E402
+from workspaces import free_port, only_run_dir, read_index, toml_text  # noqa: E402
 
 from pytest_osmosis.execution.runner import Budgets, WorkItem, execute  # noqa: E402
 from pytest_osmosis.model.bridge import Bridge  # noqa: E402
@@ -114,11 +114,6 @@ def outcomes(run_dir: Path) -> list[tuple[int, str, float | None, str | None]]:
 def trial_file(run_dir: Path, rollout_id: str, name: str) -> str:
     return (run_dir / "rollout_trials" / rollout_id / "artifacts" / name).read_text()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_is_listening(port: int) -> bool:

@@ -9,6 +9,7 @@ grades by exact match; a row's metadata can make it misbehave on purpose
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -244,6 +245,13 @@ def pid_rows(root: Path, count: int, calls: int = 1) -> list[dict[str, Any]]:
         }
         for i in range(count)
     ]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound once, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait_until(condition: Any, what: str, deadline: float = 180.0) -> None:

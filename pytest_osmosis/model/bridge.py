@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.errors import ModelPreflightError
 from pytest_osmosis.model.cache import CachedAttempt, offline_judge
-from pytest_osmosis.model.direct import DirectClient, direct_base, is_plain, missing_keys
+from pytest_osmosis.model.direct import (
+    DirectClient,
+    direct_base,
+    is_plain,
+    litellm_configured,
+    missing_keys,
+    serves_rows,
+)
 from pytest_osmosis.model.errors import (
     _CONNECT_ERRORS,
     _CREDENTIAL_HINT,
@@ -145,9 +152,11 @@ class Bridge:
         base = direct_base(route)
         self._direct = DirectClient(route, base) if base else None
         """The upstream that skips LiteLLM where its request is LiteLLM's (model/direct.py)."""
-        self._rows_direct = self._direct is not None and route.model_path == EMBEDDED_MODEL_PATH
-        """Rows' calls go direct too: only to our own llama.cpp server (LiteLLM's client
-        retries a remote provider's 5xx and dropped connections; the direct one does not)."""
+        self._rows_direct = base is not None and (
+            route.model_path == EMBEDDED_MODEL_PATH or serves_rows(base)
+        )
+        """Rows' calls go direct too: to our own llama.cpp server, or any endpoint over plain
+        HTTP (contract D72); retries are the back-off's on both paths (D79)."""
         # Judge models by the id a request named: resolved once, failures cached too, so a
         # missing key or an unknown id costs one lookup, not one per row.
         self._judges: dict[str, _Target | _JudgeUnavailable] = {}
@@ -595,11 +604,12 @@ class Bridge:
         """The direct client where this call may skip LiteLLM, else None (LiteLLM calls).
 
         The preflight (no rollout) of an OpenAI-compatible route, and the rows of
-        ``osmosis/embedded``; a call only when its body is one LiteLLM sends unchanged.
+        ``osmosis/embedded`` or of an endpoint over plain HTTP, unless a rollout has since
+        configured LiteLLM in code; a call only when its body is one LiteLLM sends unchanged.
         """
         if self._direct is None or target is not self._main:
             return None
-        if rollout_id is not None and not self._rows_direct:
+        if rollout_id is not None and (not self._rows_direct or litellm_configured()):
             return None
         return self._direct if is_plain(body) else None
 

@@ -1,13 +1,16 @@
 """Chat calls to an OpenAI-compatible endpoint without LiteLLM, where the bytes are the same.
 
-Importing LiteLLM costs 2-5 s. The preflight only needs to know whether a model answers,
-and ``osmosis/embedded`` is our own llama.cpp server, which speaks OpenAI's API: neither
-should wait for that import. A request goes out here only where it is byte-for-byte the
+Importing LiteLLM costs 2-5 s, and each call through it 4-5 ms of CPU on the loop every
+row shares. The preflight only needs to know whether a model answers; ``osmosis/embedded``
+and a local server (vLLM, llama.cpp, Ollama, a test stub) speak OpenAI's API over plain
+HTTP: none should pay for LiteLLM. A request goes out here only where it is byte-for-byte the
 one LiteLLM's ``openai/`` provider would send (same URL, bearer, JSON body; the test
 ``test_fast_start.py::test_a_direct_request_is_the_one_litellm_sends`` captures both at
 a stub and compares them): a route LiteLLM reaches at an OpenAI-compatible endpoint with
 nothing but a base, a key and a temperature, and a body whose messages LiteLLM forwards
-unchanged. Everything else goes through LiteLLM.
+unchanged. Rows' calls go here only over plain HTTP without a proxy (`serves_rows`); the
+answer gets LiteLLM's reasoning split (`_split_reasoning`), and the bridge retries and
+paces both paths alike (ratelimit.py). Everything else goes through LiteLLM.
 
 An answer comes back as the parsed JSON (the wire helpers read dicts and LiteLLM objects
 alike); a failure raises :class:`DirectError` named as LiteLLM names the same status
@@ -17,13 +20,16 @@ preflight classify both the same way.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
-from pytest_osmosis.model.routes import _OPENAI_API_BASE, ModelRoute
+from pytest_osmosis.model.routes import ModelRoute, is_openai_api
 
 __all__ = [
     "PLAIN_FIELDS",
@@ -31,15 +37,31 @@ __all__ = [
     "DirectError",
     "direct_base",
     "is_plain",
+    "litellm_configured",
     "missing_keys",
     "request_body",
+    "serves_rows",
 ]
 
 OPENAI_PREFIX = "openai/"
 _ROUTE_KEYS = frozenset({"api_base", "api_key", "temperature"})
 """Route settings the direct request reproduces; a route with any other goes via LiteLLM."""
-_LITELLM_GLOBALS = ("api_base", "api_key", "openai_key", "organization", "headers")
-"""LiteLLM settings a rollout may set in code; any of them set means LiteLLM decides."""
+_LITELLM_GLOBALS = (
+    "api_base", "api_key", "openai_key", "organization", "headers",
+    "callbacks", "success_callback", "failure_callback", "input_callback",
+)  # fmt: skip
+"""LiteLLM settings a rollout may set in code (where a call goes, who is told of it); any
+of them set means LiteLLM makes the call."""
+_PROXY_VARIABLES = {
+    "http": ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"),
+    "https": ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"),
+}
+"""Variables that send LiteLLM's (httpx's) requests through a proxy, by the URL's scheme."""
+_THINK = re.compile(
+    r"<(?:think|thinking|budget:thinking)>(.*?)</(?:think|thinking|budget:thinking)>(.*)", re.DOTALL
+)
+"""Reasoning written into the content, as LiteLLM splits it off (its
+``parse_content_for_reasoning``)."""
 _ENVELOPE = frozenset({"model", "messages", "stream", "stream_options", "n"})
 PLAIN_FIELDS = frozenset(
     {
@@ -56,7 +78,7 @@ _PLAIN_MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_
 _TIMEOUT_S = 600.0  # LiteLLM's default request timeout
 
 
-def _litellm_configured() -> bool:
+def litellm_configured() -> bool:
     """Whether code in this process set LiteLLM globals that change where a call goes."""
     litellm = sys.modules.get("litellm")
     return litellm is not None and any(getattr(litellm, n, None) for n in _LITELLM_GLOBALS)
@@ -67,18 +89,32 @@ def direct_base(route: ModelRoute) -> str | None:
 
     The base is resolved as LiteLLM resolves it (the route's ``api_base``, then
     ``OPENAI_BASE_URL``, then ``OPENAI_API_BASE``); OpenAI itself is no candidate (its
-    calls use the Responses API), nor is an organization header LiteLLM would add.
+    calls use the Responses API), nor is an organization header LiteLLM would add, nor a
+    base LiteLLM's client would reach through a proxy variable.
     """
     if not route.litellm_model.startswith(OPENAI_PREFIX) or set(route.kwargs) - _ROUTE_KEYS:
         return None
-    if _litellm_configured() or os.environ.get("OPENAI_ORGANIZATION"):
+    if litellm_configured() or os.environ.get("OPENAI_ORGANIZATION"):
         return None
     base = route.kwargs.get("api_base")
     if not isinstance(base, str) or not base:
         base = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
-    if not base or base.rstrip("/") == _OPENAI_API_BASE:
+    if not base or is_openai_api(base):
         return None
+    if any(os.environ.get(name) for name in _PROXY_VARIABLES.get(urlsplit(base).scheme, ())):
+        return None  # LiteLLM's client would go through the proxy
     return base
+
+
+def serves_rows(base: str) -> bool:
+    """Whether rows' calls may go to ``base`` directly, not only the preflight.
+
+    Plain HTTP: there the request LiteLLM's client makes is the bytes on the wire. Over
+    HTTPS, LiteLLM's certificate store (its own settings and variables) is not ours to
+    reproduce, so rows there go through LiteLLM; its one-request preflight may still go
+    direct.
+    """
+    return urlsplit(base).scheme == "http"
 
 
 def _api_key(route: ModelRoute) -> str | None:
@@ -206,6 +242,14 @@ class APIError(DirectError):
     pass
 
 
+class APIConnectionError(DirectError):
+    pass
+
+
+class Timeout(DirectError):
+    pass
+
+
 _BY_STATUS: dict[int, type[DirectError]] = {
     400: BadRequestError,
     401: AuthenticationError,
@@ -230,6 +274,24 @@ def _error_text(raw: bytes) -> str:
     if isinstance(error, str):
         return error
     return text
+
+
+def _split_reasoning(message: dict[str, Any]) -> None:
+    """The message's reasoning where LiteLLM's answer puts it: ``reasoning_content``.
+
+    A provider's ``reasoning_content`` stays, its ``reasoning`` is renamed, and reasoning
+    written into the content in think tags is split off it (``extract_reasoning_content``
+    in LiteLLM 1.108 to 1.110, the versions the byte-for-byte test runs on).
+    """
+    if "reasoning_content" in message:
+        return
+    if "reasoning" in message:
+        message["reasoning_content"] = message.pop("reasoning")
+        return
+    content = message.get("content")
+    match = _THINK.match(content) if isinstance(content, str) and content else None
+    if match is not None:
+        message["reasoning_content"], message["content"] = match.group(1), match.group(2)
 
 
 class DirectClient:
@@ -260,22 +322,34 @@ class DirectClient:
             "Content-Type": "application/json",
         }
         data = request_body(body, self.route)
-        async with self._session.post(self.url, data=data, headers=headers) as response:
-            raw = await response.read()
-            status = response.status
-            if status >= 400:
-                kind = _BY_STATUS.get(status, InternalServerError if status >= 500 else APIError)
-                raise kind(
-                    f"{status} from {self.url}: {_error_text(raw)}",
-                    status_code=status,
-                    headers=response.headers,
-                )
+        try:
+            async with self._session.post(self.url, data=data, headers=headers) as response:
+                raw = await response.read()
+                status = response.status
+                if status >= 400:
+                    fallback = InternalServerError if status >= 500 else APIError
+                    kind = _BY_STATUS.get(status, fallback)
+                    raise kind(
+                        f"{status} from {self.url}: {_error_text(raw)}",
+                        status_code=status,
+                        headers=response.headers,
+                    )
+        except asyncio.TimeoutError as exc:
+            raise Timeout(f"Timeout: no answer from {self.url} within {_TIMEOUT_S:g} s") from exc
+        except aiohttp.ClientError as exc:
+            # LiteLLM's name for a refused or dropped connection; the cause stays chained
+            # (the preflight names the endpoint and the root from it).
+            raise APIConnectionError(f"APIConnectionError: {self.url}: {exc}") from exc
         try:
             answer = json.loads(raw)
         except ValueError:
             raise APIError(f"APIError: {self.url} answered with no JSON", status_code=502) from None
         if not isinstance(answer, dict):
             raise APIError(f"APIError: {self.url} answered with no JSON object", status_code=502)
+        for choice in answer.get("choices") or ():
+            message = choice.get("message") if isinstance(choice, dict) else None
+            if isinstance(message, dict):
+                _split_reasoning(message)
         return answer
 
     async def close(self) -> None:

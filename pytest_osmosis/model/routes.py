@@ -26,6 +26,7 @@ __all__ = [
     "JUDGE_MODEL_NOT_FOUND",
     "JUDGE_PROVIDER_ERROR",
     "ModelRoute",
+    "is_openai_api",
     "provider_of",
     "resolve_route",
 ]
@@ -187,5 +188,9 @@ def _uses_responses_api(litellm: Any, route: ModelRoute) -> bool:
 
 
 def _official_openai(litellm: Any, route: ModelRoute) -> bool:
-    base = litellm.OpenAIGPTConfig.get_api_base(_api_base(route))
+    return is_openai_api(litellm.OpenAIGPTConfig.get_api_base(_api_base(route)))
+
+
+def is_openai_api(base: str | None) -> bool:
+    """Whether an endpoint base is OpenAI's own API (whose calls use the Responses API)."""
     return str(base or "").rstrip("/") == _OPENAI_API_BASE
