@@ -516,19 +516,20 @@ def test_a_worker_that_finished_its_work_is_not_asked_for_a_culprit(
 OUT_OF_DESCRIPTORS_AT_THE_BRIDGE = """
 import errno
 
-import litellm
+from pytest_osmosis.model.direct import DirectClient
 
-_acompletion = litellm.acompletion
+_complete = DirectClient.complete
 
 
-async def _acompletion_emfile(*args, **kwargs):
-    # What LiteLLM raises when the bridge cannot open its connection to the provider.
-    if "3 * 5" in str(kwargs.get("messages")):
+async def _complete_emfile(self, body):
+    # What the bridge's client raises when it cannot open its connection to the provider
+    # (the stub is an OpenAI-compatible endpoint over plain HTTP: rows' calls skip LiteLLM).
+    if "3 * 5" in str(body.get("messages")):
         raise ConnectionError("cannot connect") from OSError(errno.EMFILE, "Too many open files")
-    return await _acompletion(*args, **kwargs)
+    return await _complete(self, body)
 
 
-litellm.acompletion = _acompletion_emfile
+DirectClient.complete = _complete_emfile
 """
 
 
