@@ -462,7 +462,7 @@ class EvalSession:
             model = item.parent.plan.settings.model_path
             try:
                 # replayed answers need no LiteLLM
-                if _rows_need_litellm(model) and self.options.cache_mode != "replay":
+                if self._rows_need_litellm(model) and self.options.cache_mode != "replay":
                     import_litellm()
             except ModelPreflightError as exc:
                 pytest.exit(
@@ -811,7 +811,7 @@ class EvalSession:
         import pytest_osmosis.model.preflight  # noqa: F401
         from pytest_osmosis.model.litellm import litellm_ready, start_import
 
-        needing = sorted(path for path in set(model_paths) if _rows_need_litellm(path))
+        needing = sorted(path for path in set(model_paths) if self._rows_need_litellm(path))
         try:
             if in_process and needing:
                 start_import()
@@ -823,6 +823,22 @@ class EvalSession:
 
             interrupted()
             raise
+
+    def _rows_need_litellm(self, model_path: str) -> bool:
+        """Whether rows reach this model through LiteLLM, or need its prices (a cost budget).
+
+        ``osmosis/embedded`` and endpoints over plain HTTP are called directly
+        (model/direct.py::rows_go_direct); a call LiteLLM would rewrite still imports it then.
+        """
+        from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH
+
+        if model_path == EMBEDDED_MODEL_PATH:
+            return False
+        from pytest_osmosis.model.direct import rows_go_direct
+        from pytest_osmosis.model.routes import resolve_route
+
+        prices = self.options.gate.values.get("max_cost") is not None
+        return prices or not rows_go_direct(resolve_route(model_path))
 
     def _import_litellm(self, model_path: str) -> None:
         """Wait for LiteLLM (rows call the model through it): a failed import is one line."""
@@ -941,14 +957,6 @@ def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:
 def resumed_result(record: dict[str, Any], plan: EvalPlan) -> dict[str, Any]:
     """A recorded result as the item that reuses it reports it."""
     return outcome.resumed(record, plan.settings.pass_threshold)
-
-
-def _rows_need_litellm(model_path: str) -> bool:
-    """Whether rows reach this model through LiteLLM: all but ``osmosis/embedded``'s do
-    (its bridge calls llama.cpp directly: model/direct.py)."""
-    from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH
-
-    return model_path != EMBEDDED_MODEL_PATH
 
 
 @functools.cache

@@ -495,9 +495,13 @@ def test_which_routes_may_be_called_directly(monkeypatch: pytest.MonkeyPatch) ->
             route = ModelRoute("openai/m", "openai/m", {**local, "api_base": base})
             assert (direct.direct_base(route) is not None) is expected, variable
     # Rows go direct over plain HTTP only (HTTPS: LiteLLM's certificate settings decide).
-    assert direct.serves_rows("http://127.0.0.1:9/v1")
-    assert direct.serves_rows("http://gpu-box.internal:8000/v1")
-    assert not direct.serves_rows(remote["api_base"])
+    for base, rows in [
+        ("http://127.0.0.1:9/v1", True),
+        ("http://gpu-box.internal:8000/v1", True),
+        (remote["api_base"], False),
+    ]:
+        route = ModelRoute("openai/m", "openai/m", {**local, "api_base": base})
+        assert direct.direct_base(route) == base and direct.rows_go_direct(route) is rows
 
 
 def _user_agents(stub: _Stub) -> list[str]:

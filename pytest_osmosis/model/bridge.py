@@ -30,7 +30,7 @@ from pytest_osmosis.model.direct import (
     is_plain,
     litellm_configured,
     missing_keys,
-    serves_rows,
+    rows_go_direct,
 )
 from pytest_osmosis.model.errors import (
     _CONNECT_ERRORS,
@@ -152,9 +152,7 @@ class Bridge:
         base = direct_base(route)
         self._direct = DirectClient(route, base) if base else None
         """The upstream that skips LiteLLM where its request is LiteLLM's (model/direct.py)."""
-        self._rows_direct = base is not None and (
-            route.model_path == EMBEDDED_MODEL_PATH or serves_rows(base)
-        )
+        self._rows_direct = rows_go_direct(route)
         """Rows' calls go direct too: to our own llama.cpp server, or any endpoint over plain
         HTTP (contract D72); retries are the back-off's on both paths (D79)."""
         # Judge models by the id a request named: resolved once, failures cached too, so a

@@ -8,7 +8,7 @@ one LiteLLM's ``openai/`` provider would send (same URL, bearer, JSON body; the 
 ``test_fast_start.py::test_a_direct_request_is_the_one_litellm_sends`` captures both at
 a stub and compares them): a route LiteLLM reaches at an OpenAI-compatible endpoint with
 nothing but a base, a key and a temperature, and a body whose messages LiteLLM forwards
-unchanged. Rows' calls go here only over plain HTTP without a proxy (`serves_rows`); the
+unchanged. Rows' calls go here only over plain HTTP without a proxy (`rows_go_direct`); the
 answer gets LiteLLM's reasoning split (`_split_reasoning`), and the bridge retries and
 paces both paths alike (ratelimit.py). Everything else goes through LiteLLM.
 
@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_osmosis.model.routes import ModelRoute, is_openai_api
+from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, ModelRoute, is_openai_api
 
 __all__ = [
     "PLAIN_FIELDS",
@@ -40,7 +40,7 @@ __all__ = [
     "litellm_configured",
     "missing_keys",
     "request_body",
-    "serves_rows",
+    "rows_go_direct",
 ]
 
 OPENAI_PREFIX = "openai/"
@@ -106,15 +106,18 @@ def direct_base(route: ModelRoute) -> str | None:
     return base
 
 
-def serves_rows(base: str) -> bool:
-    """Whether rows' calls may go to ``base`` directly, not only the preflight.
+def rows_go_direct(route: ModelRoute) -> bool:
+    """Whether rows' calls on ``route`` skip LiteLLM (each still only with a plain body).
 
-    Plain HTTP: there the request LiteLLM's client makes is the bytes on the wire. Over
-    HTTPS, LiteLLM's certificate store (its own settings and variables) is not ours to
-    reproduce, so rows there go through LiteLLM; its one-request preflight may still go
-    direct.
+    ``osmosis/embedded``, and any endpoint `direct_base` allows over plain HTTP: there the
+    request LiteLLM's client makes is the bytes on the wire. Over HTTPS, LiteLLM's
+    certificate store (its own settings and variables) is not ours to reproduce, so rows
+    there go through LiteLLM; the one-request preflight may still go direct.
     """
-    return urlsplit(base).scheme == "http"
+    base = direct_base(route)
+    if base is None:
+        return False
+    return route.model_path == EMBEDDED_MODEL_PATH or urlsplit(base).scheme == "http"
 
 
 def _api_key(route: ModelRoute) -> str | None:
