@@ -4,7 +4,8 @@ Each side runs under a pseudo-terminal (what a user watching sees), timed from s
 the line that shows it:
 
 - **first line**: the first non-empty line on screen;
-- **first result**: ours, the first ``PASSED``/``FAILED`` of ``pytest --osmosis-eval -v``;
+- **first result**: ours, the first ``PASSED``/``FAILED`` of ``pytest --osmosis-eval -v``, or
+  the status line's first finished attempt;
   the SDK's, the first progress snapshot with a completed row (``LocalEvalRunner``, the
   engine of ``osmosis eval run``, driven offline in process as tests/test_sdk_routes.py does);
 - **failing model**: a dead endpoint, a missing key, an unknown model id (the loopback
@@ -274,7 +275,9 @@ def measure(runs: int) -> tuple[dict[str, list[float]], list[str]]:
                 if "5 passed" not in run.text():
                     raise SystemExit(f"our smoke test failed:\n{run.text()[-3000:]}")
                 note("ours first line", run.first())
-                note("ours first result", run.first(r" (PASSED|FAILED)\b"))
+                # pytest -v's first verdict, or the status line's first finished attempt
+                # (on a terminal the line takes the verdicts' place: progress.py).
+                note("ours first result", run.first(r"\b(PASSED|FAILED|ERROR)\b|osmosis [1-9]\d*/"))
                 note("ours wall", run.wall)
                 if python is not None:
                     sdk = theirs(python, root, good, f"sdk #{i + 1}")
