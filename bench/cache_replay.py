@@ -123,6 +123,7 @@ def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> l
             hit_ms / 0.3,
             1.0,
             notes=notes,
+            sdk=c.no_sdk("no-cache"),
         ),
         c.Check(
             "cache: a hit's share of a replayed row's CPU",
@@ -130,6 +131,7 @@ def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> l
             "<= 10% of a replayed row's CPU",
             hit_ms / replay["cpu_ms"],
             0.10,
+            sdk=c.no_sdk("no-cache"),
         ),
         c.Check(
             "cache: replayed row vs live row, wall",
@@ -137,6 +139,7 @@ def checks(items: int, small: int, runs: dict[str, dict[int, list[c.Run]]]) -> l
             "replaying is faster than calling the 200 ms model (informational)",
             replay["wall_ms"] / live["wall_ms"],
             1.0,
+            sdk=c.no_sdk("no-cache"),
         ),
     ]
 

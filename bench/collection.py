@@ -62,6 +62,7 @@ def checks(rows: int, ours: list[c.Run], plain: list[c.Run]) -> list[c.Check]:
             wall / 3.0,
             1.0,
             notes=[spread, scale],
+            sdk=c.no_sdk("pytest-only"),
         ),
         c.Check(
             f"collect {rows} rows: peak RSS",
@@ -69,6 +70,7 @@ def checks(rows: int, ours: list[c.Run], plain: list[c.Run]) -> list[c.Check]:
             "<= 300 MB",
             rss / 300.0,
             1.0,
+            sdk=c.no_sdk("pytest-only"),
         ),
     ]
 

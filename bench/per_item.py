@@ -13,6 +13,9 @@ counted; collection, the protocol, the workflow/grader and the results files are
 same is printed for CPU time (``RUSAGE_CHILDREN``), which the other agents' load on the
 machine disturbs less than wall time.
 
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs the same two workspaces once each
+(``_common.sdk_run``), its per-row cost taken by the same difference: ours / its.
+
     python bench/per_item.py [--items 2000] [--repeat 2]
 """
 
@@ -23,7 +26,7 @@ import argparse
 import _common as c
 
 
-def measure(items: int, repeat: int) -> dict[str, dict[int, list[c.Run]]]:
+def measure(items: int, repeat: int, sdk: bool) -> dict[str, dict[int, list[c.Run]]]:
     runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "pytest": {}}
     with c.tempdir("bench-per-item-") as tmp, c.model_server(0.0) as env:
         evals = {n: c.eval_workspace(tmp / f"ws{n}", n) for n in (items, 1)}
@@ -43,6 +46,20 @@ def measure(items: int, repeat: int) -> dict[str, dict[int, list[c.Run]]]:
                     cwd=plains[n],
                 ).check(f"{n} passed")
                 runs["pytest"].setdefault(n, []).append(p)
+        if sdk:
+            runs["sdk"] = {
+                n: [
+                    c.sdk_run(
+                        f"osmosis eval run {n} instant rows",
+                        evals[n],
+                        output=tmp / f"sdk-{n}",
+                        batch_size=64,
+                        env={**env, "BENCH_SLEEP": "0"},
+                        rows=n,
+                    )
+                ]
+                for n in (items, 1)
+            }
     return runs
 
 
@@ -59,6 +76,18 @@ def checks(items: int, runs: dict[str, dict[int, list[c.Run]]]) -> list[c.Check]
     base_cpu = per_item(runs["pytest"], items, "cpu")
     start_ours = min(r.wall for r in runs["plugin"][1])
     start_base = min(r.wall for r in runs["pytest"][1])
+    sdk = c.sdk_absent()
+    if "sdk" in runs:
+        sdk_wall = per_item(runs["sdk"], items, "wall")
+        sdk_cpu = per_item(runs["sdk"], items, "cpu")
+        sdk = c.versus_sdk(
+            f"{sdk_wall:.3f} ms/row wall = {sdk_wall / base_wall:.2f} x plain pytest; CPU "
+            f"{sdk_cpu:.3f} ms/row (ours / its {ours_cpu / sdk_cpu:.2f}); start-up "
+            f"{runs['sdk'][1][0].wall:.2f} s",
+            ours_wall,
+            sdk_wall,
+            "wall/row",
+        )
     return [
         c.Check(
             "per-item overhead",
@@ -73,6 +102,7 @@ def checks(items: int, runs: dict[str, dict[int, list[c.Run]]]) -> list[c.Check]
                 f"start-up (1 item): plugin {start_ours:.2f} s, plain pytest {start_base:.2f} s",
                 "min over repeats of each (size, side) before taking differences",
             ],
+            sdk=sdk,
         )
     ]
 
@@ -81,10 +111,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--items", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("per-item overhead")
-    runs = measure(args.items, args.repeat)
+    runs = measure(args.items, args.repeat, c.sdk_installed() and not args.no_sdk)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")
     c.finish("benchmark 4: per-item overhead", checks(args.items, runs), args.json)

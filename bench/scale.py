@@ -8,6 +8,11 @@
    must stay absent) and take <= 2 x the collection time of the same workspace
    (``--collect-only -q``, outer wall).
 
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs the 1-row, small and large
+workspaces once each and then the large run again under the same name (its resume:
+every row already recorded), ``_common.sdk_run``: its per-row cost at both sizes, its
+resume, and ours / its.
+
     python bench/scale.py [--small 1000] [--large 10000] [--repeat 2]
 """
 
@@ -19,7 +24,7 @@ from pathlib import Path
 import _common as c
 
 
-def measure(small: int, large: int, repeat: int) -> dict[str, c.Run | float | None]:
+def measure(small: int, large: int, repeat: int, sdk: bool) -> dict[str, c.Run | float | None]:
     out: dict[str, c.Run | float | None] = {}
     with c.tempdir("bench-scale-") as tmp, c.model_server(0.0) as env:
         env = {**env, "BENCH_SLEEP": "0"}
@@ -64,6 +69,26 @@ def measure(small: int, large: int, repeat: int) -> dict[str, c.Run | float | No
             if (output / "bench-resume" / "events.jsonl").exists()
             else None
         )
+        if sdk:
+            for n in (1, small, large):
+                out[f"sdk{n}"] = c.sdk_run(
+                    f"osmosis eval run {n} instant rows",
+                    spaces[n],
+                    output=tmp / f"sdk{n}",
+                    batch_size=64,
+                    env=env,
+                    rows=n,
+                )
+            sdk_count = tmp / "count-sdk-resume"
+            out["sdk_resume"] = c.sdk_run(
+                f"osmosis eval run, resume finished {large}",
+                spaces[large],
+                output=tmp / f"sdk{large}",
+                batch_size=64,
+                env={**env, "BENCH_COUNT": str(sdk_count)},
+                rows=large,
+            )
+            out["sdk_executed_resume"] = _count(sdk_count)
     return out
 
 
@@ -83,6 +108,30 @@ def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list
     cpu_small = (cpu_small_run - cpu_one) / (small - 1) * 1000
     cpu_large = (r_large.cpu - cpu_one) / (large - 1) * 1000
     executed = out["executed_resume"]
+    flat_sdk, resume_sdk = c.sdk_absent(), c.sdk_absent()
+    s_one, s_small, s_large = out.get("sdk1"), out.get(f"sdk{small}"), out.get(f"sdk{large}")
+    s_resume = out.get("sdk_resume")
+    if (
+        isinstance(s_one, c.Run)
+        and isinstance(s_small, c.Run)
+        and isinstance(s_large, c.Run)
+        and isinstance(s_resume, c.Run)
+    ):
+        sdk_small = (s_small.wall - s_one.wall) / (small - 1) * 1000
+        sdk_large = (s_large.wall - s_one.wall) / (large - 1) * 1000
+        flat_sdk = c.versus_sdk(
+            f"{sdk_large:.3f} ms/row at {large} vs {sdk_small:.3f} at {small} = "
+            f"{sdk_large / sdk_small:.3f} (wall {s_large.wall:.2f} s, CPU {s_large.cpu:.2f} s)",
+            per_large,
+            sdk_large,
+            f"wall/row at {large}",
+        )
+        resume_sdk = c.versus_sdk(
+            f"resume {s_resume.wall:.2f} s, rows re-executed {out['sdk_executed_resume']}",
+            resume.wall,
+            s_resume.wall,
+            "wall",
+        )
     return [
         c.Check(
             f"per-item cost, {large} vs {small} instant items",
@@ -96,6 +145,7 @@ def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list
                 f"walls: 1 item {one.wall:.2f} s, {small} {r_small.wall:.2f} s, "
                 f"{large} {r_large.wall:.2f} s",
             ],
+            sdk=flat_sdk,
         ),
         c.Check(
             f"resume of a finished {large}-item run",
@@ -108,6 +158,7 @@ def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list
                 f"CPU: resume {resume.cpu:.2f} s, collect-only {collect.cpu:.2f} s; "
                 f"journal lines after resume: {out['journal_lines']}",
             ],
+            sdk=resume_sdk,
         ),
     ]
 
@@ -117,10 +168,11 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--large", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=2, help="tries of the 1-item and small runs")
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("scale and resume")
-    out = measure(args.small, args.large, args.repeat)
+    out = measure(args.small, args.large, args.repeat, c.sdk_installed() and not args.no_sdk)
     c.print_runs([r for r in out.values() if isinstance(r, c.Run)])
     print("(the 1-item and small rows are the best of --repeat tries)")
     print(f"after: {c.loadavg()}")

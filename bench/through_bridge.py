@@ -17,6 +17,11 @@ in-process (``time.process_time``), a third view of LiteLLM's own cost. A third 
 runs the benchmark rollout's httpx client alone against the model server, so the
 plugin's number can be split into LiteLLM + the workflow's client + bridge and harness.
 
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs the same two workspaces once each
+(``_common.sdk_run``; its LiteLLM bridge, its rollout server in a child process whose CPU
+it reaps, so the delta holds both): its CPU per call by the same difference, and ours /
+its. With ``--client bridge_client`` (ours alone) there is no SDK side.
+
     python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
                                    [--client httpx|aiohttp|httpx-per-call|bridge_client]
 """
@@ -115,7 +120,7 @@ asyncio.run(main())
 
 
 def measure(
-    items: int, small: int, batch: int, repeat: int, client_kind: str
+    items: int, small: int, batch: int, repeat: int, client_kind: str, sdk: bool
 ) -> dict[str, dict[int, list[c.Run]]]:
     runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}, "httpx": {}}
     with c.tempdir("bench-bridge-") as tmp, c.model_server(0.2) as env:
@@ -148,6 +153,20 @@ def measure(
                     env=env,
                 ).check('"calls"')
                 runs["httpx"].setdefault(n, []).append(h)
+        if sdk:
+            runs["sdk"] = {
+                n: [
+                    c.sdk_run(
+                        f"osmosis eval run, {n} calls",
+                        ws_by_n[n],
+                        output=tmp / f"sdk-{n}",
+                        batch_size=batch,
+                        env={**env, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
+                        rows=n,
+                    )
+                ]
+                for n in (items, small)
+            }
     return runs
 
 
@@ -178,6 +197,18 @@ def checks(
     client_phase = min(_phase(r)["phase_cpu"] for r in runs["httpx"][items]) / items * 1000
     rest = ours["marginal_cpu_ms"] - theirs["marginal_cpu_ms"] - client["marginal_cpu_ms"]
     ideal_rate = 64 / 0.2
+    sdk = c.no_sdk("ours-only") if client_kind == "bridge_client" else c.sdk_absent()
+    if "sdk" in per:
+        theirs_sdk = per["sdk"]
+        sdk = c.versus_sdk(
+            f"{theirs_sdk['marginal_cpu_ms']:.2f} ms CPU/call marginal = "
+            f"{theirs_sdk['marginal_cpu_ms'] / theirs['marginal_cpu_ms']:.2f} x litellm; "
+            f"{theirs_sdk['marginal_rate']:.0f} calls/s marginal, wall "
+            f"{theirs_sdk['wall']:.2f} s for {items}",
+            ours["marginal_cpu_ms"],
+            theirs_sdk["marginal_cpu_ms"],
+            "CPU/call",
+        )
     return [
         c.Check(
             f"bridge: CPU per call ({client_kind} client in the rollout)",
@@ -204,6 +235,7 @@ def checks(
                 f"(wall {theirs['wall']:.2f} s)",
                 "min over repeats of each (size, side) before taking differences",
             ],
+            sdk=sdk,
         )
     ]
 
@@ -222,10 +254,12 @@ def main() -> None:
         "a new httpx client per call, or the plugin's bridge_client; alone, bridge_client "
         "is measured as one shared httpx client)",
     )
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("through the bridge")
-    runs = measure(args.items, args.small, args.batch, args.repeat, args.client)
+    sdk = c.sdk_installed() and not args.no_sdk and args.client != "bridge_client"
+    runs = measure(args.items, args.small, args.batch, args.repeat, args.client, sdk)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")
     c.finish(
