@@ -6,7 +6,7 @@ wall <= 3 s and peak RSS <= 300 MB. Wall is spawn to exit of the whole process; 
 the process's own peak (``/usr/bin/time -f %M``). A plain pytest suite of the same
 number of parametrized tests is collected alongside for scale (no target).
 
-    python bench/collection.py [--rows 100000] [--row-bytes 250] [--repeat 3]
+    python bench/collection.py [--rows 100000] [--row-bytes 250] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--row-bytes", type=int, default=250)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("collection")

@@ -18,7 +18,7 @@ this machine at this moment. Targets: first line <= 0.7 s; first result <= 0.5 x
 SDK's and <= 2.5 s on a quiet machine; a failing model <= 1.5 s; the README command
 <= 3 s on a quiet machine.
 
-    python bench/first_result.py [--runs 3]
+    python bench/first_result.py [--runs 2]
 """
 
 from __future__ import annotations
@@ -388,7 +388,7 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
