@@ -8,7 +8,7 @@ are taken by difference between N and a small run, as in benchmark 2, so start-u
 out. Targets: a cache hit (key + lookup + JSON decode, timed in process against the
 cache the sessions wrote) under 0.3 ms, and under 10% of a replayed row's CPU.
 
-    python bench/cache_replay.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
+    python bench/cache_replay.py [--items 1000] [--small 100] [--batch 64] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--small", type=int, default=100)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("model-call cache")

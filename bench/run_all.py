@@ -44,12 +44,13 @@ BENCHMARKS = (
 # then mean nothing). A benchmark not named here runs with its defaults.
 SMOKE = {
     "harness_efficiency": ["--items", "20", "--repeat", "1", "--sleep", "0.05"],
-    "through_bridge": ["--items", "20", "--small", "5", "--repeat", "1"],
+    "through_bridge": ["--items", "20", "--small", "5", "--repeat", "1", "--sdk-items", "20"],
     "vs_xdist": ["--items", "20", "--sleep", "0.05"],
-    "per_item": ["--items", "20", "--repeat", "1"],
+    "per_item": ["--items", "20", "--repeat", "1", "--sdk-items", "20"],
     "collection": ["--rows", "1000", "--repeat", "1"],
     "startup": ["--runs", "1"],
-    "scale": ["--small", "10", "--large", "30", "--repeat", "1"],
+    "scale": ["--small", "10", "--large", "30", "--repeat", "1", "--sdk-small", "10"]
+    + ["--sdk-large", "30"],
     "first_result": ["--runs", "1"],
     "cache_replay": ["--items", "20", "--small", "5", "--repeat", "1"],
     "rate_limited": ["--rows", "20", "--rate", "20"],

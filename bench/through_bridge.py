@@ -17,12 +17,14 @@ in-process (``time.process_time``), a third view of LiteLLM's own cost. A third 
 runs the benchmark rollout's httpx client alone against the model server, so the
 plugin's number can be split into LiteLLM + the workflow's client + bridge and harness.
 
-Where ``osmosis-ai`` imports, ``osmosis eval run`` runs the same two workspaces once each
-(``_common.sdk_run``; its LiteLLM bridge, its rollout server in a child process whose CPU
-it reaps, so the delta holds both): its CPU per call by the same difference, and ours /
-its. With ``--client bridge_client`` (ours alone) there is no SDK side.
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs ``--sdk-items`` (default 500: its
+rows cost ~35 times ours in CPU) and ``--small`` rows once each (``_common.sdk_run``; its LiteLLM
+bridge, its rollout server in a child process whose CPU it reaps, so the delta holds
+both): its CPU per call by the same difference, and ours / its. With ``--client
+bridge_client`` (ours alone) there is no SDK side.
 
     python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
+                                   [--sdk-items 500]
                                    [--client httpx|aiohttp|httpx-per-call|bridge_client]
 """
 
@@ -120,7 +122,7 @@ asyncio.run(main())
 
 
 def measure(
-    items: int, small: int, batch: int, repeat: int, client_kind: str, sdk: bool
+    items: int, small: int, batch: int, repeat: int, client_kind: str, sdk_items: int
 ) -> dict[str, dict[int, list[c.Run]]]:
     runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}, "httpx": {}}
     with c.tempdir("bench-bridge-") as tmp, c.model_server(0.2) as env:
@@ -153,7 +155,11 @@ def measure(
                     env=env,
                 ).check('"calls"')
                 runs["httpx"].setdefault(n, []).append(h)
-        if sdk:
+        if sdk_items:
+            if sdk_items not in ws_by_n:
+                ws_by_n[sdk_items] = c.eval_workspace(
+                    tmp / f"ws{sdk_items}", sdk_items, batch_size=batch
+                )
             runs["sdk"] = {
                 n: [
                     c.sdk_run(
@@ -165,7 +171,7 @@ def measure(
                         rows=n,
                     )
                 ]
-                for n in (items, small)
+                for n in (sdk_items, small)
             }
     return runs
 
@@ -179,14 +185,16 @@ def checks(
 ) -> list[c.Check]:
     per: dict[str, dict[str, float]] = {}
     for side, by_n in runs.items():
-        big, little = by_n[items], by_n[small]
+        n_big = max(by_n)  # items, or the SDK's --sdk-items
+        big, little = by_n[n_big], by_n[small]
         cpu_big, cpu_small = min(r.cpu for r in big), min(r.cpu for r in little)
         wall_big, wall_small = min(r.wall for r in big), min(r.wall for r in little)
         per[side] = {
-            "marginal_cpu_ms": (cpu_big - cpu_small) / (items - small) * 1000,
-            "total_cpu_ms": cpu_big / items * 1000,
-            "marginal_rate": (items - small) / max(wall_big - wall_small, 1e-9),
-            "overall_rate": items / wall_big,
+            "n": n_big,
+            "marginal_cpu_ms": (cpu_big - cpu_small) / (n_big - small) * 1000,
+            "total_cpu_ms": cpu_big / n_big * 1000,
+            "marginal_rate": (n_big - small) / max(wall_big - wall_small, 1e-9),
+            "overall_rate": n_big / wall_big,
             "wall": wall_big,
             "cpu": cpu_big,
         }
@@ -204,7 +212,8 @@ def checks(
             f"{theirs_sdk['marginal_cpu_ms']:.2f} ms CPU/call marginal = "
             f"{theirs_sdk['marginal_cpu_ms'] / theirs['marginal_cpu_ms']:.2f} x litellm; "
             f"{theirs_sdk['marginal_rate']:.0f} calls/s marginal, wall "
-            f"{theirs_sdk['wall']:.2f} s for {items}",
+            f"{theirs_sdk['wall']:.2f} s for {theirs_sdk['n']:.0f} ({theirs_sdk['n']:.0f} vs "
+            f"{small} calls)",
             ours["marginal_cpu_ms"],
             theirs_sdk["marginal_cpu_ms"],
             "CPU/call",
@@ -254,12 +263,16 @@ def main() -> None:
         "a new httpx client per call, or the plugin's bridge_client; alone, bridge_client "
         "is measured as one shared httpx client)",
     )
+    parser.add_argument("--sdk-items", type=int, default=500, help="the SDK side's N")
     parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("through the bridge")
     sdk = c.sdk_installed() and not args.no_sdk and args.client != "bridge_client"
-    runs = measure(args.items, args.small, args.batch, args.repeat, args.client, sdk)
+    if sdk and args.sdk_items <= args.small:
+        parser.error("--sdk-items must be larger than --small")
+    sdk_items = args.sdk_items if sdk else 0
+    runs = measure(args.items, args.small, args.batch, args.repeat, args.client, sdk_items)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")
     c.finish(
