@@ -10,6 +10,8 @@ by the plugin or the test suite.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -128,6 +130,66 @@ backend = LocalBackend(
     grader=BenchGrader,
     workflow_config=AgentWorkflowConfig(name="bench"),
 )
+
+# `osmosis eval run` executes the entrypoint as a script: the rollout serves itself.
+if __name__ == "__main__":
+    import uvicorn
+    from osmosis_ai.rollout.server import create_rollout_server
+
+    uvicorn.run(
+        create_rollout_server(backend=backend),
+        host="127.0.0.1",
+        port=int(os.environ.get("_OSMOSIS_ROLLOUT_PORT", "8000")),
+        log_level="warning",
+    )
+"""
+
+# `osmosis eval run`'s engine (LocalEvalRunner, osmosis-ai 0.3.8) driven offline in
+# process, as tests/test_sdk_routes.py drives it: its LiteLLM bridge, its rollout server
+# in a child process. One JSON argument: root, name (the rollout, dataset and config
+# stem), model, batch_size, output (its output root) and run (the run name). Stages and
+# notes go to stderr; "FIRST RESULT" to stdout when the first row completes; the last
+# stdout line is {"succeeded", "failed", "total"}.
+SDK_RUN = r"""
+import asyncio, contextlib, json, sys
+from pathlib import Path
+from osmosis_ai.eval.local.dataset import resolve_explicit_dataset_file, select_rows
+from osmosis_ai.eval.local.runner import EvalRunSpec, LocalEvalOptions, LocalEvalRunner
+
+args = json.loads(sys.argv[1])
+root, name = Path(args["root"]), args["name"]
+seen = []
+
+
+class Hooks:
+    def note(self, message): print("note:", message, file=sys.stderr, flush=True)
+    def warning(self, message): print("warning:", message, file=sys.stderr, flush=True)
+    def stage(self, message): print("stage:", message, file=sys.stderr, flush=True)
+    def status(self, message): return contextlib.nullcontext()
+    async def confirm_dispatch(self, *, pending, model_path): return None
+    async def confirm_new_run(self, *, run_name, total): return False
+    def resolve_secrets(self, names): return {}
+    def progress(self, snapshot):
+        if snapshot.completed and not seen:
+            seen.append(1)
+            print("FIRST RESULT", flush=True)
+
+
+dataset = resolve_explicit_dataset_file(root / "data" / f"{name}.jsonl")
+spec = {"batch_size": args["batch_size"]} if args.get("batch_size") else {}
+runner = LocalEvalRunner(
+    spec=EvalRunSpec(rollout_name=name, entrypoint="main.py", model_path=args["model"],
+                     dataset_name=name, **spec),
+    options=LocalEvalOptions(name=args["run"], server_interpreter=sys.executable),
+    dataset=dataset,
+    selection=select_rows(dataset.path, extension=dataset.extension),
+    rollout_dir=root / "rollouts" / name,
+    output_root=Path(args["output"]),
+    hooks=Hooks(),
+)
+summary = asyncio.run(runner.run())
+print(json.dumps({"succeeded": summary.succeeded, "failed": summary.failed,
+                  "total": summary.total_work_items}), flush=True)
 """
 
 
@@ -267,6 +329,51 @@ def osmosis_cmd(*args: str, output: Path | None = None) -> list[str]:
     return pytest_cmd("--osmosis-eval", "-q", *extra, *args)
 
 
+def sdk_installed() -> bool:
+    """Whether ``osmosis eval run`` can run here: the SDK side runs under the same
+    interpreter as ours, so each configuration (with, without the SDK) measures itself."""
+    return all(importlib.util.find_spec(name) is not None for name in ("osmosis_ai", "uvicorn"))
+
+
+def sdk_cmd(
+    root: Path,
+    *,
+    output: Path,
+    batch_size: int,
+    name: str = "bench",
+    model: str = "openai/bench",
+    run_name: str = "sdk",
+) -> list[str]:
+    """``osmosis eval run`` over the workspace at ``root`` (see ``SDK_RUN``)."""
+    args = {
+        "root": str(root),
+        "name": name,
+        "model": model,
+        "batch_size": batch_size,
+        "output": str(output),
+        "run": run_name,
+    }
+    return [PYTHON, "-c", SDK_RUN, json.dumps(args)]
+
+
+def sdk_result(r: Run) -> dict[str, int]:
+    """The counts the SDK run printed last (empty when it printed none)."""
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    return dict(json.loads(lines[-1])) if lines else {}
+
+
+def sdk_run(
+    label: str, root: Path, *, output: Path, batch_size: int, env: dict[str, str], rows: int
+) -> Run:
+    """One measured ``osmosis eval run`` that must finish every row successfully."""
+    r = run(label, sdk_cmd(root, output=output, batch_size=batch_size), cwd=root, env=env)
+    counts = sdk_result(r)
+    if r.rc != 0 or counts.get("succeeded") != rows:
+        tail = "\n".join((r.stdout + "\n" + r.stderr).splitlines()[-30:])
+        raise SystemExit(f"SDK run {label!r} failed (rc {r.rc}, {counts}):\n{tail}")
+    return r
+
+
 def metrics_of(output: Path) -> dict[str, Any]:
     """metrics.json of the single run directory under ``output``."""
     runs = [p for p in output.iterdir() if not p.name.startswith(".")]
@@ -351,6 +458,43 @@ def median(values: Sequence[float]) -> float:
 
 
 @dataclass
+class Sdk:
+    """The SDK's side of a check: ``osmosis eval run`` on the same workload.
+
+    ``ratio`` is ours / the SDK's on the quantity ``of`` names (below 1: ours is smaller,
+    which for a time or a cost means faster or cheaper). ``na`` is one word saying why a
+    check has no SDK side.
+    """
+
+    figure: str = ""
+    ratio: float | None = None
+    of: str = ""
+    na: str | None = None
+
+    def cell(self) -> str:
+        """The table's SDK column."""
+        if self.na is not None:
+            return f"n/a ({self.na})"
+        if self.ratio is None:
+            return "-"
+        return f"{self.ratio:.2f}x {self.of}"
+
+
+def versus_sdk(figure: str, ours: float, theirs: float, of: str) -> Sdk:
+    return Sdk(figure=figure, ratio=ours / theirs if theirs else None, of=of)
+
+
+def no_sdk(word: str) -> Sdk:
+    """A check without an SDK side; ``word`` says why (``pytest-only``, ``no-cache``)."""
+    return Sdk(na=word)
+
+
+def sdk_absent() -> Sdk:
+    """A check whose SDK side did not run: osmosis-ai is not installed, or --no-sdk."""
+    return Sdk(na="skipped" if sdk_installed() else "not-installed")
+
+
+@dataclass
 class Check:
     """One target: the measured value, the limit, and the ratio that is compared."""
 
@@ -361,6 +505,7 @@ class Check:
     limit: float
     higher_is_better: bool = False
     notes: list[str] = field(default_factory=list)
+    sdk: Sdk | None = None
 
     @property
     def ok(self) -> bool:
@@ -382,6 +527,8 @@ def print_checks(title: str, checks: Sequence[Check]) -> None:
         verdict = "MET" if c.ok else "MISSED"
         print(f"{c.name}: {c.measured}")
         print(f"    ratio {c.ratio:.3f} (target {sign} {c.limit:g}: {c.target}) -> {verdict}")
+        if c.sdk is not None:
+            print(f"    SDK: {c.sdk.cell()}" + (f": {c.sdk.figure}" if c.sdk.figure else ""))
         for note in c.notes:
             print(f"    {note}")
 
@@ -397,6 +544,7 @@ def as_json(checks: Sequence[Check]) -> list[dict[str, Any]]:
             "higher_is_better": c.higher_is_better,
             "ok": c.ok,
             "notes": c.notes,
+            "sdk": None if c.sdk is None else dataclasses.asdict(c.sdk),
         }
         for c in checks
     ]

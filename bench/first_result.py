@@ -5,11 +5,12 @@ the line that shows it:
 
 - **first line**: the first non-empty line on screen;
 - **first result**: ours, the first ``PASSED``/``FAILED`` of ``pytest --osmosis-eval -v``, or
-  the status line's first finished attempt;
-  the SDK's, the first progress snapshot with a completed row (``LocalEvalRunner``, the
-  engine of ``osmosis eval run``, driven offline in process as tests/test_sdk_routes.py does);
+  the status line's first finished attempt; the SDK's, the first progress snapshot with a
+  completed row (``_common.sdk_cmd``: ``LocalEvalRunner``, the engine of
+  ``osmosis eval run``, driven offline in process);
 - **failing model**: a dead endpoint, a missing key, an unknown model id (the loopback
-  server answers 404): ours, to the ``ERROR:`` line; the SDK's, to its exit.
+  server answers 404): ours, to the ``ERROR:`` line; the SDK's, to its exit (in the
+  first run only: it takes 7-25 s to give up).
 
 A 5-row smoke test, one call a row to the loopback model (50 ms), rows written for
 ``osmosis_ai`` (both sides run the same files). With the embedded model installed, the
@@ -19,13 +20,12 @@ this machine at this moment. Targets: first line <= 0.7 s; first result <= 0.5 x
 SDK's and <= 2.5 s on a quiet machine; a failing model <= 1.5 s; the README command
 <= 3 s on a quiet machine.
 
-    python bench/first_result.py [--runs 3]
+    python bench/first_result.py [--runs 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pty
@@ -34,7 +34,6 @@ import select
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -92,45 +91,6 @@ def main():
 
 if __name__ == "__main__":
     main()
-"""
-
-SDK_RUN = r"""
-import asyncio, contextlib, sys
-from pathlib import Path
-from osmosis_ai.eval.local.dataset import resolve_explicit_dataset_file, select_rows
-from osmosis_ai.eval.local.runner import EvalRunSpec, LocalEvalOptions, LocalEvalRunner
-
-root, model = Path(sys.argv[1]), sys.argv[2]
-seen = []
-
-
-class Hooks:
-    def note(self, message): print("note:", message, flush=True)
-    def warning(self, message): print("warning:", message, flush=True)
-    def stage(self, message): print("stage:", message, flush=True)
-    def status(self, message): return contextlib.nullcontext()
-    async def confirm_dispatch(self, *, pending, model_path): return None
-    async def confirm_new_run(self, *, run_name, total): return False
-    def resolve_secrets(self, names): return {}
-    def progress(self, snapshot):
-        if snapshot.completed and not seen:
-            seen.append(1)
-            print("FIRST RESULT", flush=True)
-
-
-dataset = resolve_explicit_dataset_file(root / "data" / "bench.jsonl")
-runner = LocalEvalRunner(
-    spec=EvalRunSpec(rollout_name="bench", entrypoint="main.py", model_path=model,
-                     dataset_name="bench"),
-    options=LocalEvalOptions(name="sdk", server_interpreter=sys.executable),
-    dataset=dataset,
-    selection=select_rows(dataset.path, extension=dataset.extension),
-    rollout_dir=root / "rollouts" / "bench",
-    output_root=root / "sdk-evals",
-    hooks=Hooks(),
-)
-summary = asyncio.run(runner.run())
-print("done:", summary.succeeded, "succeeded", summary.failed, "failed", flush=True)
 """
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -214,13 +174,6 @@ def workspace(root: Path, model: str) -> Path:
     return root
 
 
-def sdk_python() -> str | None:
-    named = os.environ.get("OSMOSIS_SDK_PYTHON")
-    if named:
-        return named
-    return sys.executable if importlib.util.find_spec("osmosis_ai") else None
-
-
 def dead_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -241,12 +194,13 @@ def ours(root: Path, env: dict[str, str], label: str) -> Seen:
     return on_a_terminal(label, [*argv, "--osmosis-fresh", "--osmosis-name", "ours"], root, env)
 
 
-def theirs(python: str, root: Path, env: dict[str, str], label: str) -> Seen:
+def theirs(root: Path, env: dict[str, str], label: str) -> Seen:
     shutil.rmtree(root / "sdk-evals", ignore_errors=True)
-    return on_a_terminal(label, [python, "-c", SDK_RUN, str(root), "openai/bench"], root, env)
+    argv = c.sdk_cmd(root, output=root / "sdk-evals", batch_size=ROWS)
+    return on_a_terminal(label, argv, root, env)
 
 
-def measure(runs: int) -> tuple[dict[str, list[float]], list[str]]:
+def measure(runs: int, with_sdk: bool) -> tuple[dict[str, list[float]], list[str]]:
     numbers: dict[str, list[float]] = {}
     notes: list[str] = []
 
@@ -254,9 +208,9 @@ def measure(runs: int) -> tuple[dict[str, list[float]], list[str]]:
         if value is not None:
             numbers.setdefault(key, []).append(value)
 
-    python = sdk_python()
-    if python is None:
-        notes.append("osmosis-ai is not installed here: the SDK side is left out")
+    sdk = c.sdk_installed() and with_sdk
+    if not sdk:
+        notes.append("the SDK side is left out (osmosis-ai not installed here, or --no-sdk)")
     not_found_config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     json.dump(
         {"fail_next": [{"status": 404, "count": 100000, "message": "model does not exist"}]},
@@ -275,17 +229,18 @@ def measure(runs: int) -> tuple[dict[str, list[float]], list[str]]:
                 if "5 passed" not in run.text():
                     raise SystemExit(f"our smoke test failed:\n{run.text()[-3000:]}")
                 note("ours first line", run.first())
-                # pytest -v's first verdict, or the status line's first finished attempt
-                # (on a terminal the line takes the verdicts' place: progress.py).
+                # \b, not a space: the status line's redraw (\r) can split the verdict
+                # from its node id, so "PASSED" may start a line of its own; or the
+                # status line's first finished attempt (progress.py).
                 note("ours first result", run.first(r"\b(PASSED|FAILED|ERROR)\b|osmosis [1-9]\d*/"))
                 note("ours wall", run.wall)
-                if python is not None:
-                    sdk = theirs(python, root, good, f"sdk #{i + 1}")
-                    if sdk.rc != 0 or "FIRST RESULT" not in sdk.text():
-                        raise SystemExit(f"the SDK's smoke test failed:\n{sdk.text()[-3000:]}")
-                    note("sdk first line", sdk.first())
-                    note("sdk first result", sdk.first(r"^FIRST RESULT"))
-                    note("sdk wall", sdk.wall)
+                if sdk:
+                    seen = theirs(root, good, f"sdk #{i + 1}")
+                    if seen.rc != 0 or "FIRST RESULT" not in seen.text():
+                        raise SystemExit(f"the SDK's smoke test failed:\n{seen.text()[-3000:]}")
+                    note("sdk first line", seen.first())
+                    note("sdk first result", seen.first(r"^FIRST RESULT"))
+                    note("sdk wall", seen.wall)
                 for case in ("dead endpoint", "missing key", "unknown model id"):
                     env = failing_env(case, good, not_found)
                     failed = ours(root, env, f"ours, {case}")
@@ -295,9 +250,8 @@ def measure(runs: int) -> tuple[dict[str, list[float]], list[str]]:
                     note(f"ours {case}", failed.first(r"^ERROR:"))
                     if i == 0:
                         notes.append(f"ours, {case}: {error[0][:160]}")
-                    if python is not None:
-                        sdk = theirs(python, root, env, f"sdk, {case}")
-                        note(f"sdk {case}", sdk.wall)
+                    if sdk and i == 0:  # once: the SDK takes 7-25 s to give up
+                        note(f"sdk {case}", theirs(root, env, f"sdk, {case}").wall)
             readme = embedded_readme(tmp)
             if readme is not None:
                 note("README pytest -v wall", readme.wall)
@@ -360,17 +314,24 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
         for key, values in numbers.items()
     ]
     found: list[c.Check] = []
+
+    def against(ours: float, key: str, of: str) -> c.Sdk:
+        theirs = median(key)
+        if theirs is None:
+            return c.sdk_absent()
+        return c.versus_sdk(f"median {theirs:.2f} s", ours, theirs, of)
+
     first_line = median("ours first line")
     if first_line is not None:
         found.append(
             c.Check(
                 "first line on screen",
                 f"median {first_line:.2f} s (plain pytest's header: "
-                f"{median('plain pytest first line') or 0:.2f} s; the SDK's: "
-                f"{median('sdk first line') or 0:.2f} s)",
+                f"{median('plain pytest first line') or 0:.2f} s)",
                 "<= 0.7 s",
                 first_line / 0.7,
                 1.0,
+                sdk=against(first_line, "sdk first line", "first line"),
             )
         )
     ours_first, sdk_first = median("ours first result"), median("sdk first result")
@@ -382,6 +343,7 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
                 "<= 0.5 x the SDK's",
                 ours_first / sdk_first,
                 0.5,
+                sdk=against(ours_first, "sdk first result", "first result"),
             )
         )
     if ours_first is not None:
@@ -392,6 +354,7 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
                 "<= 2.5 s on a quiet machine",
                 ours_first / 2.5,
                 1.0,
+                sdk=against(ours_first, "sdk first result", "first result"),
             )
         )
     for case in ("dead endpoint", "missing key", "unknown model id"):
@@ -407,6 +370,7 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
                 "<= 1.5 s",
                 value / 1.5,
                 1.0,
+                sdk=against(value, f"sdk {case}", "to exit"),
             )
         )
     readme = median("README pytest -v wall")
@@ -418,6 +382,7 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
                 "<= 3 s on a quiet machine",
                 readme / 3.0,
                 1.0,
+                sdk=c.no_sdk("embedded"),
             )
         )
     if found:
@@ -427,11 +392,12 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("first result")
-    numbers, notes = measure(args.runs)
+    numbers, notes = measure(args.runs, not args.no_sdk)
     print(f"after: {c.loadavg()}")
     c.finish(
         "benchmark 8: first line, first result, failing model", checks(numbers, notes), args.json

@@ -10,6 +10,9 @@ ideal includes interpreter start-up, LiteLLM's import, the model preflight, coll
 and the results directory; pytest's own "in X s" and metrics.json's ``duration_ms`` are
 printed next to it for reference. The loopback model server answers the preflight only.
 
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs the same two sessions once each
+(``_common.sdk_run``): its own efficiency against its own ideal, and ours / its wall.
+
     python bench/harness_efficiency.py [--items 1000] [--sleep 0.2] [--batch 64] [--repeat 2]
 """
 
@@ -20,10 +23,14 @@ import argparse
 import _common as c
 
 
-def measure(items: int, sleep: float, batch: int, repeat: int) -> tuple[list[c.Run], list[c.Run]]:
-    """Alternate 0 ms and ``sleep`` sessions ``repeat`` times; returns (zero runs, sleep runs)."""
+def measure(
+    items: int, sleep: float, batch: int, repeat: int, sdk: bool
+) -> tuple[list[c.Run], list[c.Run], dict[str, c.Run]]:
+    """Alternate 0 ms and ``sleep`` sessions ``repeat`` times; returns (zero runs, sleep
+    runs, the SDK's ``zero`` and ``slow`` runs when ``sdk``)."""
     zero: list[c.Run] = []
     slow: list[c.Run] = []
+    theirs: dict[str, c.Run] = {}
     with c.tempdir("bench-harness-") as tmp, c.model_server(0.0) as env:
         ws = c.eval_workspace(tmp / "ws", items, batch_size=batch)
         for i in range(repeat):
@@ -40,11 +47,26 @@ def measure(items: int, sleep: float, batch: int, repeat: int) -> tuple[list[c.R
                 ).check(f"{items} passed")
                 r.metrics_duration = c.duration_s(c.metrics_of(out))  # type: ignore[attr-defined]
                 bucket.append(r)
-    return zero, slow
+        if sdk:
+            for key, seconds in (("zero", 0.0), ("slow", sleep)):
+                theirs[key] = c.sdk_run(
+                    f"osmosis eval run {items} x {seconds * 1000:g} ms",
+                    ws,
+                    output=tmp / f"sdk-{key}",
+                    batch_size=batch,
+                    env={**env, "BENCH_SLEEP": str(seconds)},
+                    rows=items,
+                )
+    return zero, slow, theirs
 
 
 def checks(
-    items: int, sleep: float, batch: int, zero: list[c.Run], slow: list[c.Run]
+    items: int,
+    sleep: float,
+    batch: int,
+    zero: list[c.Run],
+    slow: list[c.Run],
+    theirs: dict[str, c.Run] | None,
 ) -> list[c.Check]:
     sleep_floor = items * sleep / batch
     best_zero = min(r.wall for r in zero)
@@ -56,6 +78,18 @@ def checks(
     ps_slow = min(r.pytest_seconds or 0 for r in slow)
     md_zero = min(getattr(r, "metrics_duration", None) or 0 for r in zero)
     md_slow = min(getattr(r, "metrics_duration", None) or 0 for r in slow)
+    sdk = c.sdk_absent()
+    if theirs:
+        sdk_ideal = sleep_floor + theirs["zero"].wall
+        sdk = c.versus_sdk(
+            f"wall {theirs['slow'].wall:.2f} s vs its ideal {sdk_ideal:.2f} s "
+            f"(0 ms session {theirs['zero'].wall:.2f} s) = "
+            f"{theirs['slow'].wall / sdk_ideal:.3f} x; CPU {theirs['slow'].cpu:.2f} s "
+            f"vs ours {min(r.cpu for r in slow):.2f} s",
+            best_slow,
+            theirs["slow"].wall,
+            "wall",
+        )
     return [
         c.Check(
             "harness efficiency (1 process)",
@@ -74,6 +108,7 @@ def checks(
                 f"excess over ideal {best_slow - ideal:+.2f} s = "
                 f"{(best_slow - ideal) / items * 1000:+.2f} ms per item",
             ],
+            sdk=sdk,
         )
     ]
 
@@ -84,15 +119,17 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("harness efficiency")
-    zero, slow = measure(args.items, args.sleep, args.batch, args.repeat)
-    c.print_runs([*zero, *slow])
+    sdk = c.sdk_installed() and not args.no_sdk
+    zero, slow, theirs = measure(args.items, args.sleep, args.batch, args.repeat, sdk)
+    c.print_runs([*zero, *slow, *theirs.values()])
     print(f"after: {c.loadavg()}")
     c.finish(
         "benchmark 1: harness efficiency",
-        checks(args.items, args.sleep, args.batch, zero, slow),
+        checks(args.items, args.sleep, args.batch, zero, slow, theirs),
         args.json,
     )
 

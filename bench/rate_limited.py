@@ -8,8 +8,8 @@ server, the preflight's one call included), and the 429s received shown in the r
 table (and equal to the server's count).
 
 Where ``osmosis-ai`` imports, ``osmosis eval run``'s own local runner runs the same
-workspace against a fresh server, driven offline in process as ``tests/test_sdk_routes.py``
-drives it (its LiteLLM bridge, its rollout server in a child process).
+workspace against a fresh server, driven offline in process by ``_common.sdk_cmd`` (its
+LiteLLM bridge, its rollout server in a child process).
 
 Wall is outer wall (spawn to exit). The server also reports the span from its first
 request (the preflight) to its last, and the same run against the server without a rate
@@ -26,7 +26,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -85,43 +84,6 @@ if __name__ == "__main__":
     )
 """
 
-SDK_RUN = r"""
-import asyncio, contextlib, json, sys
-from pathlib import Path
-from osmosis_ai.eval.local.dataset import resolve_explicit_dataset_file, select_rows
-from osmosis_ai.eval.local.runner import EvalRunSpec, LocalEvalOptions, LocalEvalRunner
-
-root, batch = Path(sys.argv[1]), int(sys.argv[2])
-
-
-class Hooks:
-    def note(self, message): pass
-    def warning(self, message): print("warning:", message, file=sys.stderr)
-    def stage(self, message): pass
-    def status(self, message): return contextlib.nullcontext()
-    async def confirm_dispatch(self, *, pending, model_path): return None
-    async def confirm_new_run(self, *, run_name, total): return False
-    def resolve_secrets(self, names): return {}
-    def progress(self, snapshot): pass
-
-
-dataset = resolve_explicit_dataset_file(root / "data" / "bench.jsonl")
-runner = LocalEvalRunner(
-    spec=EvalRunSpec(
-        rollout_name="bench", entrypoint="main.py", model_path="openai/bench",
-        dataset_name="bench", batch_size=batch,
-    ),
-    options=LocalEvalOptions(name="sdk", server_interpreter=sys.executable),
-    dataset=dataset,
-    selection=select_rows(dataset.path, extension=dataset.extension),
-    rollout_dir=root / "rollouts" / "bench",
-    output_root=root / "sdk-evals",
-    hooks=Hooks(),
-)
-summary = asyncio.run(runner.run())
-print(json.dumps({"succeeded": summary.succeeded, "failed": summary.failed}))
-"""
-
 
 def workspace(root: Path, rows: int, batch: int) -> Path:
     c.eval_workspace(root, rows, batch_size=batch)
@@ -133,11 +95,6 @@ def stats(url: str) -> dict[str, Any]:
     base = url.rsplit("/v1", 1)[0]
     with urllib.request.urlopen(base + "/stats", timeout=10) as response:
         return dict(json.loads(response.read()))
-
-
-def sdk_available() -> bool:
-    probe = "import osmosis_ai.eval.local.runner, uvicorn, httpx"
-    return subprocess.run([c.PYTHON, "-c", probe], capture_output=True).returncode == 0
 
 
 def server(rate: float, delay: float) -> Any:
@@ -220,18 +177,16 @@ def main() -> None:
         )
         free.update(failed=0, reported_429=0, duration=None)
         results["free"] = free
-        if not args.no_sdk and sdk_available():
+        if not args.no_sdk and c.sdk_installed():
             sdk_root = workspace(tmp / "sdk", args.rows, args.batch)
             sdk = measure(
                 "osmosis eval run (in process)",
-                [c.PYTHON, "-c", SDK_RUN, str(sdk_root), str(args.batch)],
+                c.sdk_cmd(sdk_root, output=sdk_root / "sdk-evals", batch_size=args.batch),
                 sdk_root,
                 args.rate,
                 args.delay,
             )
-            lines = [ln for ln in sdk["run"].stdout.splitlines() if ln.startswith("{")]
-            counts = json.loads(lines[-1]) if lines else {}
-            sdk["failed"] = int(counts.get("failed", -1))
+            sdk["failed"] = int(c.sdk_result(sdk["run"]).get("failed", -1))
             sdk["reported_429"] = None
             sdk["duration"] = None
             results["sdk"] = sdk
@@ -286,16 +241,26 @@ def main() -> None:
         f"{fixed:.2f} s of start-up and shutdown; less those, the rate-limited run took "
         f"{run.wall - fixed:.2f} s = {(run.wall - fixed) / ideal:.3f} x ideal"
     )
+    checks[0].sdk = checks[1].sdk = c.sdk_absent()
     if "sdk" in results:
         sdk = results["sdk"]
-        checks[0].notes.append(
-            f"osmosis eval run: {sdk['run'].wall:.2f} s ({sdk['run'].wall / ideal:.2f} x), "
-            f"{sdk['requests_total']} requests, {sdk['rate_limited']} answered 429, "
-            f"{sdk['failed']} rows failed"
+        checks[0].sdk = c.versus_sdk(
+            f"{sdk['run'].wall:.2f} s = {sdk['run'].wall / ideal:.2f} x ideal, "
+            f"{sdk['failed']} rows failed",
+            run.wall,
+            sdk["run"].wall,
+            "wall",
+        )
+        checks[1].sdk = c.versus_sdk(
+            f"{sdk['requests_total']} requests = {sdk['requests_total'] / args.rows:.2f} a row, "
+            f"{sdk['rate_limited']} answered 429 (not shown), {sdk['failed']} rows failed",
+            ours["requests_total"],
+            sdk["requests_total"],
+            "requests",
         )
     c.finish("rate-limited provider", checks, args.json)
 
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    sys.exit(main())
+    main()

@@ -8,7 +8,15 @@
    must stay absent) and take <= 2 x the collection time of the same workspace
    (``--collect-only -q``, outer wall).
 
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs 1, ``--sdk-small`` (100) and
+``--sdk-large`` (1,000) instant rows once each (a tenth of ours: its rows cost ~35 times
+ours in CPU, 10,000 would take many minutes) and then its large run again under the same name
+(its resume: every row already recorded), ``_common.sdk_run``: its per-row cost at both
+of its sizes, its resume, and ours / its (per row at each side's large N; resume wall,
+the SDK's at a tenth of the rows).
+
     python bench/scale.py [--small 1000] [--large 10000] [--repeat 2]
+                          [--sdk-small 100] [--sdk-large 1000]
 """
 
 from __future__ import annotations
@@ -19,7 +27,10 @@ from pathlib import Path
 import _common as c
 
 
-def measure(small: int, large: int, repeat: int) -> dict[str, c.Run | float | None]:
+def measure(
+    small: int, large: int, repeat: int, sdk_sizes: tuple[int, int] | None
+) -> dict[str, c.Run | float | None]:
+    """Ours at 1, ``small`` and ``large``, then the resume; the SDK at 1 and ``sdk_sizes``."""
     out: dict[str, c.Run | float | None] = {}
     with c.tempdir("bench-scale-") as tmp, c.model_server(0.0) as env:
         env = {**env, "BENCH_SLEEP": "0"}
@@ -64,6 +75,29 @@ def measure(small: int, large: int, repeat: int) -> dict[str, c.Run | float | No
             if (output / "bench-resume" / "events.jsonl").exists()
             else None
         )
+        if sdk_sizes is not None:
+            sdk_small, sdk_large = sdk_sizes
+            for n in (1, *sdk_sizes):
+                if n not in spaces:
+                    spaces[n] = c.eval_workspace(tmp / f"ws{n}", n)
+                out[f"sdk{n}"] = c.sdk_run(
+                    f"osmosis eval run {n} instant rows",
+                    spaces[n],
+                    output=tmp / f"sdk{n}",
+                    batch_size=64,
+                    env=env,
+                    rows=n,
+                )
+            sdk_count = tmp / "count-sdk-resume"
+            out["sdk_resume"] = c.sdk_run(
+                f"osmosis eval run, resume finished {sdk_large}",
+                spaces[sdk_large],
+                output=tmp / f"sdk{sdk_large}",
+                batch_size=64,
+                env={**env, "BENCH_COUNT": str(sdk_count)},
+                rows=sdk_large,
+            )
+            out["sdk_executed_resume"] = _count(sdk_count)
     return out
 
 
@@ -71,7 +105,12 @@ def _count(path: Path) -> int:
     return len(path.read_text()) if path.exists() else 0
 
 
-def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list[c.Check]:
+def checks(
+    small: int,
+    large: int,
+    out: dict[str, c.Run | float | None],
+    sdk_sizes: tuple[int, int] | None,
+) -> list[c.Check]:
     one, r_small, r_large = out["run1"], out[f"run{small}"], out[f"run{large}"]
     collect, resume = out["collect"], out["resume"]
     assert isinstance(one, c.Run) and isinstance(r_small, c.Run) and isinstance(r_large, c.Run)
@@ -83,6 +122,33 @@ def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list
     cpu_small = (cpu_small_run - cpu_one) / (small - 1) * 1000
     cpu_large = (r_large.cpu - cpu_one) / (large - 1) * 1000
     executed = out["executed_resume"]
+    flat_sdk, resume_sdk = c.sdk_absent(), c.sdk_absent()
+    sdk_small, sdk_large = sdk_sizes or (small, large)
+    s_one, s_small = out.get("sdk1"), out.get(f"sdk{sdk_small}")
+    s_large, s_resume = out.get(f"sdk{sdk_large}"), out.get("sdk_resume")
+    if (
+        isinstance(s_one, c.Run)
+        and isinstance(s_small, c.Run)
+        and isinstance(s_large, c.Run)
+        and isinstance(s_resume, c.Run)
+    ):
+        per_sdk_small = (s_small.wall - s_one.wall) / (sdk_small - 1) * 1000
+        per_sdk_large = (s_large.wall - s_one.wall) / (sdk_large - 1) * 1000
+        flat_sdk = c.versus_sdk(
+            f"{per_sdk_large:.3f} ms/row at {sdk_large} vs {per_sdk_small:.3f} at {sdk_small} "
+            f"= {per_sdk_large / per_sdk_small:.3f} (wall {s_large.wall:.2f} s, "
+            f"CPU {s_large.cpu:.2f} s)",
+            per_large,
+            per_sdk_large,
+            "wall/row",
+        )
+        resume_sdk = c.versus_sdk(
+            f"resume of its {sdk_large}-row run {s_resume.wall:.2f} s, rows re-executed "
+            f"{out['sdk_executed_resume']}",
+            resume.wall,
+            s_resume.wall,
+            f"wall, SDK {sdk_large}",
+        )
     return [
         c.Check(
             f"per-item cost, {large} vs {small} instant items",
@@ -96,6 +162,7 @@ def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list
                 f"walls: 1 item {one.wall:.2f} s, {small} {r_small.wall:.2f} s, "
                 f"{large} {r_large.wall:.2f} s",
             ],
+            sdk=flat_sdk,
         ),
         c.Check(
             f"resume of a finished {large}-item run",
@@ -108,6 +175,7 @@ def checks(small: int, large: int, out: dict[str, c.Run | float | None]) -> list
                 f"CPU: resume {resume.cpu:.2f} s, collect-only {collect.cpu:.2f} s; "
                 f"journal lines after resume: {out['journal_lines']}",
             ],
+            sdk=resume_sdk,
         ),
     ]
 
@@ -117,14 +185,21 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--large", type=int, default=10000)
     parser.add_argument("--repeat", type=int, default=2, help="tries of the 1-item and small runs")
+    parser.add_argument("--sdk-small", type=int, default=100, help="the SDK side's small N")
+    parser.add_argument("--sdk-large", type=int, default=1000, help="the SDK side's large N")
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("scale and resume")
-    out = measure(args.small, args.large, args.repeat)
+    sdk = c.sdk_installed() and not args.no_sdk
+    sdk_sizes = (args.sdk_small, args.sdk_large) if sdk else None
+    out = measure(args.small, args.large, args.repeat, sdk_sizes)
     c.print_runs([r for r in out.values() if isinstance(r, c.Run)])
     print("(the 1-item and small rows are the best of --repeat tries)")
     print(f"after: {c.loadavg()}")
-    c.finish("benchmark 7: scale and resume", checks(args.small, args.large, out), args.json)
+    c.finish(
+        "benchmark 7: scale and resume", checks(args.small, args.large, out, sdk_sizes), args.json
+    )
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ def checks(enabled: list[c.Run], disabled: list[c.Run], probes: dict[str, str]) 
                 f"plugin imported / litellm imported: installed {probes['installed']}, "
                 f"-p no:osmosis {probes['no:osmosis']}",
             ],
+            sdk=c.no_sdk("pytest-only"),
         )
     ]
 

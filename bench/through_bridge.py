@@ -17,7 +17,14 @@ in-process (``time.process_time``), a third view of LiteLLM's own cost. A third 
 runs the benchmark rollout's httpx client alone against the model server, so the
 plugin's number can be split into LiteLLM + the workflow's client + bridge and harness.
 
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs ``--sdk-items`` (default 500: its
+rows cost ~35 times ours in CPU) and ``--small`` rows once each (``_common.sdk_run``; its LiteLLM
+bridge, its rollout server in a child process whose CPU it reaps, so the delta holds
+both): its CPU per call by the same difference, and ours / its. With ``--client
+bridge_client`` (ours alone) there is no SDK side.
+
     python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
+                                   [--sdk-items 500]
                                    [--client httpx|aiohttp|httpx-per-call|bridge_client]
 """
 
@@ -115,7 +122,7 @@ asyncio.run(main())
 
 
 def measure(
-    items: int, small: int, batch: int, repeat: int, client_kind: str
+    items: int, small: int, batch: int, repeat: int, client_kind: str, sdk_items: int
 ) -> dict[str, dict[int, list[c.Run]]]:
     runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}, "httpx": {}}
     with c.tempdir("bench-bridge-") as tmp, c.model_server(0.2) as env:
@@ -148,6 +155,24 @@ def measure(
                     env=env,
                 ).check('"calls"')
                 runs["httpx"].setdefault(n, []).append(h)
+        if sdk_items:
+            if sdk_items not in ws_by_n:
+                ws_by_n[sdk_items] = c.eval_workspace(
+                    tmp / f"ws{sdk_items}", sdk_items, batch_size=batch
+                )
+            runs["sdk"] = {
+                n: [
+                    c.sdk_run(
+                        f"osmosis eval run, {n} calls",
+                        ws_by_n[n],
+                        output=tmp / f"sdk-{n}",
+                        batch_size=batch,
+                        env={**env, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
+                        rows=n,
+                    )
+                ]
+                for n in (sdk_items, small)
+            }
     return runs
 
 
@@ -160,14 +185,16 @@ def checks(
 ) -> list[c.Check]:
     per: dict[str, dict[str, float]] = {}
     for side, by_n in runs.items():
-        big, little = by_n[items], by_n[small]
+        n_big = max(by_n)  # items, or the SDK's --sdk-items
+        big, little = by_n[n_big], by_n[small]
         cpu_big, cpu_small = min(r.cpu for r in big), min(r.cpu for r in little)
         wall_big, wall_small = min(r.wall for r in big), min(r.wall for r in little)
         per[side] = {
-            "marginal_cpu_ms": (cpu_big - cpu_small) / (items - small) * 1000,
-            "total_cpu_ms": cpu_big / items * 1000,
-            "marginal_rate": (items - small) / max(wall_big - wall_small, 1e-9),
-            "overall_rate": items / wall_big,
+            "n": n_big,
+            "marginal_cpu_ms": (cpu_big - cpu_small) / (n_big - small) * 1000,
+            "total_cpu_ms": cpu_big / n_big * 1000,
+            "marginal_rate": (n_big - small) / max(wall_big - wall_small, 1e-9),
+            "overall_rate": n_big / wall_big,
             "wall": wall_big,
             "cpu": cpu_big,
         }
@@ -178,6 +205,19 @@ def checks(
     client_phase = min(_phase(r)["phase_cpu"] for r in runs["httpx"][items]) / items * 1000
     rest = ours["marginal_cpu_ms"] - theirs["marginal_cpu_ms"] - client["marginal_cpu_ms"]
     ideal_rate = 64 / 0.2
+    sdk = c.no_sdk("ours-only") if client_kind == "bridge_client" else c.sdk_absent()
+    if "sdk" in per:
+        theirs_sdk = per["sdk"]
+        sdk = c.versus_sdk(
+            f"{theirs_sdk['marginal_cpu_ms']:.2f} ms CPU/call marginal = "
+            f"{theirs_sdk['marginal_cpu_ms'] / theirs['marginal_cpu_ms']:.2f} x litellm; "
+            f"{theirs_sdk['marginal_rate']:.0f} calls/s marginal, wall "
+            f"{theirs_sdk['wall']:.2f} s for {theirs_sdk['n']:.0f} ({theirs_sdk['n']:.0f} vs "
+            f"{small} calls)",
+            ours["marginal_cpu_ms"],
+            theirs_sdk["marginal_cpu_ms"],
+            "CPU/call",
+        )
     return [
         c.Check(
             f"bridge: CPU per call ({client_kind} client in the rollout)",
@@ -204,6 +244,7 @@ def checks(
                 f"(wall {theirs['wall']:.2f} s)",
                 "min over repeats of each (size, side) before taking differences",
             ],
+            sdk=sdk,
         )
     ]
 
@@ -222,10 +263,16 @@ def main() -> None:
         "a new httpx client per call, or the plugin's bridge_client; alone, bridge_client "
         "is measured as one shared httpx client)",
     )
+    parser.add_argument("--sdk-items", type=int, default=500, help="the SDK side's N")
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("through the bridge")
-    runs = measure(args.items, args.small, args.batch, args.repeat, args.client)
+    sdk = c.sdk_installed() and not args.no_sdk and args.client != "bridge_client"
+    if sdk and args.sdk_items <= args.small:
+        parser.error("--sdk-items must be larger than --small")
+    sdk_items = args.sdk_items if sdk else 0
+    runs = measure(args.items, args.small, args.batch, args.repeat, args.client, sdk_items)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")
     c.finish(

@@ -6,6 +6,9 @@ tests, each ``time.sleep(0.2)``, on two xdist workers, one item at a time per wo
 awaiting 200 ms, ``batch_size = 64``). Target: the plugin >= 15 x faster (outer wall,
 spawn to exit, on both sides).
 
+Where ``osmosis-ai`` imports, ``osmosis eval run`` runs the same 1,000 rows once
+(``_common.sdk_run``): how much faster than ``pytest -n 2`` it is, and ours / its wall.
+
     python bench/vs_xdist.py [--items 1000] [--sleep 0.2] [--batch 64]
 """
 
@@ -16,7 +19,7 @@ import argparse
 import _common as c
 
 
-def measure(items: int, sleep: float, batch: int) -> tuple[c.Run, c.Run]:
+def measure(items: int, sleep: float, batch: int, sdk: bool) -> tuple[c.Run, c.Run, c.Run | None]:
     with c.tempdir("bench-vs-xdist-") as tmp:
         suite = c.plain_suite(tmp / "plain", items, sleep=sleep)
         plain = c.run(
@@ -32,10 +35,31 @@ def measure(items: int, sleep: float, batch: int) -> tuple[c.Run, c.Run]:
                 cwd=ws,
                 env={**env, "BENCH_SLEEP": str(sleep)},
             ).check(f"{items} passed")
-    return plain, ours
+            theirs = (
+                c.sdk_run(
+                    f"osmosis eval run, {items} x await {sleep:g} s, batch {batch}",
+                    ws,
+                    output=tmp / "sdk",
+                    batch_size=batch,
+                    env={**env, "BENCH_SLEEP": str(sleep)},
+                    rows=items,
+                )
+                if sdk
+                else None
+            )
+    return plain, ours, theirs
 
 
-def checks(plain: c.Run, ours: c.Run) -> list[c.Check]:
+def checks(plain: c.Run, ours: c.Run, theirs: c.Run | None) -> list[c.Check]:
+    sdk = c.sdk_absent()
+    if theirs is not None:
+        sdk = c.versus_sdk(
+            f"osmosis eval run {theirs.wall:.2f} s = {plain.wall / theirs.wall:.1f} x faster "
+            f"than plain pytest -n 2",
+            ours.wall,
+            theirs.wall,
+            "wall",
+        )
     return [
         c.Check(
             "vs plain pytest -n 2",
@@ -48,6 +72,7 @@ def checks(plain: c.Run, ours: c.Run) -> list[c.Check]:
                 f"pytest 'in X s': plain {plain.pytest_seconds} s, plugin {ours.pytest_seconds} s",
                 f"CPU: plain {plain.cpu:.2f} s, plugin {ours.cpu:.2f} s",
             ],
+            sdk=sdk,
         )
     ]
 
@@ -57,13 +82,15 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--sleep", type=float, default=0.2)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("vs pytest -n 2")
-    plain, ours = measure(args.items, args.sleep, args.batch)
-    c.print_runs([plain, ours])
+    sdk = c.sdk_installed() and not args.no_sdk
+    plain, ours, theirs = measure(args.items, args.sleep, args.batch, sdk)
+    c.print_runs([plain, ours, *([theirs] if theirs else [])])
     print(f"after: {c.loadavg()}")
-    c.finish("benchmark 3: vs plain pytest -n 2", checks(plain, ours), args.json)
+    c.finish("benchmark 3: vs plain pytest -n 2", checks(plain, ours, theirs), args.json)
 
 
 if __name__ == "__main__":
