@@ -197,27 +197,34 @@ def per_worker(total: int, workers: int) -> int:
     return max(1, math.ceil(total / max(1, workers)))
 
 
-_TORUN = pytest.StashKey[Any]()
+_INTERACTOR = pytest.StashKey[Any]()
 
 
 def queued_indices(config: pytest.Config) -> list[int]:
-    """Indices of the items xdist has already sent to this worker and not yet run."""
-    torun = config.stash.get(_TORUN, None)
-    if torun is None:  # found once per worker, not per item
-        torun = next(
+    """Indices of the items xdist has sent to this worker and not yet run, in run order.
+
+    They start with the item being run and the one xdist took off the queue ahead of it
+    (its ``nextitem``): left out, either would start after the rows queued behind it, and
+    when its turn came it would run beyond the worker's share of the concurrency.
+    """
+    interactor = config.stash.get(_INTERACTOR, None)
+    if interactor is None:  # found once per worker, not per item
+        interactor = next(
             (
-                plugin.torun
+                plugin
                 for plugin in config.pluginmanager.get_plugins()
                 if type(plugin).__name__ == "WorkerInteractor"
                 and getattr(plugin, "torun", None) is not None
             ),
             None,
         )
-        if torun is None or not callable(getattr(torun, "lock", None)):
+        if interactor is None or not callable(getattr(interactor.torun, "lock", None)):
             return []  # the controller checked this xdist (internals_problem); never fail a row
-        config.stash[_TORUN] = torun
-    with torun.lock() as queue:
-        return [i for i in queue if isinstance(i, int)]
+        config.stash[_INTERACTOR] = interactor
+    now = [getattr(interactor, name, None) for name in ("item_index", "nextitem_index")]
+    with interactor.torun.lock() as queue:
+        queued = [i for i in queue if isinstance(i, int)]
+    return [i for i in now if isinstance(i, int)] + queued
 
 
 #: How often a worker checks that its controller is still there.
