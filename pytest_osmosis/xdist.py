@@ -13,6 +13,7 @@ import math
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
         super().__init__(config, log)
         self.shard_rows = max(1, shard_rows)
         self.culprit = culprit  # the node id whose code a dead worker ran (blame.py)
+        self._shard_items = 0  # items in the largest shard (all attempts of its rows)
 
     def _split_scope(self, nodeid: str) -> str:
         parts = split_item_nodeid(nodeid)
@@ -43,11 +45,35 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
             return str(super()._split_scope(nodeid))
         return f"{parts[0]}::shard{parts[1] // self.shard_rows}"
 
+    def schedule(self) -> None:
+        if self.collection is None and self.collection_is_completed and self.registered_collections:
+            nodeids = next(iter(self.registered_collections.values()))
+            shards = Counter(
+                self._split_scope(nodeid) for nodeid in nodeids if split_item_nodeid(nodeid)
+            )
+            self._shard_items = max(shards.values(), default=0)
+        super().schedule()
+
     def _reschedule(self, node: Any) -> None:
+        """xdist's refill (a unit when at most 2 items are pending), then one shard ahead.
+
+        xdist sends a worker its next unit only when that worker has nearly run dry: a
+        worker with a shard in flight then waits, rows idle, for its last reports to reach
+        the controller (which journals each with an fsync) and the next shard to come back.
+        So a worker holding no more than one shard's items is sent the next one at once;
+        its rows start as its in-flight ones finish. Near the end (fewer shards queued
+        than workers) xdist's rule alone applies, so the last shards go to whoever is free.
+        """
         if node not in self.registered_collections:
             return  # a replacement still collecting: schedule() gives it work later
         try:
             super()._reschedule(node)
+            if (
+                not node.shutting_down
+                and len(self.workqueue) >= len(self.nodes)
+                and self._pending_of(self.assigned_work[node]) <= self._shard_items
+            ):
+                self._assign_work_unit(node)
         except OSError:
             pass  # it died too; its remove_node() puts the unit back in the queue
 
@@ -90,7 +116,14 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
 
 #: What of xdist's private API the scheduler and the workers' run-ahead read: the
 #: controller checks it before using either, and falls back (visibly) when it changed.
-_SCHEDULER_METHODS = ("_split_scope", "_reschedule", "_pending_of", "remove_node", "schedule")
+_SCHEDULER_METHODS = (
+    "_split_scope",
+    "_reschedule",
+    "_pending_of",
+    "_assign_work_unit",
+    "remove_node",
+    "schedule",
+)
 _SCHEDULER_STATE = ("assigned_work", "workqueue", "registered_collections")
 
 
@@ -164,27 +197,34 @@ def per_worker(total: int, workers: int) -> int:
     return max(1, math.ceil(total / max(1, workers)))
 
 
-_TORUN = pytest.StashKey[Any]()
+_INTERACTOR = pytest.StashKey[Any]()
 
 
 def queued_indices(config: pytest.Config) -> list[int]:
-    """Indices of the items xdist has already sent to this worker and not yet run."""
-    torun = config.stash.get(_TORUN, None)
-    if torun is None:  # found once per worker, not per item
-        torun = next(
+    """Indices of the items xdist has sent to this worker and not yet run, in run order.
+
+    They start with the item being run and the one xdist took off the queue ahead of it
+    (its ``nextitem``): left out, either would start after the rows queued behind it, and
+    when its turn came it would run beyond the worker's share of the concurrency.
+    """
+    interactor = config.stash.get(_INTERACTOR, None)
+    if interactor is None:  # found once per worker, not per item
+        interactor = next(
             (
-                plugin.torun
+                plugin
                 for plugin in config.pluginmanager.get_plugins()
                 if type(plugin).__name__ == "WorkerInteractor"
                 and getattr(plugin, "torun", None) is not None
             ),
             None,
         )
-        if torun is None or not callable(getattr(torun, "lock", None)):
+        if interactor is None or not callable(getattr(interactor.torun, "lock", None)):
             return []  # the controller checked this xdist (internals_problem); never fail a row
-        config.stash[_TORUN] = torun
-    with torun.lock() as queue:
-        return [i for i in queue if isinstance(i, int)]
+        config.stash[_INTERACTOR] = interactor
+    now = [getattr(interactor, name, None) for name in ("item_index", "nextitem_index")]
+    with interactor.torun.lock() as queue:
+        queued = [i for i in queue if isinstance(i, int)]
+    return [i for i in now if isinstance(i, int)] + queued
 
 
 #: How often a worker checks that its controller is still there.
