@@ -38,6 +38,8 @@ BENCHMARKS = (
     ("first_result", "8"),
     ("cache_replay", "9"),
     ("rate_limited", "10"),
+    ("xdist_helps", "11"),
+    ("instructions", "12"),
 )
 
 # --smoke: sizes that only show every script runs and writes its checks (the ratios
@@ -54,6 +56,8 @@ SMOKE = {
     "first_result": ["--runs", "1"],
     "cache_replay": ["--items", "20", "--small", "5", "--repeat", "1"],
     "rate_limited": ["--rows", "20", "--rate", "20"],
+    "xdist_helps": ["--items", "40", "--repeat", "1", "--sleep", "0.05"],
+    "instructions": ["--small", "10", "--large", "30"],
 }
 
 PROBE = (

@@ -356,12 +356,16 @@ _RERUN_KEY = pytest.StashKey[tuple[list[str], str]]()
 _VALUE_FLAGS = frozenset(opt.flag for opt in (*OPTIONS, *RUBRIC_OPTIONS) if not opt.is_flag)
 
 
-def joined_option_values(args: list[str], base: Path) -> list[str] | None:
+def joined_option_values(
+    args: list[str], base: Path, *, even_if_read_right: bool = False
+) -> list[str] | None:
     """``args`` with ``--osmosis-x VALUE`` written ``--osmosis-x=VALUE``, when that matters.
 
     It matters when VALUE names an existing file or directory: pytest's first parse
     (before plugins load) counts it among the test paths that decide the rootdir and the
-    ini file. None when no value of ours was misread (the session needs no second start).
+    ini file. None when no value of ours was misread (the session needs no second start),
+    unless ``even_if_read_right`` asks for any joined spelling (xdist's workers parse the
+    arguments later, when a directory the session made exists).
     """
     joined: list[str] = []
     misread = False
@@ -379,7 +383,9 @@ def joined_option_values(args: list[str], base: Path) -> list[str] | None:
             continue
         joined.append(arg)
         position += 1
-    return joined if misread else None
+    if misread or (even_if_read_right and joined != args):
+        return joined
+    return None
 
 
 def _names_a_path(base: Path, value: str) -> bool:
@@ -866,6 +872,18 @@ class XdistControllerHooks:
         return EvalScheduling(
             config, log, shard_rows=max(1, share // attempts), culprit=self.culprit
         )
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_setupnodes(self, config: pytest.Config, specs: Any) -> None:
+        """Workers parse the controller's command line, after this session created the
+        output directory: hand them our values joined to their flags, so none is taken
+        for a test path (that worker would start a second controller of its own)."""
+        import dataclasses
+
+        params = config.invocation_params
+        joined = joined_option_values(list(params.args), params.dir, even_if_read_right=True)
+        if joined is not None:
+            config.invocation_params = dataclasses.replace(params, args=tuple(joined))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:

@@ -161,20 +161,26 @@ def test_addopts_from_the_environment_are_read_the_same_way(
     assert "<EvalItem row_1_run_0>" in items
 
 
+@pytest.mark.parametrize("exists", [True, False], ids=["existing", "new"])
 @pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_output_outside_the_workspace_in_the_readme_spelling(
     pytester: pytest.Pytester,
     monkeypatch: pytest.MonkeyPatch,
     model_env,
     workers: tuple[str, ...],
+    exists: bool,
 ) -> None:  # type: ignore[no-untyped-def]
-    """The README's ``--osmosis-output /abs/dir``: the run lands there, the ini still counts."""
+    """The README's ``--osmosis-output /abs/dir``: the run lands there, the ini still counts.
+
+    A directory the session creates is one too: xdist's workers parse the controller's
+    command line after it made the directory, and must not take it for a test path.
+    """
     root = pytester.path
     ws = _layout(root)
-    out = root / "out"
+    out = root / "out" if exists else root / "new" / "out"
     monkeypatch.chdir(ws)
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", *workers, "--osmosis-output", str(out)
+        "-p", "no:cacheprovider", *workers, "--osmosis-output", str(out), timeout=300
     )
     result.assert_outcomes(passed=2)
     run_dir = only_run_dir_in(out)
