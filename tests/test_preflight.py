@@ -106,9 +106,18 @@ def test_no_workflow_starts_before_the_preflight_has_answered(
     assert len(durations) == 4 and max(durations) < PROBE_DELAY_S * 1000, durations
 
 
+def _rows_through_litellm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An organization header only LiteLLM's client sends: rows at the loopback stub then go
+    through LiteLLM (otherwise they skip it, model/direct.py::rows_go_direct)."""
+    monkeypatch.setenv("OPENAI_ORGANIZATION", "org-test")
+
+
+@pytest.mark.parametrize("through_litellm", [True, False], ids=["litellm", "direct"])
 def test_an_xdist_worker_imports_litellm_before_its_first_workflow(
-    pytester: pytest.Pytester, model_env
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, through_litellm: bool
 ) -> None:  # type: ignore[no-untyped-def]
+    if through_litellm:
+        _rows_through_litellm(monkeypatch)
     write_workspace(
         pytester.path,
         rows=_rows(4, ask=True),
@@ -117,9 +126,10 @@ def test_an_xdist_worker_imports_litellm_before_its_first_workflow(
     )
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
     result.assert_outcomes(passed=4)
-    # A fresh worker process: LiteLLM is there only if the worker imported it up front.
+    # A fresh worker process: LiteLLM is there only if the worker imported it up front, and
+    # never where the rows' calls skip it.
     stamps = _stamps(pytester.path)
-    assert len(stamps) == 4 and all(s["litellm"] for s in stamps), stamps
+    assert len(stamps) == 4 and all(s["litellm"] is through_litellm for s in stamps), stamps
 
 
 
@@ -249,6 +259,7 @@ def test_litellm_that_cannot_be_imported_is_one_session_failure(
         "raise ImportError(\"cannot import name 'Router' from 'litellm.router' (fake)\")\n"
     )
     _shadow_path(monkeypatch, shadow)
+    _rows_through_litellm(monkeypatch)
     write_workspace(pytester.path, rows=_rows(3, ask=True), rollout_source=STAMPING_ROLLOUT)
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
     _assert_one_line_and_nothing_recorded(
