@@ -465,7 +465,7 @@ def test_no_plain_field_is_a_litellm_setting() -> None:
 
 
 def test_which_routes_may_be_called_directly(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_ORGANIZATION"):
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE", *direct._HEADER_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     local = {"api_base": "http://127.0.0.1:9/v1", "api_key": "k"}
     assert direct.direct_base(ModelRoute("openai/m", "openai/m", local)) is not None
@@ -478,9 +478,10 @@ def test_which_routes_may_be_called_directly(monkeypatch: pytest.MonkeyPatch) ->
     assert direct.direct_base(ModelRoute("openai/m", "openai/m", timed)) is None
     monkeypatch.setenv("OPENAI_API_BASE", "http://127.0.0.1:9/v1")
     assert direct.direct_base(ModelRoute("openai/m", "openai/m", {})) == "http://127.0.0.1:9/v1"
-    monkeypatch.setenv("OPENAI_ORGANIZATION", "org-1")  # LiteLLM would send its header
-    assert direct.direct_base(ModelRoute("openai/m", "openai/m", {})) is None
-    monkeypatch.delenv("OPENAI_ORGANIZATION")
+    for variable in ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID"):
+        with monkeypatch.context() as headed:  # LiteLLM's client would send a header
+            headed.setenv(variable, "org-1")
+            assert direct.direct_base(ModelRoute("openai/m", "openai/m", {})) is None, variable
     # A proxy LiteLLM's client would go through, by the base's scheme.
     remote = {"api_base": "https://models.example.invalid/v1", "api_key": "k"}
     for variable, base, expected in [

@@ -52,6 +52,8 @@ _LITELLM_GLOBALS = (
 )  # fmt: skip
 """LiteLLM settings a rollout may set in code (where a call goes, who is told of it); any
 of them set means LiteLLM makes the call."""
+_HEADER_VARIABLES = ("OPENAI_ORGANIZATION", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID")
+"""Variables that make LiteLLM or its OpenAI client add a header (organization, project)."""
 _PROXY_VARIABLES = {
     "http": ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"),
     "https": ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"),
@@ -94,7 +96,7 @@ def direct_base(route: ModelRoute) -> str | None:
     """
     if not route.litellm_model.startswith(OPENAI_PREFIX) or set(route.kwargs) - _ROUTE_KEYS:
         return None
-    if litellm_configured() or os.environ.get("OPENAI_ORGANIZATION"):
+    if litellm_configured() or any(os.environ.get(name) for name in _HEADER_VARIABLES):
         return None
     base = route.kwargs.get("api_base")
     if not isinstance(base, str) or not base:
