@@ -170,7 +170,9 @@ def measure_all(
         def one(label: str, src: Path) -> Measured:
             counts = {}
             for n in (small, large):
-                counts[n] = instructions(src, workspaces[n], n, tmp / f"out-{label}-{n}", env, python)
+                counts[n] = instructions(
+                    src, workspaces[n], n, tmp / f"out-{label}-{n}", env, python
+                )
                 print(f"  {label:>16} {n:5} rows: {counts[n]:,} instructions", flush=True)
             return Measured(label, counts[small], counts[large], large - small)
 
