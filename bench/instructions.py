@@ -19,13 +19,15 @@ frozen) while it is off, and turns it on (``callgrind_control -i on``) at
 ``pytest_sessionstart``, before the plugin's own start-up, which opens the run directory
 and reads the dataset. Everything from there to exit is counted: collection, every
 item's protocol, the workflow and grader on the executor's thread, the results files and
-the end of the session. ``PYTHONHASHSEED=0``; repeats of one size agree to ~0.1 %.
+the end of the session. ``PYTHONHASHSEED=0``. Counts are not exactly repeatable (the
+loop thread's wake-ups follow the scheduler); how much they vary run to run has not been
+measured yet, so read differences under ~1 % of I(large) as noise.
 
     python bench/instructions.py [--small 50] [--large 350] [--baseline 6514c34]
                                  [--commit SHA ...] [--json FILE]
 
-About 8 minutes per commit on a quiet machine. ``--baseline ''`` measures this checkout
-only (the check's ratio is then 1).
+About 8 minutes per commit (measured at load 5 on this 2-core machine). ``--baseline ''``
+measures this checkout only (the check's ratio is then 1).
 """
 
 from __future__ import annotations
