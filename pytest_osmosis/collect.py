@@ -8,6 +8,7 @@ or the concurrency, and ``--lf``, ``--deselect`` and ``-k row_7_`` keep working.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -274,10 +275,11 @@ def junit_properties(
     if result.get("rollout_id"):
         from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
 
-        trajectory = plan.run_dir / TRIALS_DIRNAME / result["rollout_id"]
-        trajectory = trajectory / CANONICAL_TRAJECTORY_FILENAME
-        if trajectory.is_file():
-            properties.append(("osmosis_trajectory", str(trajectory)))
+        trajectory = os.path.join(
+            plan.run_dir, TRIALS_DIRNAME, result["rollout_id"], CANONICAL_TRAJECTORY_FILENAME
+        )
+        if os.path.isfile(trajectory):
+            properties.append(("osmosis_trajectory", trajectory))
     return properties
 
 

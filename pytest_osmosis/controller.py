@@ -39,6 +39,9 @@ class Controller:
         #: running the same command again resumes with a fresh budget).
         self.spent_tokens = 0
         self.spent_cost = 0.0
+        #: A result's "config" string -> its Path, made once (a Path's str and hash are
+        #: computed once per object: a new one per row cost more than the lookup).
+        self._config_paths: dict[str, Path] = {}
 
     # -- before any row -------------------------------------------------------------
 
@@ -158,7 +161,10 @@ class Controller:
             return
         if result.get("session_fault"):  # an xdist worker met a fault of the whole session
             pytest.exit(str(result["session_fault"]), returncode=pytest.ExitCode.USAGE_ERROR)
-        run = self.session.runs.get(Path(result["config"]))
+        config_path = self._config_paths.get(result["config"])
+        if config_path is None:
+            config_path = self._config_paths.setdefault(result["config"], Path(result["config"]))
+        run = self.session.runs.get(config_path)
         if run is None or result.get("resumed"):
             return
         with self.session.recording(run, result):  # a full disk or a deleted run: exit 4

@@ -485,6 +485,8 @@ class RedactionHooks:
         self.log_redactor = Redactor(min_length=1)
         self.log_redactor.extend(ambient_secret_values(os.environ))
         self._warned: set[str] = set()
+        #: What this process's makereport redacted last (``_as_redacted``).
+        self._fresh: tuple[object, ...] | None = None
         self._streams: list[tuple[str, TextIO, RedactingStream]] = []
         self._patched: list[tuple[object, str, object]] = []
         self._factory: Callable[..., logging.LogRecord] | None = None
@@ -521,6 +523,7 @@ class RedactionHooks:
         """Runner process: outermost wrapper, so it sees the report after every plugin."""
         report = yield
         redact_report(report, self.redactor)
+        self._fresh = self._as_redacted(report)
         return report
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -533,9 +536,38 @@ class RedactionHooks:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> Generator[None, None, None]:
-        """Every process: again before anyone logs it (xdist reports, worker crashes)."""
-        redact_report(report, self.redactor)
+        """Every process: again before anyone logs it (xdist reports, worker crashes).
+
+        Not twice in one process: the report our makereport redacted, logged with the same
+        values to redact and the same fields (nothing replaced or added since), is clean.
+        """
+        fresh, self._fresh = self._fresh, None
+        now = self._as_redacted(report)
+        if (
+            fresh is None
+            or len(fresh) != len(now)
+            or any(a is not b for a, b in zip(fresh, now, strict=True))
+        ):
+            redact_report(report, self.redactor)
         return (yield)
+
+    def _as_redacted(self, report: pytest.TestReport) -> tuple[object, ...]:
+        """What a second pass would look at: the objects themselves (held, and compared by
+        identity) and the lengths of the lists."""
+        properties = getattr(report, "user_properties", None) or ()
+        result = getattr(report, "osmosis", None)
+        fields = (result.get("message"), result.get("detail")) if isinstance(result, dict) else ()
+        return (
+            report,
+            self.redactor.generation,
+            report.longrepr,
+            report.sections,
+            len(report.sections),
+            properties,
+            len(properties),
+            result,
+            *fields,
+        )
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_collectreport(self, report: pytest.CollectReport) -> Generator[None, None, None]:

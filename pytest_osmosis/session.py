@@ -749,6 +749,9 @@ class EvalSession:
         # No surprise downloads from a test run: LiteLLM's bundled cost map and tokenizers
         # (set LITELLM_LOCAL_MODEL_COST_MAP=False to fetch the latest map).
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        started = self._bridges.get(model_path)
+        if started is not None:  # every row after the first: no lock to take
+            return started
         if self._bridge_lock is None:
             self._bridge_lock = asyncio.Lock()
         async with self._bridge_lock:

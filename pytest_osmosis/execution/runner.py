@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pytest_osmosis.copying import deep_copy
 from pytest_osmosis.errors import ResourceExhaustedError
 from pytest_osmosis.execution.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.outcome import RowResult
@@ -239,9 +240,9 @@ async def _workflow_phase(
 ) -> Any:
     config = copy.deepcopy(rollout.workflow_config)
     ctx = api.AgentWorkflowContext(
-        prompt=copy.deepcopy(work.prompt),
+        prompt=deep_copy(work.prompt),
         config=config,
-        metadata=copy.deepcopy(work.metadata),
+        metadata=deep_copy(work.metadata),
         artifacts_dir=artifacts_dir,
     )
 
@@ -280,7 +281,7 @@ async def _grader_phase(
     ctx = api.GraderContext(
         label=work.label,
         sample=sample,
-        metadata=copy.deepcopy(work.metadata),
+        metadata=deep_copy(work.metadata),
         artifacts_dir=artifacts_dir,
     )
 

@@ -96,7 +96,7 @@ def _open_temp(directory: str, name: str, mode: int) -> tuple[int, str]:
 
 
 def atomic_write_bytes(
-    path: Path, data: bytes, *, mode: int = FILE_MODE, durable: bool = True
+    path: str | Path, data: bytes, *, mode: int = FILE_MODE, durable: bool = True
 ) -> None:
     """Replace *path* with *data* atomically (mode 0600 by default).
 

@@ -97,14 +97,15 @@ def atif_total_tokens(document: Mapping[str, Any]) -> int | None:
     return total if seen else None
 
 
-def read_valid_trajectory(path: Path, *, rollout_id: str) -> dict[str, Any] | None:
+def read_valid_trajectory(path: str | Path, *, rollout_id: str) -> dict[str, Any] | None:
     """The document at *path* if it is a JSON object identifying *rollout_id*, else None.
 
     Deliberately not schema-validated here (the SDK does not either); ``osmosis
     eval upload`` validates strictly.
     """
     try:
-        payload = json.loads(path.read_bytes().decode("utf-8"))
+        with open(path, "rb") as handle:
+            payload = json.loads(handle.read().decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(payload, dict):

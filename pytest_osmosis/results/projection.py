@@ -67,7 +67,7 @@ def _upload_prefix(rollout_id: str) -> str:
 
 
 def safe_artifact_paths(
-    artifacts_dir: Path, *, warn: Warn = _ignore, upload_prefix: str = ""
+    artifacts_dir: str | Path, *, warn: Warn = _ignore, upload_prefix: str = ""
 ) -> list[PurePosixPath]:
     """Relative paths of the regular files under *artifacts_dir* that are safe to copy.
 
@@ -110,26 +110,27 @@ def safe_artifact_paths(
     return selected
 
 
-def refuse_unsafe_artifacts(trial_dir: Path, rollout_id: str, *, warn: Warn = _ignore) -> int:
+def refuse_unsafe_artifacts(trial_dir: str | Path, rollout_id: str, *, warn: Warn = _ignore) -> int:
     """Move what the upload planner would refuse out of ``trial_dir/artifacts``.
 
     Refused entries (a symlink is moved as the link, never followed) go to
     ``trial_dir/refused_artifacts/`` under the same relative path; an entry that
     cannot be moved is deleted. Each one is named in a warning. Returns how many.
     """
-    root = trial_dir / ARTIFACTS_DIRNAME
+    root = os.path.join(trial_dir, ARTIFACTS_DIRNAME)
     try:
         root_mode = os.lstat(root).st_mode
     except OSError:
         return 0
     refused = 0
+    trial_dir = Path(trial_dir)  # only a refused entry needs it
     if stat.S_ISLNK(root_mode) or not stat.S_ISDIR(root_mode):
         kind = "symlinked artifact root" if stat.S_ISLNK(root_mode) else "artifact root"
         reason = "is a symbolic link" if stat.S_ISLNK(root_mode) else "is not a directory"
         _refuse(trial_dir, (ARTIFACTS_DIRNAME,), f"{kind} of rollout {rollout_id}", reason, warn)
         return 1
     prefix = _upload_prefix(rollout_id)
-    pending: list[tuple[str, tuple[str, ...]]] = [(os.fspath(root), ())]
+    pending: list[tuple[str, tuple[str, ...]]] = [(root, ())]
     while pending:
         directory, parents = pending.pop()
         try:
@@ -186,18 +187,18 @@ def _refuse(trial_dir: Path, parts: tuple[str, ...], what: str, why: str, warn: 
     warn(f"refused {what}: it {why}; moved it to {where} {_UPLOAD_REFUSES}")
 
 
-def _real_directory(path: Path, warn: Warn) -> None:
+def _real_directory(path: str | Path, warn: Warn) -> None:
     """*path* (ours: trajectories/, artifacts/) as a real directory, never a planted link."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        path.mkdir(parents=True, exist_ok=True)
+        os.makedirs(path, exist_ok=True)
         return
     if stat.S_ISDIR(mode):
         return
     warn(f"replacing {path}: it was a {'symbolic link' if stat.S_ISLNK(mode) else 'file'}")
     os.unlink(path)
-    path.mkdir(parents=True, exist_ok=True)
+    os.makedirs(path, exist_ok=True)
 
 
 def _read_regular_file(path: str) -> bytes:
@@ -209,7 +210,7 @@ def _read_regular_file(path: str) -> bytes:
         return handle.read()
 
 
-def _clear(path: Path) -> None:
+def _clear(path: str | Path) -> None:
     """Remove a file, a symlink or a directory tree at *path*; absent is fine."""
     try:
         mode = os.lstat(path).st_mode
@@ -235,12 +236,17 @@ def project_work_item(
     The old projection is cleared first: a retry whose new attempt produced no
     trajectory must not leave the superseded attempt's files attributed to it.
     """
+    # Plain strings, not Path objects: this runs once per row at every refresh, and
+    # pathlib's joins and str() conversions were most of its cost.
     stem = projection_stem(row_index, run_index)
-    trial_dir = run_dir / TRIALS_DIRNAME / rollout_id
-    trajectory_dest = run_dir / TRAJECTORIES_DIRNAME / f"{stem}.json"
-    artifacts_dest = run_dir / ARTIFACTS_DIRNAME / stem
-    _real_directory(run_dir / TRAJECTORIES_DIRNAME, warn)
-    _real_directory(run_dir / ARTIFACTS_DIRNAME, warn)
+    run = os.fspath(run_dir)
+    trial_dir = os.path.join(run, TRIALS_DIRNAME, rollout_id)
+    trajectories = os.path.join(run, TRAJECTORIES_DIRNAME)
+    artifacts_root = os.path.join(run, ARTIFACTS_DIRNAME)
+    trajectory_dest = os.path.join(trajectories, f"{stem}.json")
+    artifacts_dest = os.path.join(artifacts_root, stem)
+    _real_directory(trajectories, warn)
+    _real_directory(artifacts_root, warn)
     _clear(trajectory_dest)
     _clear(artifacts_dest)
     if not os.path.islink(trial_dir):
@@ -252,7 +258,7 @@ def project_work_item(
             warn(f"cannot copy the trajectory of rollout {rollout_id}: {exc}")
         else:
             atomic_write_bytes(trajectory_dest, data, durable=False)
-    artifacts_dir = trial_dir / ARTIFACTS_DIRNAME
+    artifacts_dir = os.path.join(trial_dir, ARTIFACTS_DIRNAME)
     prefix = _upload_prefix(rollout_id)
     for relative in safe_artifact_paths(artifacts_dir, warn=warn, upload_prefix=prefix):
         source = os.path.join(artifacts_dir, *relative.parts)
@@ -261,4 +267,4 @@ def project_work_item(
         except OSError as exc:
             warn(f"cannot copy artifact {source}: {exc}")
             continue
-        atomic_write_bytes(artifacts_dest.joinpath(*relative.parts), data, durable=False)
+        atomic_write_bytes(os.path.join(artifacts_dest, *relative.parts), data, durable=False)

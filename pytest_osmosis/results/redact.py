@@ -186,6 +186,12 @@ class Redactor:
     def __len__(self) -> int:
         return len(self._values)
 
+    @property
+    def generation(self) -> object:
+        """Another object once values are added: text redacted in the same generation
+        needs no second pass."""
+        return self._values
+
 
 def redact_json(value: Any, redactor: Redactor) -> Any:
     """A copy of a JSON-like *value* with every string (and mapping key) redacted.

@@ -182,9 +182,9 @@ class _Projected:
     has_trajectory: bool
 
 
-def _stat_signature(path: Path) -> tuple[int, int, int, int] | None:
+def _stat_signature(path: str | Path) -> tuple[int, int, int, int] | None:
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
@@ -469,8 +469,9 @@ class RunDirectory:
 
     # -- snapshots ---------------------------------------------------------- #
 
-    def _trajectory_path(self, rollout_id: str) -> Path:
-        return self.path / TRIALS_DIRNAME / rollout_id / CANONICAL_TRAJECTORY_FILENAME
+    def _trajectory_path(self, rollout_id: str) -> str:
+        # A string: one per row at every refresh, where pathlib's joins cost more than the stat.
+        return os.path.join(self.path, TRIALS_DIRNAME, rollout_id, CANONICAL_TRAJECTORY_FILENAME)
 
     def _verdict(self, rollout_id: str) -> _Verdict:
         """Re-checked every refresh, but parsed again only when the file changed."""

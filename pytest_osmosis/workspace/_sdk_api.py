@@ -7,7 +7,6 @@ objects whenever they are importable and these otherwise.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import os
 from abc import ABC, abstractmethod
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pytest_osmosis.copying import deep_copy
 
 MessageDict = dict[str, Any]
 Messages = list[dict[str, Any]]
@@ -61,7 +62,7 @@ class RolloutSample(BaseModel):
     def _default_trajectory_messages(self) -> RolloutSample:
         # An explicit None disables trajectory persistence, as in the SDK.
         if "trajectory_messages" not in self.model_fields_set:
-            self.trajectory_messages = copy.deepcopy(list(self.messages))
+            self.trajectory_messages = deep_copy(list(self.messages))
         return self
 
 
