@@ -37,6 +37,21 @@ OFFLINE_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
 }
 
+SERVES_ITSELF = """
+# `osmosis eval run` executes the entrypoint as a script: the rollout serves itself.
+if __name__ == "__main__":
+    import uvicorn
+    from osmosis_ai.rollout.server import create_rollout_server
+
+    uvicorn.run(
+        create_rollout_server(backend=backend),
+        host="127.0.0.1",
+        port=int(os.environ.get("_OSMOSIS_ROLLOUT_PORT", "8000")),
+        log_level="warning",
+    )
+"""
+"""The tail of a benchmark rollout (it needs `os` imported and a `backend`)."""
+
 # The rollout every eval workspace uses. Its behaviour comes from the environment so one
 # workspace serves the 200 ms run and the 0 ms run alike:
 #   BENCH_MODE   sleep (default): await asyncio.sleep(BENCH_SLEEP); no model call
@@ -131,18 +146,7 @@ backend = LocalBackend(
     workflow_config=AgentWorkflowConfig(name="bench"),
 )
 
-# `osmosis eval run` executes the entrypoint as a script: the rollout serves itself.
-if __name__ == "__main__":
-    import uvicorn
-    from osmosis_ai.rollout.server import create_rollout_server
-
-    uvicorn.run(
-        create_rollout_server(backend=backend),
-        host="127.0.0.1",
-        port=int(os.environ.get("_OSMOSIS_ROLLOUT_PORT", "8000")),
-        log_level="warning",
-    )
-"""
+""" + SERVES_ITSELF
 
 # `osmosis eval run`'s engine (LocalEvalRunner, osmosis-ai 0.3.8) driven offline in
 # process, as tests/test_sdk_routes.py drives it: its LiteLLM bridge, its rollout server

@@ -72,17 +72,7 @@ backend = LocalBackend(
     workflow=BenchWorkflow, grader=BenchGrader, workflow_config=AgentWorkflowConfig(name="bench")
 )
 
-if __name__ == "__main__":
-    import uvicorn
-    from osmosis_ai.rollout.server import create_rollout_server
-
-    uvicorn.run(
-        create_rollout_server(backend=backend),
-        host="127.0.0.1",
-        port=int(os.environ.get("_OSMOSIS_ROLLOUT_PORT", "8000")),
-        log_level="warning",
-    )
-"""
+""" + c.SERVES_ITSELF
 
 
 def workspace(root: Path, rows: int, batch: int) -> Path:
