@@ -495,6 +495,12 @@ def test_which_routes_may_be_called_directly(monkeypatch: pytest.MonkeyPatch) ->
             proxied.setenv(variable, "http://127.0.0.1:9")
             route = ModelRoute("openai/m", "openai/m", {**local, "api_base": base})
             assert (direct.direct_base(route) is not None) is expected, variable
+    # osmosis/embedded is our own loopback server: a proxy variable never sends it to LiteLLM.
+    with monkeypatch.context() as proxied:
+        proxied.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+        embedded = ModelRoute(EMBEDDED_MODEL_PATH, "openai/smollm2-135m-instruct", local)
+        assert direct.direct_base(embedded) == local["api_base"]
+        assert direct.rows_go_direct(embedded)
     # Rows go direct over plain HTTP only (HTTPS: LiteLLM's certificate settings decide).
     for base, rows in [
         ("http://127.0.0.1:9/v1", True),

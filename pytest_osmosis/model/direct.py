@@ -103,8 +103,9 @@ def direct_base(route: ModelRoute) -> str | None:
         base = os.environ.get("OPENAI_BASE_URL") or os.environ.get("OPENAI_API_BASE")
     if not base or is_openai_api(base):
         return None
-    if any(os.environ.get(name) for name in _PROXY_VARIABLES.get(urlsplit(base).scheme, ())):
-        return None  # LiteLLM's client would go through the proxy
+    proxies = _PROXY_VARIABLES.get(urlsplit(base).scheme, ())
+    if route.model_path != EMBEDDED_MODEL_PATH and any(os.environ.get(n) for n in proxies):
+        return None  # LiteLLM's client would go through the proxy (never to our own server)
     return base
 
 
