@@ -116,8 +116,7 @@ class Seen:
 def on_a_terminal(label: str, argv: list[str], cwd: Path, env: dict[str, str]) -> Seen:
     """Run ``argv`` with a pty as stdout and stderr; each line timed when it is complete
     or, for a line still being written (a milestone), when its first text shows."""
-    full = {**os.environ, **c.OFFLINE_ENV, **env, "TERM": "xterm", "COLUMNS": "120"}
-    full.pop("PYTEST_ADDOPTS", None)
+    full = {**c.measured_env(env), "TERM": "xterm", "COLUMNS": "120"}
     full["PYTHONPATH"] = os.pathsep.join(filter(None, [str(c.REPO), env.get("PYTHONPATH")]))
     master, slave = pty.openpty()
     start = time.perf_counter()

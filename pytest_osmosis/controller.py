@@ -57,10 +57,9 @@ class Controller:
             raise pytest.UsageError(problem)
         options = self.session.options
         from pytest_osmosis.discover import find_eval_configs
-        from pytest_osmosis.milestones import Milestones
+        from pytest_osmosis.plugin import start_up_milestones
 
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        milestones = Milestones(reporter, quiet=session.config.get_verbosity() < 0)
+        milestones = self.session.milestones or start_up_milestones(session.config)
         self.session.milestones = milestones
 
         named = _named_paths(session.config)

@@ -21,6 +21,7 @@ from pytest_osmosis.gate import RULES, GateOptionError, GateOptions, gate_option
 
 if TYPE_CHECKING:
     from pytest_osmosis.controller import Controller, RecordedEntry
+    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.session import EvalSession
 
 
@@ -495,6 +496,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # openai-agents exporting traces of every rollout to OpenAI when a key is present.
     config.addinivalue_line("filterwarnings", "ignore:.*ReadOnly. qualifier:UserWarning")
     os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    is_worker = hasattr(config, "workerinput")
+    milestones = None if is_worker else start_up_milestones(config)
+    if milestones is None:
+        _start_session(config, is_worker, None)
+        return
+    # The first line on screen: importing the session's modules (aiohttp, pydantic) is
+    # the longest silence between pytest's start and the first milestone of the session.
+    with milestones.phase("starting the eval session"):
+        _start_session(config, is_worker, milestones)
+
+
+def start_up_milestones(config: pytest.Config) -> Milestones:
+    """The controller's start-up milestones, on pytest's terminal (milestones.py)."""
+    from pytest_osmosis.milestones import Milestones
+
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    return Milestones(reporter, quiet=config.get_verbosity() < 0)
+
+
+def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestones | None) -> None:
+    """The eval session of this process, its options checked, its roles registered."""
     from pytest_osmosis.session import EvalSession, SessionOptions
 
     values = {opt.dest: _value(config, opt) for opt in OPTIONS}
@@ -539,9 +561,10 @@ def pytest_configure(config: pytest.Config) -> None:
     session = EvalSession(
         config,
         options,
-        is_worker=hasattr(config, "workerinput"),
+        is_worker=is_worker,
         collect_all=bool(values["eval"]) or (bool(options.regrade) and not named_configs),
     )
+    session.milestones = milestones
     from pytest_osmosis.collect import SESSION_KEY
 
     config.stash[SESSION_KEY] = session

@@ -25,6 +25,7 @@ from pytest_osmosis.model.wire import _call_metrics, _chat_call, _control_names,
 REPO = Path(__file__).resolve().parent.parent
 BASE = ("--osmosis-eval", "-p", "no:cacheprovider")
 MILESTONES = [
+    "osmosis [[]*s[]] starting the eval session ... * s",
     "osmosis [[]*s[]] importing rollout calc ... * s",
     "osmosis [[]*s[]] checking model openai/test-model ... * s",
 ]
@@ -54,6 +55,50 @@ def test_start_up_milestones_appear_under_xdist(pytester: pytest.Pytester, model
     result = pytester.runpytest_subprocess(*BASE, "-n", "2")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(MILESTONES)
+
+
+def test_the_first_line_is_written_before_the_session_modules_are_imported(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:
+    """Importing the session (aiohttp, pydantic) is the longest silence after pytest starts:
+    on a terminal, the first milestone is on screen before it begins."""
+    write_workspace(pytester.path, rows=calc_rows([("What is 1 + 1?", "2")]))
+    pytester.makeconftest(
+        """
+        import sys
+        from _pytest.terminal import TerminalReporter
+
+        first = []
+        init, write = TerminalReporter.__init__, TerminalReporter.write
+
+        class Yes:  # what pytest's reporter.isatty is on a terminal: true, and callable
+            def __bool__(self):
+                return True
+
+            def __call__(self):
+                return True
+
+        def on_a_terminal(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.isatty = Yes()  # milestones are written as each phase starts
+
+        def noting_write(self, content, **kwargs):
+            if content.startswith("osmosis [") and not first:
+                first.append((content, "pytest_osmosis.session" in sys.modules))
+            return write(self, content, **kwargs)
+
+        TerminalReporter.__init__ = on_a_terminal
+        TerminalReporter.write = noting_write
+
+        def pytest_unconfigure(config):
+            print("FIRST MILESTONE", first)
+        """
+    )
+    result = pytester.runpytest_subprocess(*BASE)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["FIRST MILESTONE [[]('osmosis [[]*s[]] starting the eval session ...', False)[]]"]
+    )
 
 
 def test_quiet_runs_show_no_milestones(pytester: pytest.Pytester, model_env: Any) -> None:
