@@ -25,8 +25,132 @@ LiteLLM sends).
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import _common as c
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_of(pid: int) -> float | None:
+    """User + system seconds of one process so far (Linux /proc), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                found += [int(x) for x in fh.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _role(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return "?"
+    if any(arg.endswith(b"model_server.py") for arg in argv):
+        return "model server"
+    if b"pytest" in argv:
+        return "pytest"
+    if b"-c" in argv:  # execnet's popen bootstrap: an xdist worker
+        return "worker"
+    return "?"
+
+
+@contextmanager
+def cpu_by_process(into: dict[str, float], interval: float = 0.1) -> Iterator[None]:
+    """Sample this benchmark's descendants' CPU from /proc while the block runs.
+
+    ``into`` gets the CPU each role spent in the block: "controller" (the pytest
+    process: the only one without xdist), "worker 1", "worker 2"... (by start order) and
+    "model server" (its delta; it serves every run). A process's last sample is taken up
+    to ``interval`` before it exits, so a worker's figure can be short by that much CPU.
+    Nothing is recorded where /proc is missing.
+    """
+    if not os.path.isdir("/proc/self/task"):
+        yield
+        return
+    seen: dict[int, tuple[str, float, float]] = {}  # pid -> (role, first cpu, last cpu)
+    done = threading.Event()
+
+    def sample() -> None:
+        todo = [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            for child in _children(pid):
+                cpu = _cpu_of(child)
+                if cpu is None:
+                    continue
+                role, first, _ = seen.get(child, (_role(child), cpu, cpu))
+                seen[child] = (role, first, cpu)
+                todo.append(child)
+
+    def poll() -> None:
+        while not done.wait(interval):
+            sample()
+
+    sample()
+    for pid in [pid for pid, (role, _, _) in seen.items() if role != "model server"]:
+        del seen[pid]  # not this run's
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        by_role = [seen[pid] for pid in sorted(seen)]
+        into["controller"] = sum(last for role, _, last in by_role if role == "pytest")
+        workers = [last for role, _, last in by_role if role == "worker"]
+        into.update((f"worker {i}", cpu) for i, cpu in enumerate(workers, 1))
+        into["model server"] = sum(
+            last - first for role, first, last in by_role if role == "model server"
+        )
+
+
+#: Each run's CPU by process (cpu_by_process), by run label.
+CPU_BY_RUN: dict[str, dict[str, float]] = {}
+
+
+def cpu_notes(single: list[c.Run], dist: list[c.Run], workers: int) -> list[str]:
+    """Where the best run of each side spent its CPU, and what that bounds on this machine.
+
+    Two cores run every process, the model server's included: a run's wall is at least
+    the CPU of all of them over the cores, plus what runs alone (the controller's start
+    before it spawns workers, its finish after they are done).
+    """
+    cores = os.cpu_count() or 1
+    notes = []
+    for side, runs in (("one process", single), (f"-n {workers}", dist)):
+        best = min(runs, key=lambda r: r.wall)
+        cpu = CPU_BY_RUN.get(best.label)
+        if not cpu:
+            continue
+        total = sum(cpu.values())
+        parts = ", ".join(f"{role} {seconds:.2f}" for role, seconds in cpu.items())
+        notes.append(
+            f"CPU by process, {side} (best): {parts} s; all {total:.2f} s "
+            f"/ {cores} cores = {total / cores:.2f} s"
+        )
+    return notes
 
 
 def measure(
@@ -49,16 +173,19 @@ def measure(
             ("1 process", [], single),
             (f"-n {args.workers}", ["-n", str(args.workers)], dist),
         ):
-            r = c.run(
-                f"{label}, {what} #{i + 1}",
-                # --osmosis-output=DIR, joined: the space form makes a worker re-run its
-                # session without its workerinput once the controller created DIR.
-                c.osmosis_cmd(
-                    f"--osmosis-output={tmp / f'out-{workload}-{len(xdist)}-{i}'}", *xdist
-                ),
-                cwd=ws,
-                env={**env, **extra},
-            ).check(f"{args.items} passed")
+            cpu: dict[str, float] = {}
+            with cpu_by_process(cpu):
+                r = c.run(
+                    f"{label}, {what} #{i + 1}",
+                    # --osmosis-output=DIR, joined: the space form makes a worker re-run its
+                    # session without its workerinput once the controller created DIR.
+                    c.osmosis_cmd(
+                        f"--osmosis-output={tmp / f'out-{workload}-{len(xdist)}-{i}'}", *xdist
+                    ),
+                    cwd=ws,
+                    env={**env, **extra},
+                ).check(f"{args.items} passed")
+            CPU_BY_RUN[r.label] = cpu
             bucket.append(r)
     return single, dist
 
@@ -84,6 +211,7 @@ def check(
             f"pytest 'in X s' (best): one process "
             f"{min(r.pytest_seconds or 0 for r in single):.2f} s, -n {workers} "
             f"{min(r.pytest_seconds or 0 for r in dist):.2f} s",
+            *cpu_notes(single, dist, workers),
         ],
     )
 

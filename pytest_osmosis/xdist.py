@@ -23,6 +23,10 @@ from xdist.scheduler import LoadScopeScheduling
 from pytest_osmosis.collect import split_item_nodeid
 from pytest_osmosis.execution import blame
 
+#: A worker is sent its next shard while it holds no more than this many shards' items:
+#: the one in flight, and one queued behind it (see ``EvalScheduling._reschedule``).
+AHEAD = 2
+
 
 class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
     """``loadscope`` whose scopes are shards of ``shard_rows`` consecutive dataset rows."""
@@ -55,14 +59,18 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
         super().schedule()
 
     def _reschedule(self, node: Any) -> None:
-        """xdist's refill (a unit when at most 2 items are pending), then one shard ahead.
+        """xdist's refill (a unit when at most 2 items are pending), then a shard ahead.
 
         xdist sends a worker its next unit only when that worker has nearly run dry: a
         worker with a shard in flight then waits, rows idle, for its last reports to reach
         the controller (which journals each with an fsync) and the next shard to come back.
-        So a worker holding no more than one shard's items is sent the next one at once;
-        its rows start as its in-flight ones finish. Near the end (fewer shards queued
-        than workers) xdist's rule alone applies, so the last shards go to whoever is free.
+        So a worker is kept a whole shard ahead of the rows it can have in flight (a shard
+        is its share of the concurrency): it is sent the next shard while it still holds
+        two shards' items, not one. At one, its in-flight rows were all it had, and each
+        row that finished while the next shard was on its way (its reports reaching the
+        controller, the shard coming back) left a free slot with no row to fill it.
+        Near the end (fewer shards queued than workers) xdist's rule alone applies, so the
+        last shards go to whoever is free.
         """
         if node not in self.registered_collections:
             return  # a replacement still collecting: schedule() gives it work later
@@ -71,7 +79,7 @@ class EvalScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships 
             if (
                 not node.shutting_down
                 and len(self.workqueue) >= len(self.nodes)
-                and self._pending_of(self.assigned_work[node]) <= self._shard_items
+                and self._pending_of(self.assigned_work[node]) <= AHEAD * self._shard_items
             ):
                 self._assign_work_unit(node)
         except OSError:
@@ -198,14 +206,19 @@ def per_worker(total: int, workers: int) -> int:
 
 
 _INTERACTOR = pytest.StashKey[Any]()
+_HANDED_OUT = pytest.StashKey[set[int]]()
 
 
-def queued_indices(config: pytest.Config) -> list[int]:
-    """Indices of the items xdist has sent to this worker and not yet run, in run order.
+def newly_queued_indices(config: pytest.Config) -> list[int]:
+    """Indices of the items xdist has sent to this worker since the last call, in run order.
 
     They start with the item being run and the one xdist took off the queue ahead of it
     (its ``nextitem``): left out, either would start after the rows queued behind it, and
     when its turn came it would run beyond the worker's share of the concurrency.
+
+    Each index is returned once: the worker starts every one ahead when it is returned,
+    so a later call (one per item) needs only the shards that arrived since. Returning the
+    whole queue each time had the worker look over ~64 queued items for every row it ran.
     """
     interactor = config.stash.get(_INTERACTOR, None)
     if interactor is None:  # found once per worker, not per item
@@ -221,10 +234,14 @@ def queued_indices(config: pytest.Config) -> list[int]:
         if interactor is None or not callable(getattr(interactor.torun, "lock", None)):
             return []  # the controller checked this xdist (internals_problem); never fail a row
         config.stash[_INTERACTOR] = interactor
+        config.stash[_HANDED_OUT] = set()
+    handed_out = config.stash[_HANDED_OUT]
     now = [getattr(interactor, name, None) for name in ("item_index", "nextitem_index")]
     with interactor.torun.lock() as queue:
-        queued = [i for i in queue if isinstance(i, int)]
-    return [i for i in now if isinstance(i, int)] + queued
+        queued = [i for i in queue if isinstance(i, int) and i not in handed_out]
+    new = [i for i in now if isinstance(i, int) and i not in handed_out] + queued
+    handed_out.update(new)
+    return new
 
 
 #: How often a worker checks that its controller is still there.
