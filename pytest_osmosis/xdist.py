@@ -7,7 +7,7 @@ of consecutive rows and sends each shard to one worker; a worker then starts eve
 already queued for it ahead of time (here), and no row is ever run by two workers.
 
 This module is what workers import, so it imports none of xdist's scheduling: a worker
-paid ~0.13 s of start-up for it (compiled afresh where bytecode is not cached).
+paid up to ~0.13 s of start-up for it (compiled afresh where bytecode is not cached).
 """
 
 from __future__ import annotations
