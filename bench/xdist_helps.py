@@ -17,16 +17,184 @@ rows' calls take is what the plugin picks for an ``openai/`` model at a loopback
 (``--route litellm`` forces LiteLLM by setting ``OPENAI_ORGANIZATION``, a header only
 LiteLLM sends).
 
+Each side's CPU is also shown by process (controller, each worker, the model server:
+Linux /proc, sampled every 0.1 s), with what it bounds: every process shares the two
+cores, so ``-n 2``'s CPU over the cores, divided by one process's wall, is the best ratio
+it could reach. A small run of ``--fixed-items`` rows per side splits that CPU into what
+a run costs whatever its size (interpreters, plugins, collection, the run directory's
+finish: three processes start under ``-n 2``) and what each row costs.
+
     python bench/xdist_helps.py [--items 1000] [--batch 64] [--delay 0.2] [--sleep 0.2]
-                                [--workers 2] [--repeat 2] [--route auto|litellm]
-                                [--only model,sleep]
+                                [--workers 2] [--repeat 2] [--fixed-items 16]
+                                [--route auto|litellm] [--only model,sleep]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import _common as c
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_of(pid: int) -> float | None:
+    """User + system seconds of one process so far (Linux /proc), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                found += [int(x) for x in fh.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _role(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return "?"
+    if any(arg.endswith(b"model_server.py") for arg in argv):
+        return "model server"
+    if b"pytest" in argv:
+        return "pytest"
+    if b"-c" in argv:  # execnet's popen bootstrap: an xdist worker
+        return "worker"
+    return "?"
+
+
+@contextmanager
+def cpu_by_process(into: dict[str, float], interval: float = 0.1) -> Iterator[None]:
+    """Sample this benchmark's descendants' CPU from /proc while the block runs.
+
+    ``into`` gets the CPU each role spent in the block: "controller" (the pytest process,
+    which also runs the rows without xdist), "worker 1", "worker 2"... (by start order)
+    and "model server" (its delta; it serves every run). A process's last sample is taken up
+    to ``interval`` before it exits, so a worker's figure can be short by that much CPU.
+    Nothing is recorded where /proc is missing.
+    """
+    if not os.path.isdir("/proc/self/task"):
+        yield
+        return
+    seen: dict[int, tuple[str, float, float]] = {}  # pid -> (role, first cpu, last cpu)
+    done = threading.Event()
+
+    def sample() -> None:
+        todo = [os.getpid()]
+        while todo:
+            pid = todo.pop()
+            for child in _children(pid):
+                cpu = _cpu_of(child)
+                if cpu is None:
+                    continue
+                role, first, _ = seen.get(child, (_role(child), cpu, cpu))
+                seen[child] = (role, first, cpu)
+                todo.append(child)
+
+    def poll() -> None:
+        while not done.wait(interval):
+            sample()
+
+    sample()
+    for pid in [pid for pid, (role, _, _) in seen.items() if role != "model server"]:
+        del seen[pid]  # not this run's
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        by_role = [seen[pid] for pid in sorted(seen)]
+        into["controller"] = sum(last for role, _, last in by_role if role == "pytest")
+        workers = [last for role, _, last in by_role if role == "worker"]
+        into.update((f"worker {i}", cpu) for i, cpu in enumerate(workers, 1))
+        into["model server"] = sum(
+            last - first for role, first, last in by_role if role == "model server"
+        )
+
+
+#: Each run's CPU by process (cpu_by_process), by run label.
+CPU_BY_RUN: dict[str, dict[str, float]] = {}
+
+
+#: Each workload's small runs (``--fixed-items``): CPU by process, one process and -n.
+FIXED: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+
+
+def cpu_notes(
+    single: list[c.Run], dist: list[c.Run], workers: int, fixed: tuple[dict[str, float], ...]
+) -> list[str]:
+    """Where the best run of each side spent its CPU, and what that bounds on this machine.
+
+    Every process shares the cores, the model server's included, so a run's wall is at
+    least the CPU of all of them over the cores: for ``-n`` that floor, over one process's
+    wall, is the best ratio it could reach, however its work were spread. With the small
+    runs (``fixed``), each side's CPU splits into what a run costs whatever its size (the
+    interpreters' start-up, collection, the run directory's finish) and what a row costs.
+    """
+    cores = os.cpu_count() or 1
+    notes = []
+    one_wall = min(r.wall for r in single)
+    for (side, runs), small in zip(
+        (("one process", single), (f"-n {workers}", dist)), fixed or ({}, {}), strict=True
+    ):
+        best = min(runs, key=lambda r: r.wall)
+        cpu = CPU_BY_RUN.get(best.label)
+        if not cpu:
+            continue
+        total = sum(cpu.values())
+        parts = ", ".join(f"{role} {seconds:.2f}" for role, seconds in cpu.items())
+        line = f"CPU by process, {side} (best): {parts} s; all {total:.2f} s"
+        if runs is dist:
+            line += (
+                f"; / {cores} cores = {total / cores:.2f} s, a floor of "
+                f"{total / cores / one_wall:.2f} x one process's wall"
+            )
+        notes.append(line)
+        if small:
+            rows = best_items(best) - FIXED_ITEMS[0]
+            per_row = {
+                role: (cpu[role] - small.get(role, 0.0)) / rows * 1000
+                for role in cpu
+                if role != "model server"
+            }
+            notes.append(
+                f"  of which fixed ({FIXED_ITEMS[0]} rows): "
+                + ", ".join(f"{role} {small.get(role, 0.0):.2f}" for role in per_row)
+                + f" s; per row (CPU over all {rows} rows): "
+                + ", ".join(f"{role} {ms:.2f}" for role, ms in per_row.items())
+                + f" ms (all {sum(per_row.values()):.2f} ms)"
+            )
+    return notes
+
+
+#: The small runs' size (``--fixed-items``), and each measured run's row count.
+FIXED_ITEMS = [0]
+ITEMS_BY_RUN: dict[str, int] = {}
+
+
+def best_items(run: c.Run) -> int:
+    return ITEMS_BY_RUN.get(run.label, 0)
 
 
 def measure(
@@ -44,27 +212,56 @@ def measure(
         extra["OPENAI_ORGANIZATION"] = "org-bench"
     single: list[c.Run] = []
     dist: list[c.Run] = []
+    if args.fixed_items:
+        small_ws = c.eval_workspace(
+            tmp / f"ws-{workload}-small", args.fixed_items, batch_size=args.batch
+        )
+        FIXED_ITEMS[0] = args.fixed_items
+        small: list[dict[str, float]] = []
+        for xdist in ([], ["-n", str(args.workers)]):
+            cpu: dict[str, float] = {}
+            with cpu_by_process(cpu):
+                c.run(
+                    f"{args.fixed_items} rows {' '.join(xdist)}",
+                    c.osmosis_cmd(
+                        f"--osmosis-output={tmp / f'out-{workload}-small-{len(xdist)}'}", *xdist
+                    ),
+                    cwd=small_ws,
+                    env={**env, **extra},
+                ).check(f"{args.fixed_items} passed")
+            small.append(cpu)
+        FIXED[workload] = (small[0], small[1])
     for i in range(args.repeat):
         for label, xdist, bucket in (
             ("1 process", [], single),
             (f"-n {args.workers}", ["-n", str(args.workers)], dist),
         ):
-            r = c.run(
-                f"{label}, {what} #{i + 1}",
-                # --osmosis-output=DIR, joined: the space form makes a worker re-run its
-                # session without its workerinput once the controller created DIR.
-                c.osmosis_cmd(
-                    f"--osmosis-output={tmp / f'out-{workload}-{len(xdist)}-{i}'}", *xdist
-                ),
-                cwd=ws,
-                env={**env, **extra},
-            ).check(f"{args.items} passed")
+            cpu = {}
+            with cpu_by_process(cpu):
+                r = c.run(
+                    f"{label}, {what} #{i + 1}",
+                    # --osmosis-output=DIR, joined: the space form makes a worker re-run its
+                    # session without its workerinput once the controller created DIR.
+                    c.osmosis_cmd(
+                        f"--osmosis-output={tmp / f'out-{workload}-{len(xdist)}-{i}'}", *xdist
+                    ),
+                    cwd=ws,
+                    env={**env, **extra},
+                ).check(f"{args.items} passed")
+            CPU_BY_RUN[r.label] = cpu
+            ITEMS_BY_RUN[r.label] = args.items
             bucket.append(r)
     return single, dist
 
 
 def check(
-    name: str, target: str, limit: float, single: list[c.Run], dist: list[c.Run], workers: int
+    name: str,
+    target: str,
+    limit: float,
+    single: list[c.Run],
+    dist: list[c.Run],
+    workers: int,
+    fixed: tuple[dict[str, float], ...] = (),
 ) -> c.Check:
     one, many = min(r.wall for r in single), min(r.wall for r in dist)
     return c.Check(
@@ -84,6 +281,7 @@ def check(
             f"pytest 'in X s' (best): one process "
             f"{min(r.pytest_seconds or 0 for r in single):.2f} s, -n {workers} "
             f"{min(r.pytest_seconds or 0 for r in dist):.2f} s",
+            *cpu_notes(single, dist, workers, fixed),
         ],
     )
 
@@ -96,6 +294,12 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.2, help="no-call workload's await, s")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--fixed-items",
+        type=int,
+        default=16,
+        help="rows of one small run per side, to split CPU into fixed and per row (0: none)",
+    )
     parser.add_argument(
         "--client",
         choices=("httpx", "aiohttp", "httpx-per-call", "bridge_client"),
@@ -130,6 +334,7 @@ def main() -> None:
                     single,
                     dist,
                     args.workers,
+                    FIXED.get("model", ()),
                 )
             )
         if "sleep" in only:
@@ -144,6 +349,7 @@ def main() -> None:
                     single,
                     dist,
                     args.workers,
+                    FIXED.get("sleep", ()),
                 )
             )
     c.print_runs(runs)

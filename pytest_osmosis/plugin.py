@@ -885,7 +885,8 @@ class XdistControllerHooks:
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        from pytest_osmosis.xdist import EvalScheduling, dist_was_chosen, per_worker
+        from pytest_osmosis.xdist import dist_was_chosen, per_worker
+        from pytest_osmosis.xdist_scheduler import EvalScheduling
 
         if dist_was_chosen(config) or not self.session.runs or self._internals_problem():
             return None
@@ -942,7 +943,7 @@ class XdistControllerHooks:
 
     def _internals_problem(self) -> str | None:
         """xdist's private API our scheduler needs, when it changed (warned once)."""
-        from pytest_osmosis.xdist import internals_problem, warn_once
+        from pytest_osmosis.xdist_scheduler import internals_problem, warn_once
 
         problem = internals_problem(self.session.config)
         if problem is not None:

@@ -473,11 +473,11 @@ class EvalSession:
             if not self.is_worker:
                 self._prefetch(item.session.items)
         if self.is_worker and self._worker_prefetch:
-            # xdist sends this worker whole shards; start what is already queued for it.
-            from pytest_osmosis.xdist import queued_indices
+            # xdist sends this worker whole shards; start what was queued for it since.
+            from pytest_osmosis.xdist import newly_queued_indices
 
             items = item.session.items
-            self._prefetch([items[i] for i in queued_indices(self.config) if i < len(items)])
+            self._prefetch([items[i] for i in newly_queued_indices(self.config) if i < len(items)])
 
     # -- budgets ---------------------------------------------------------------------
 
