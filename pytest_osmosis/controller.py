@@ -167,7 +167,7 @@ class Controller:
         if run is None or result.get("resumed"):
             return
         with self.session.recording(run, result):  # a full disk or a deleted run: exit 4
-            run.rundir.append(result)
+            record = run.rundir.append(result)
             run.executed += 1
             run.rate_limited += int(result.get("rate_limited") or 0)
             self._spend(run, result)
@@ -195,6 +195,7 @@ class Controller:
                     rollout_id=result["rollout_id"],
                     detail=result["detail"],
                 )
+        run.rundir.settle((record["row_index"], record["run_index"]))
 
     def _spend(self, run: ControllerRun, result: dict[str, Any]) -> None:
         """Count what the row spent; once a budget is spent no new row starts."""

@@ -398,3 +398,25 @@ def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
     rerun = pytester.runpytest_subprocess(*good, "configs/eval/good.toml")
     assert rerun.ret == pytest.ExitCode.OK, rerun.stdout.str()
     assert model_env.requests_total == before + 1 + 1  # the good run's preflight and its row
+
+
+def test_each_result_is_projected_as_it_is_recorded(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    """The controller settles every result when it records it, not at the end of the run."""
+    write_workspace(pytester.path, rows=MIXED[:2])
+    pytester.makeconftest(
+        """
+        import glob, os
+
+        def pytest_runtest_logreport(report):
+            result = getattr(report, "osmosis", None)
+            if result is not None:
+                stem = f"row_{result['row_index']}_run_{result['run_index']}.json"
+                found = glob.glob(os.path.join(".osmosis", "evals", "*", "trajectories", stem))
+                print(f"SETTLED {stem} {bool(found)}")
+        """
+    )
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-s")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines_random(
+        ["*SETTLED row_0_run_0.json True*", "*SETTLED row_1_run_0.json True*"]
+    )

@@ -953,6 +953,29 @@ def test_tokens_fall_back_to_trajectory_final_metrics(tmp_path: Path) -> None:
     run.close()
 
 
+def test_a_settled_item_is_projected_at_once_and_not_again_at_the_end(tmp_path: Path) -> None:
+    """The controller settles each result as it is recorded: the end of the run (refresh)
+    then copies nothing for it, and a retry settled later replaces the projection."""
+    run = open_run(tmp_path, retry_failed=True)
+    first = execute(run, 0, 0, status="failed", reward=None, artifacts={"a.txt": "a"})
+    projection = run.path / "trajectories" / "row_0_run_0.json"
+    assert not projection.exists()
+    run.settle((0, 0))
+    assert json.loads(projection.read_text())["session_id"] == first["rollout_id"]
+    assert (run.path / "artifacts" / "row_0_run_0" / "a.txt").read_text() == "a"
+    inode = projection.stat().st_ino
+    refresh(run, status="running")
+    assert projection.stat().st_ino == inode  # settled: not copied again
+    retried = execute(run, 0, 0, artifacts={"b.txt": "b"})
+    run.settle((0, 0))
+    assert json.loads(projection.read_text())["session_id"] == retried["rollout_id"]
+    assert sorted(p.name for p in (run.path / "artifacts" / "row_0_run_0").iterdir()) == ["b.txt"]
+    run.settle((4, 0))  # nothing recorded: nothing to do
+    refresh(run, status="running")
+    assert read_lines(run.path / "index.jsonl")[0]["rollout_id"] == retried["rollout_id"]
+    run.close()
+
+
 def test_retry_replaces_the_projection(tmp_path: Path) -> None:
     run = open_run(tmp_path, retry_failed=True)
     first = execute(run, 0, 0, status="failed", reward=None, artifacts={"a.txt": "old"})

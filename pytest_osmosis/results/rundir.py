@@ -467,6 +467,20 @@ class RunDirectory:
             self._dirty.add(key)
         return normalized
 
+    def settle(self, key: WorkKey) -> None:
+        """Check one recorded item's trajectory and write its projections now.
+
+        Called as each result is recorded, while other rows are still in flight, so that
+        the end of a run (``refresh``) finds nothing left to parse or copy: at 1,000 rows
+        that work was 0.6-0.9 s of CPU in the serial tail after the last row.
+        """
+        with self._mutex:
+            record = self.records.get(key)
+            if record is None:
+                return
+            self._index_line(key, record)
+            self._project([key], project_all=False)
+
     # -- snapshots ---------------------------------------------------------- #
 
     def _trajectory_path(self, rollout_id: str) -> str:
