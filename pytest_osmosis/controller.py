@@ -31,7 +31,9 @@ class Controller:
     def __init__(self, session: EvalSession) -> None:
         self.session = session
         self.progress: Progress | None = None
-        self._last_result: dict[str, Any] | None = None
+        #: Results recorded whose item pytest has not finished reporting, by node id: under
+        #: xdist two workers' reports interleave, so one slot would drop a row's progress.
+        self._unshown: dict[str, dict[str, Any]] = {}
         self._letterless: pytest.TestReport | None = None  # live progress: see letterless
         self.progress_option = progress_option(session.config)
         self.started = time.monotonic()  # live progress counts elapsed time from here
@@ -173,7 +175,10 @@ class Controller:
             self._spend(run, result)
             run.cache_calls += int(result.get("cache_calls") or 0)
             run.cache_hits += int(result.get("cache_hits") or 0)
-            self._last_result = result
+            if str(report.when) == "???":
+                self._show(result)  # xdist finishes no report for a lost worker's row
+            else:
+                self._unshown[report.nodeid] = result
             details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
             if result.get("reward") is not None:
                 details["reward"] = result["reward"]
@@ -224,12 +229,15 @@ class Controller:
             for each in self.session.runs.values():
                 each.log.warning("budget", line)
 
-    def after_report(self) -> None:
+    def after_report(self, nodeid: str) -> None:
         """Progress, after pytest has shown the row's letter."""
         self._letterless = None
-        if self._last_result is not None:
-            result, self._last_result = self._last_result, None
-            self._progress().add(result)
+        result = self._unshown.pop(nodeid, None)
+        if result is not None:
+            self._show(result)
+
+    def _show(self, result: dict[str, Any]) -> None:
+        self._progress().add(result)
 
     def before_row(self) -> None:
         """The first item starts: the status line goes up (the totals are known by now)."""
@@ -280,6 +288,8 @@ class Controller:
     def finish(self, session: pytest.Session) -> None:
         """Write the final snapshot, then apply the gate; the session is closed either way."""
         self._letterless = None
+        for nodeid in list(self._unshown):  # an item whose report pytest never finished
+            self.after_report(nodeid)
         if self.progress is not None:
             self.progress.stop()  # before anything below prints
         try:

@@ -409,6 +409,45 @@ def test_off_a_terminal_a_row_is_one_line_and_quiet_is_quieter(
     assert len(letters) == 1, quiet.outlines  # pytest's letters, on one line
 
 
+def test_interleaved_reports_show_every_row_once(pytester: pytest.Pytester, model_env: Any) -> None:
+    """Under xdist two workers' reports interleave (A's report, B's report, then A's and B's
+    ends): each row's line is still shown once. Replayed here in that order, in process."""
+    write_workspace(pytester.path, rows=MIXED)
+    pytester.makeconftest(
+        """
+        import pytest
+        from _pytest.runner import runtestprotocol
+
+        held = []
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtest_protocol(item, nextitem):
+            held.append((item, runtestprotocol(item, nextitem=nextitem, log=False)))
+            if len(held) == 2 or nextitem is None:
+                for each, _ in held:
+                    each.ihook.pytest_runtest_logstart(nodeid=each.nodeid, location=each.location)
+                for each, reports in held:
+                    for report in reports:
+                        each.ihook.pytest_runtest_logreport(report=report)
+                for each, _ in held:
+                    each.ihook.pytest_runtest_logfinish(nodeid=each.nodeid, location=each.location)
+                held.clear()
+            return True
+        """
+    )
+    result = pytester.runpytest(*BASE, "--osmosis-progress", "log")
+    result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
+    rows = [line for line in run_section(result.stdout.str()) if line.startswith("osmosis: row ")]
+    assert sorted(line.split("  [")[0] for line in rows) == [
+        "osmosis: row 0 run 0 passed (reward 1.0)",
+        "osmosis: row 1 run 0 below threshold (reward 0.0)",
+        "osmosis: row 2 run 0 errored (agent_error)",
+        "osmosis: row 3 run 0 errored (agent_error)",
+        "osmosis: row 4 run 0 skipped",
+    ]
+    assert "[5/5 attempts done: 1 passed, 1 below threshold, 2 errored, 1 skipped;" in rows[-1]
+
+
 def test_progress_off_leaves_pytest_alone_and_a_bad_value_is_one_line(
     pytester: pytest.Pytester, model_env: Any
 ) -> None:
