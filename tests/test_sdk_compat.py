@@ -667,7 +667,7 @@ def test_the_grader_gets_the_sample_the_sdks_local_backend_builds(
     }[kind]
     seen: list[Any] = []
 
-    class Workflow(sdk.AgentWorkflow):
+    class Workflow(sdk.AgentWorkflow[Any]):
         async def run(self, ctx: Any) -> Any:
             messages = [{"role": "user", "content": content}, shared, shared]
             return sdk.AgentWorkflowOutput(messages=messages, metrics={"steps": 3})
