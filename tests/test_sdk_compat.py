@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import re
 import shutil
 import socket
 import sys
@@ -636,3 +637,81 @@ def test_bridge_forwards_the_inference_fields_agent_integrations_send(
     sent = model_server.bodies[-1]
     for name, value in fields.items():
         assert sent[name] == value
+
+
+# --------------------------------------------------------------------------- the sample
+
+
+class _Uncopyable:
+    def __deepcopy__(self, memo: Any) -> Any:
+        raise TypeError("cannot be copied")
+
+
+@pytest.mark.parametrize("kind", ["json", "objects", "uncopyable"])
+def test_the_grader_gets_the_sample_the_sdks_local_backend_builds(
+    kind: str,
+    model_loop: Any,
+    bridge: Bridge,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The runner builds the workflow output's sample itself (runner._sample, passing the
+    trajectory messages it copied); the SDK's class gets the same values and set fields
+    as from its own LocalBackend, down to the SDK's fallback for messages it cannot copy."""
+    shared = {"role": "assistant", "content": "4"}
+    content: Any = {
+        "json": "What is 2 + 2?",
+        "objects": ("a tuple", 2.5),
+        "uncopyable": _Uncopyable(),
+    }[kind]
+    seen: list[Any] = []
+
+    class Workflow(sdk.AgentWorkflow[Any]):
+        async def run(self, ctx: Any) -> Any:
+            messages = [{"role": "user", "content": content}, shared, shared]
+            return sdk.AgentWorkflowOutput(messages=messages, metrics={"steps": 3})
+
+    class Grader(sdk.Grader):
+        async def grade(self, ctx: Any) -> None:
+            seen.append(
+                (type(ctx.sample), ctx.sample.model_dump(), set(ctx.sample.model_fields_set))
+            )
+            ctx.set_reward(1.0)
+
+    loaded = LoadedRollout(
+        entrypoint=tmp_path / "main.py",
+        workflow_cls=Workflow,
+        workflow_config=None,
+        grader_cls=Grader,
+        grader_config=None,
+        found_by="test",
+    )
+    work = WorkItem(0, 0, 0, [{"role": "user", "content": "q"}], "4", None)
+    result = model_loop.run(
+        execute(
+            work,
+            loaded,
+            bridge=bridge,
+            budgets=Budgets(None, None),
+            pass_threshold=1.0,
+            prepare_artifacts=lambda rid: None,
+            write_trajectory=lambda *args: True,
+        )
+    )
+    assert result["status"] == "success"
+
+    monkeypatch.setenv("_OSMOSIS_ROLLOUT_ARTIFACT_ROOT", str(tmp_path / "sdk-trials"))
+    backend = sdk.LocalBackend(workflow=Workflow, grader=Grader)
+    request = sdk.ExecutionRequest(id=uuid.uuid4().hex, prompt=work.prompt, label=work.label)
+    outcome = asyncio.run(backend.execute(request))
+    assert outcome.result.status is sdk.RolloutStatus.SUCCESS
+
+    ours, theirs = seen
+    assert ours[0] is theirs[0] is sdk.RolloutSample
+    assert ours[2] == theirs[2]
+    # Equal values (an object without equality compares by its repr, less its address).
+    assert re.sub(" at 0x[0-9a-f]+", "", repr(ours[1])) == re.sub(
+        " at 0x[0-9a-f]+", "", repr(theirs[1])
+    )
+    assert (ours[1]["trajectory_messages"] is None) == (kind == "uncopyable")

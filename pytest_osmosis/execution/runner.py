@@ -262,11 +262,31 @@ async def _workflow_phase(
             )
         if output.messages is None:
             return None
-        return api.RolloutSample(
-            messages=output.messages, label=work.label, metrics=dict(output.metrics)
-        )
+        return _sample(api, output, work.label)
 
     return await _phase("workflow", run, budgets.workflow_s)
+
+
+def _sample(api: Any, output: Any, label: str | None) -> Any:
+    """The rollout's sample from a workflow's output, as the SDK's LocalBackend builds it.
+
+    ``trajectory_messages`` is passed: a copy of the messages made by ``deep_copy``. The
+    sample is the one the SDK's own construction gives (its validator sets the field, when
+    not passed, to ``copy.deepcopy`` of the messages; validation rebuilds each message
+    either way, and the set fields are the same), at about half the cost per row.
+    """
+    try:
+        trajectory = deep_copy(list(output.messages))
+    except Exception:  # noqa: BLE001 - what cannot be copied, the SDK's validator handles
+        return api.RolloutSample(
+            messages=output.messages, label=label, metrics=dict(output.metrics)
+        )
+    return api.RolloutSample(
+        messages=output.messages,
+        trajectory_messages=trajectory,
+        label=label,
+        metrics=dict(output.metrics),
+    )
 
 
 async def _grader_phase(

@@ -177,10 +177,15 @@ class Redactor:
         keep = 0
         size = len(text)
         for value in self._values:
-            for start in range(max(0, size - len(value) + 1), size - keep):
+            # A tail can start a value only where the value's first character is: find
+            # those (in C) instead of slicing at every position (a stream writes often).
+            first = value[0]
+            start = text.find(first, max(0, size - len(value) + 1), size - keep)
+            while start != -1:
                 if value.startswith(text[start:]):
                     keep = size - start
                     break
+                start = text.find(first, start + 1, size - keep)
         return keep
 
     def __len__(self) -> int:
