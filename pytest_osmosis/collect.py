@@ -196,6 +196,20 @@ class EvalItem(pytest.Item):
             return f"{failure.headline}\n{failure.detail}".rstrip()
         return super().repr_failure(excinfo, style=style)
 
+    def _repr_failure_py(  # type: ignore[override]  # a str, as repr_failure's (pytest takes both)
+        self, excinfo: ExceptionInfo[BaseException], style: Any = None
+    ) -> str | TerminalRepr:
+        """What pytest shows for a setup error (an errored row): the row's own headline.
+
+        pytest would otherwise render our frames with ``ast.parse`` on the main thread, only
+        for describe_report to replace it, while the loop thread may be formatting a
+        rollout's traceback: on Python 3.11 two threads parsing at once can end the session
+        (``SystemError: AST constructor recursion depth mismatch``, CPython gh-106905).
+        """
+        if isinstance(excinfo.value, EvalFailure):
+            return self.repr_failure(excinfo, style=style)
+        return super()._repr_failure_py(excinfo, style=style)
+
     def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, 0, self.name
 

@@ -420,3 +420,47 @@ def test_each_result_is_projected_as_it_is_recorded(pytester: pytest.Pytester, m
     result.stdout.fnmatch_lines_random(
         ["*SETTLED row_0_run_0.json True*", "*SETTLED row_1_run_0.json True*"]
     )
+
+
+def test_an_errored_row_is_reported_without_parsing_on_the_main_thread(
+    pytester: pytest.Pytester,
+    model_env,  # type: ignore[no-untyped-def]
+) -> None:
+    """pytest renders a setup error by parsing the frames' source (``ast.parse``) on the main
+    thread; the loop thread formats rollouts' tracebacks meanwhile, and on Python 3.11 two
+    threads parsing at once can end the session (CPython gh-106905). An errored row is its
+    headline: the main thread parses nothing while rows run."""
+    write_workspace(pytester.path, rows=MIXED)
+    pytester.makeconftest(
+        """
+        import ast, threading
+        import pytest
+
+        parsed = []
+        running = []
+        real_parse = ast.parse
+
+        def parse(*args, **kwargs):
+            if running and threading.current_thread() is threading.main_thread():
+                parsed.append(args[1] if len(args) > 1 else kwargs.get("filename"))
+            return real_parse(*args, **kwargs)
+
+        ast.parse = parse
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_runtestloop(session):
+            running.append(True)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_sessionfinish(session):
+            running.clear()  # rows are over (other plugins may import, and parse, from here)
+
+        def pytest_unconfigure(config):
+            print("MAIN THREAD PARSED", len(parsed))
+        """
+    )
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
+    result.stdout.fnmatch_lines(
+        ["agent_error: workflow raised RuntimeError*", "MAIN THREAD PARSED 0"]
+    )

@@ -12,6 +12,7 @@ import asyncio
 import copy
 import logging
 import math
+import sys
 import time
 import traceback
 import uuid
@@ -435,5 +436,16 @@ def _user_traceback(exc: BaseException) -> str:
         current = current.__cause__ or current.__context__
     for part in chain:
         kept = [f for f in part.stack if not f.filename.startswith(_PACKAGE_DIR)]
+        if _CARETS_PARSE:
+            for frame in kept:  # no ``^^^`` line: no ast.parse here
+                for column in ("colno", "end_colno"):
+                    setattr(frame, column, None)
         part.stack = traceback.StackSummary.from_list(kept)
     return "".join(te.format()).rstrip()
+
+
+#: Python 3.11 finds a traceback's ``^^^`` marks with ``ast.parse``, and two threads
+#: parsing at once can raise SystemError in either (CPython gh-106905): this runs on the
+#: rows' loop thread while pytest's main thread may parse. 3.10 draws no marks; 3.12 on
+#: is not affected.
+_CARETS_PARSE = sys.version_info[:2] == (3, 11)
