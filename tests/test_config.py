@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from reference_paths import REFERENCE_WORKSPACE
+from reference_paths import REFERENCE_WORKSPACE, needs_reference
 
 from pytest_osmosis.errors import ConfigError
 from pytest_osmosis.workspace.config import (
@@ -191,6 +191,7 @@ def test_unreadable_files(tmp_path: Path) -> None:
         load_eval_config(latin1)
 
 
+@needs_reference
 def test_reference_config_loads() -> None:
     cfg = load_eval_config(REFERENCE_WORKSPACE / "configs/eval/ref.toml")
     assert cfg.experiment.rollout == "ref-rollout"
@@ -296,6 +297,8 @@ def minimal(tmp_path: Path) -> EvalConfig:
 
 @pytest.fixture
 def ref() -> EvalConfig:
+    if not REFERENCE_WORKSPACE.is_dir():
+        pytest.skip(needs_reference.kwargs["reason"])
     return load_eval_config(REFERENCE_WORKSPACE / "configs/eval/ref.toml")
 
 

@@ -18,7 +18,7 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference_paths import REFERENCE_WORKSPACE
+from reference_paths import REFERENCE_WORKSPACE, needs_reference
 
 import pytest_osmosis
 import pytest_osmosis.dataset.jsonl as dataset_jsonl
@@ -162,6 +162,7 @@ def test_extension_is_case_insensitive(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- #
 
 
+@needs_reference
 def test_reference_dataset() -> None:
     ds = open_ds(REFERENCE_DATASET)
     assert len(ds) == 6

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from chromium_page import Watched, needs_chromium
-from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE, writable_copy
+from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE, needs_reference, writable_copy
 
 from pytest_osmosis.cli import main
 from pytest_osmosis.report import write_index, write_report, write_report_for_run
@@ -29,10 +29,7 @@ from pytest_osmosis.words import percent
 pytest_plugins = ["chromium_page"]
 pytestmark = [
     needs_chromium,
-    pytest.mark.skipif(
-        not REFERENCE_RUN.is_dir() or not REFERENCE_WORKSPACE.is_dir(),
-        reason=f"the SDK's reference run and workspace are not at {REFERENCE_RUN.parent}",
-    ),
+    needs_reference,
 ]
 LONG_ANSWER = "The sum is four. " + "Let me explain the arithmetic step by step. " * 40
 
