@@ -210,3 +210,13 @@ def test_relative_links_of_the_docs_resolve(doc: str) -> None:
     ]
     missing = [link for link in links if not (path.parent / link).exists()]
     assert not missing, f"{doc}: links to nothing: {missing}"
+
+
+def test_no_markdown_file_holds_a_merge_conflict_marker() -> None:
+    """A stray ``=======`` line turns the paragraph above it into a heading (README, once)."""
+    marker = re.compile(r"^(<{7}|={7}|>{7})( |$)", re.MULTILINE)
+    markdown = [ROOT / "README.md", *DOCS.glob("*.md"), ROOT / "bench" / "README.md"]
+    found = [
+        f"{path.name}: {m.group(0)!r}" for path in markdown for m in marker.finditer(path.read_text())
+    ]
+    assert not found, found
