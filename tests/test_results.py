@@ -976,6 +976,30 @@ def test_a_settled_item_is_projected_at_once_and_not_again_at_the_end(tmp_path: 
     run.close()
 
 
+def test_settling_on_a_full_disk_leaves_the_copy_to_refresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk can fail the copy and even the warning about it: settle raises nothing
+    (the result is journalled), and the end of the run copies the item again."""
+    from pytest_osmosis.results import rundir as rundir_module
+
+    run = open_run(tmp_path)
+    record = execute(run, 0, 0)
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rundir_module, "project_work_item", disk_full)
+    monkeypatch.setattr(run, "_warn", disk_full)
+    run.settle((0, 0))
+    monkeypatch.undo()
+    projection = run.path / "trajectories" / "row_0_run_0.json"
+    assert not projection.exists()
+    refresh(run, status="running")
+    assert json.loads(projection.read_text())["session_id"] == record["rollout_id"]
+    run.close()
+
+
 def test_retry_replaces_the_projection(tmp_path: Path) -> None:
     run = open_run(tmp_path, retry_failed=True)
     first = execute(run, 0, 0, status="failed", reward=None, artifacts={"a.txt": "old"})

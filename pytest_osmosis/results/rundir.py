@@ -478,8 +478,14 @@ class RunDirectory:
             record = self.records.get(key)
             if record is None:
                 return
-            self._index_line(key, record)
-            self._project([key], project_all=False)
+            try:
+                self._index_line(key, record)
+                self._project([key], project_all=False)
+            except OSError:
+                # A full disk can fail even the warning about a failed copy. The result is
+                # journalled; the item stays dirty, so refresh copies it again and reports
+                # a storage fault the way it always has.
+                pass
 
     # -- snapshots ---------------------------------------------------------- #
 
