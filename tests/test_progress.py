@@ -371,6 +371,16 @@ def test_a_status_line_updates_at_most_four_times_a_second(tmp_path: Path) -> No
 # ------------------------------------------------------------- sessions, off a terminal
 
 
+#: The log line of each MIXED row (without its totals), in row order.
+MIXED_ROW_LINES = [
+    "osmosis: row 0 run 0 passed (reward 1.0)",
+    "osmosis: row 1 run 0 below threshold (reward 0.0)",
+    "osmosis: row 2 run 0 errored (agent_error)",
+    "osmosis: row 3 run 0 errored (agent_error)",
+    "osmosis: row 4 run 0 skipped",
+]
+
+
 def run_section(output: str) -> list[str]:
     """The lines a session prints while its rows run (after the header, before summaries)."""
     lines = output.splitlines()
@@ -391,13 +401,7 @@ def test_off_a_terminal_a_row_is_one_line_and_quiet_is_quieter(
     assert len(rows) == 5
     # At most one more: the config's path (pytest names the file once), no letters.
     assert len(lines) <= len(rows) + 1, lines
-    assert sorted(line.split("  [")[0] for line in rows) == [
-        "osmosis: row 0 run 0 passed (reward 1.0)",
-        "osmosis: row 1 run 0 below threshold (reward 0.0)",
-        "osmosis: row 2 run 0 errored (agent_error)",
-        "osmosis: row 3 run 0 errored (agent_error)",
-        "osmosis: row 4 run 0 skipped",
-    ]
+    assert sorted(line.split("  [")[0] for line in rows) == MIXED_ROW_LINES
     assert "[5/5 attempts done: 1 passed, 1 below threshold, 2 errored, 1 skipped;" in rows[-1]
     # pytest's short summary still names each failure with its word (pytest 8.4 without the message).
     result.stdout.fnmatch_lines(["FAILED *calc.toml::row_1_run_0*"])
@@ -438,13 +442,7 @@ def test_interleaved_reports_show_every_row_once(pytester: pytest.Pytester, mode
     result = pytester.runpytest(*BASE, "--osmosis-progress", "log")
     result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     rows = [line for line in run_section(result.stdout.str()) if line.startswith("osmosis: row ")]
-    assert sorted(line.split("  [")[0] for line in rows) == [
-        "osmosis: row 0 run 0 passed (reward 1.0)",
-        "osmosis: row 1 run 0 below threshold (reward 0.0)",
-        "osmosis: row 2 run 0 errored (agent_error)",
-        "osmosis: row 3 run 0 errored (agent_error)",
-        "osmosis: row 4 run 0 skipped",
-    ]
+    assert sorted(line.split("  [")[0] for line in rows) == MIXED_ROW_LINES
     assert "[5/5 attempts done: 1 passed, 1 below threshold, 2 errored, 1 skipped;" in rows[-1]
 
 
