@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis.errors import OsmosisError
-from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify
+from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify, pytest_outcome
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -60,6 +60,11 @@ class InfrastructureError(RowErrored):
     Its own type, so pytest-rerunfailures re-runs it while every other row outcome is
     named in its ``rerun_except`` (rerun.py).
     """
+
+
+#: What an item raises for each pytest outcome that fails it (``outcome.PYTEST_OUTCOMES``);
+#: pytest-rerunfailures never re-runs these (rerun.never_rerun derives its patterns from it).
+RAISED_FOR: dict[str, type[EvalFailure]] = {"failed": RewardBelowThreshold, "error": RowErrored}
 
 
 class EvalConfigFile(pytest.File):
@@ -156,7 +161,9 @@ class EvalItem(pytest.Item):
             raise result["exception"]  # --pdb: post-mortem in the rollout's own frames
         from pytest_osmosis.outcome import is_infrastructure
 
-        raise (InfrastructureError if is_infrastructure(result) else RowErrored)(text, detail)
+        raise (InfrastructureError if is_infrastructure(result) else RAISED_FOR[outcome])(
+            text, detail
+        )
 
     def _wait(self, session: EvalSession) -> dict[str, Any]:
         """This row's result, under the backstop of the item's ``timeout`` marker.
@@ -185,8 +192,10 @@ class EvalItem(pytest.Item):
         outcome, text, detail = pytest_verdict(result, self.source_row_index, self.run_index)
         if outcome == "skipped":
             raise pytest.skip.Exception(text, _use_item_location=True)
+        if outcome == "xfailed":
+            raise pytest.xfail.Exception(text)
         if outcome == "failed":
-            raise RewardBelowThreshold(text, detail)
+            raise RAISED_FOR[outcome](text, detail)
 
     def repr_failure(
         self, excinfo: ExceptionInfo[BaseException], style: Any = None
@@ -248,24 +257,27 @@ def pytest_verdict(
 ) -> tuple[str, str, str]:
     """An attempt's result as pytest reports it: (outcome, headline, detail).
 
-    The one mapping from :func:`outcome.classify` to pytest's outcomes: ``passed``,
-    ``failed`` (a reward below the threshold), ``error`` (the row could not be judged: the
-    item's setup raises it), ``skipped``; the headline names the dataset row, as node ids
-    do.
+    The outcome is :func:`outcome.pytest_outcome` of :func:`outcome.classify` (``passed``,
+    ``failed`` for a reward below the threshold, ``error`` when the row could not be judged:
+    the item's setup raises it, ``skipped``); the headline names the dataset row, as node
+    ids do.
     """
     where = f"(row {source_row}, run {run_index})"
     resumed = " [resumed]" if result.get("resumed") else ""
     threshold = result["pass_threshold"]
     verdict = classify(result, threshold)
+    headline = ""
+    detail = ""
     if verdict == SKIPPED:
-        return "skipped", f"{result.get('message') or 'sample removed'} {where}{resumed}", ""
-    if verdict == FAILED:
-        headline = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
-        return "error", f"{headline.rstrip(': ')} {where}{resumed}", result.get("detail", "")
-    if verdict == BELOW_THRESHOLD:
-        headline = f"reward {result['reward']:.2f} < pass_threshold {threshold:.2f}"
-        return "failed", f"{headline} {where}{resumed}", ""
-    return "passed", "", ""
+        headline = f"{result.get('message') or 'sample removed'} {where}{resumed}"
+    elif verdict == FAILED:
+        text = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
+        headline, detail = f"{text.rstrip(': ')} {where}{resumed}", result.get("detail", "")
+    elif verdict == BELOW_THRESHOLD:
+        text = f"reward {result['reward']:.2f} < pass_threshold {threshold:.2f}"
+        headline = f"{text} {where}{resumed}"
+    outcome = pytest_outcome(verdict)
+    return outcome, headline if outcome != "passed" else "", detail
 
 
 def junit_properties(

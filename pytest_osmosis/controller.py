@@ -382,9 +382,9 @@ class Controller:
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             return
-        from pytest_osmosis.outcome import all_passed
+        from pytest_osmosis.outcome import summary_fails_session
 
-        if not all(all_passed(run.metrics.get("summary", {})) for run in finished):
+        if any(summary_fails_session(run.metrics.get("summary", {})) for run in finished):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         elif len(finished) == len(self.session.runs):
             session.exitstatus = pytest.ExitCode.OK  # "no tests ran": nothing was left to run

@@ -169,7 +169,30 @@ def summary_counts(summary: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-def all_passed(summary: Mapping[str, Any]) -> bool:
-    """Whether every attempt a ``metrics.json`` summary counts passed or was skipped."""
-    counts = summary_counts(summary)
-    return counts[BELOW_THRESHOLD] == 0 and counts[FAILED] == 0
+#: How pytest reports each outcome: the one mapping every item and every exit status uses.
+#: ``error`` is raised in the item's setup (pytest's phase for errors); ``failed`` in its
+#: call, as a failed assertion.
+PYTEST_OUTCOMES: dict[str, str] = {
+    PASSED: "passed",
+    BELOW_THRESHOLD: "failed",
+    FAILED: "error",
+    SKIPPED: "skipped",
+}
+#: The pytest outcomes that make a session's exit status 1.
+_FAILING_PYTEST_OUTCOMES = ("failed", "error")
+
+
+def pytest_outcome(verdict: str) -> str:
+    """How pytest reports an attempt of this outcome (``passed``/``failed``/``error``/...)."""
+    return PYTEST_OUTCOMES[verdict]
+
+
+def fails_session(verdict: str) -> bool:
+    """Whether an attempt of this outcome makes the pytest session fail."""
+    return pytest_outcome(verdict) in _FAILING_PYTEST_OUTCOMES
+
+
+def summary_fails_session(summary: Mapping[str, Any]) -> bool:
+    """Whether a finished run's ``metrics.json`` summary holds an attempt that fails the
+    session: a finished run run again exits as it did when its rows ran."""
+    return any(count and fails_session(key) for key, count in summary_counts(summary).items())

@@ -16,8 +16,13 @@ from typing import Any
 
 import pytest
 
-#: ``rerun_except`` patterns: the eval outcomes that are never run again.
-NEVER_RERUN = (r"^RewardBelowThreshold: ", r"^RowErrored: ")
+
+def never_rerun() -> tuple[str, ...]:
+    """``rerun_except`` patterns: the eval outcomes that are never run again (what an item
+    raises for them, ``collect.RAISED_FOR``; an infrastructure error is re-run)."""
+    from pytest_osmosis.collect import RAISED_FOR
+
+    return tuple(f"^{failure.__name__}: " for failure in RAISED_FOR.values())
 
 
 def add_rerun_except(config: pytest.Config) -> None:
@@ -29,7 +34,7 @@ def add_rerun_except(config: pytest.Config) -> None:
     given = getattr(config.option, "rerun_except", None)
     if given is None:
         given = list(config.getini("rerun_except") or [])
-    config.option.rerun_except = [*given, *NEVER_RERUN]
+    config.option.rerun_except = [*given, *never_rerun()]
 
 
 def is_rerun(report: Any) -> bool:

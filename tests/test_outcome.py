@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from workspaces import MIXED_ROWS, write_workspace
 
 from pytest_osmosis import gate, outcome
 from pytest_osmosis.collect import item_name, pytest_verdict, split_item_nodeid
@@ -48,7 +49,29 @@ def test_every_reader_of_an_outcome_asks_classify(
     summary = aggregate_metrics([row], 0.5)
     assert outcome.summary_counts(summary)[expected] == 1  # metrics.json, gate, summary
     assert outcome.resumed(row, 0.5)["passed"] == (expected == outcome.PASSED)
-    assert outcome.all_passed(summary) == (expected in (outcome.PASSED, outcome.SKIPPED))
+    assert outcome.summary_fails_session(summary) == (pytest_outcome in ("failed", "error"))
+
+
+@pytest.mark.parametrize("below_threshold_as", ["passed", "xfailed"])
+def test_the_pytest_mapping_is_one_place_and_a_run_run_again_exits_as_it_did(
+    pytester: pytest.Pytester, model_env: Any, monkeypatch: pytest.MonkeyPatch,
+    below_threshold_as: str,
+) -> None:
+    """Changing how pytest reports an outcome in ``outcome.PYTEST_OUTCOMES`` alone changes
+    the items, the exit status of a run run again and what pytest-rerunfailures re-runs."""
+    from pytest_osmosis.rerun import never_rerun
+
+    monkeypatch.setitem(outcome.PYTEST_OUTCOMES, outcome.BELOW_THRESHOLD, below_threshold_as)
+    write_workspace(pytester.path, rows=MIXED_ROWS[:2])  # a pass and a reward below threshold
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "again")
+    first = pytester.runpytest(*args)
+    first.assert_outcomes(passed=2 if below_threshold_as == "passed" else 1,
+                          xfailed=1 if below_threshold_as == "xfailed" else 0)
+    assert first.ret == pytest.ExitCode.OK
+    again = pytester.runpytest(*args)
+    again.stdout.fnmatch_lines(["*already finished*"])
+    assert again.ret == pytest.ExitCode.OK, again.stdout.str()
+    assert never_rerun() == ("^RewardBelowThreshold: ", "^RowErrored: ")
 
 
 def test_a_row_result_is_built_one_way() -> None:
