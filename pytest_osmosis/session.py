@@ -819,23 +819,29 @@ class EvalSession:
             self._caches[output_root] = cache
         return cache
 
+    def models_to_check(self, run: ControllerRun) -> list[str]:
+        """The models a run's rows may call, which the preflight checks before any row.
+
+        The run's model; none under ``--osmosis-cache replay`` (no call reaches a model;
+        ``use`` may call one for a request it has not seen, so its model is checked); under
+        a regrade only the judge models its grader declares (the workflow does not run).
+        """
+        cache = self.call_cache(run.plan.output_root)
+        if cache is not None and cache.replay:
+            return []
+        if self.regrade is None:
+            return [run.plan.settings.model_path]
+        rollout = self._rollouts.get(run.plan.config_path)
+        return [] if rollout is None else self._judge_models(rollout)
+
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
-        """Check each model before any row starts; raises :class:`ModelPreflightError`.
+        """Check each model before any row starts (:meth:`models_to_check`); raises
+        :class:`ModelPreflightError`.
 
         ``in_process`` (a process that runs rows) imports LiteLLM here, on a thread of its own
         while the models are checked, unless no row needs it; an xdist controller checks
         OpenAI-compatible routes directly and others in a child process (model/preflight.py).
-        The model-call cache is opened first (a bad one stops the session here, in one line);
-        ``--osmosis-cache replay`` calls no model, so the cache existing is its whole check,
-        and ``use`` does not check a model the cache already holds answers of.
         """
-        answered = set()
-        for run in self.runs.values():
-            cache = self.call_cache(run.plan.output_root)
-            model = run.plan.settings.model_path
-            if cache is not None and (cache.replay or (cache.mode == "use" and cache.knows(model))):
-                answered.add(model)
-        model_paths = [model for model in model_paths if model not in answered]
         if not model_paths:
             return
         # Imported here first, so the check never waits for LiteLLM's thread to finish
