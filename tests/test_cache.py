@@ -416,7 +416,8 @@ def test_entries_older_than_the_max_age_are_called_again(
     ).assert_outcomes(passed=2)
 
     assert [m[-1]["content"] for m in (b["messages"] for b in model_env.bodies)] == [
-        "What is 2 + 2?"
+        "hi",  # the preflight's
+        "What is 2 + 2?",
     ]
     assert len(_entries(path)) == 2  # the old entry was replaced, not duplicated
 
@@ -484,7 +485,8 @@ def test_xdist_workers_share_the_cache_and_a_killed_worker_tears_nothing(
     model_env.reset()
     second = pytester.runpytest_subprocess(*common, "use", "--osmosis-name", "second")
     second.assert_outcomes(passed=8)
-    assert model_env.requests_total == 8 - len(answers)  # only what the kill lost is called
+    # The preflight, and only what the kill lost.
+    assert model_env.requests_total == 1 + 8 - len(answers)
     model_env.reset()
     third = pytester.runpytest_subprocess(*common, "replay", "--osmosis-name", "third")
     third.assert_outcomes(passed=8)
