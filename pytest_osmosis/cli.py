@@ -543,13 +543,35 @@ def _fail(args: argparse.Namespace | None, code: str, message: str, exit_code: i
     return exit_code
 
 
+def _split_passed_on(
+    parser: argparse.ArgumentParser, words: list[str]
+) -> tuple[list[str], list[str] | None]:
+    """``(our words, pytest's)``: for a subcommand that passes arguments on to pytest (its
+    parser defaults ``pytest_args``), everything after the first ``--`` is pytest's, exactly
+    as given. argparse cannot be left to it: it drops a ``--`` that follows a positional
+    (Python 3.10-3.13), so pytest's arguments would be read as ours."""
+    if "--" not in words:
+        return words, None
+    cut = words.index("--")
+    command = next((word for word in words[:cut] if not word.startswith("-")), None)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            if action.choices[command].get_default("pytest_args") is not None:
+                return words[:cut], words[cut + 1 :]
+    return words, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 2 usage/not found, 1 error)."""
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    words, passed_on = _split_passed_on(parser, words)
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parser.parse_args(words)
     except SystemExit as exc:  # argparse: --help, --version, or a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if passed_on is not None:
+        args.pytest_args = passed_on
     handler: Handler | None = getattr(args, "handler", None) or getattr(args, "func", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -99,7 +99,14 @@ class Controller:
         # model is known good, and each imports LiteLLM before its first row.
         controller = session.config.pluginmanager.has_plugin("dsession")
         try:
-            self.session.preflight(models, in_process=not controller)
+            # The model-call cache is opened here first: a bad one stops the session.
+            checked = [
+                model
+                for run in self.session.runs.values()
+                if run.rundir.pending(run_keys(run.plan))
+                for model in self.session.models_to_check(run)
+            ]
+            self.session.preflight(checked, in_process=not controller)
         except OsmosisError as exc:
             # pytest_sessionfinish does not run after a usage error: nothing is recorded.
             self.session.abandon_runs()

@@ -35,6 +35,7 @@ from pytest_osmosis.execution.executor import (
     FDS_PER_ROW,
     BackstopExpired,
     Executor,
+    arm_backstop,
     fd_capacity,
     raise_fd_limit,
 )
@@ -514,7 +515,10 @@ class EvalSession:
             return resumed_result(record, plan)
         factory = lambda: self._execute(item)  # noqa: E731
         try:
-            return dict(self.executor.result(item.nodeid, factory))
+            try:
+                return dict(self.executor.result(item.nodeid, factory))
+            except BackstopExpired as exc:
+                return self._past_backstop(item, factory, exc)
         except SessionFaultError as exc:  # nothing can be trusted now: stop, rows pending
             line = f"osmosis: {exc}"
             if self.is_worker:
@@ -523,21 +527,48 @@ class EvalSession:
                 item.session.shouldstop = line
                 return self._session_fault_result(item, line)
             pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
-        except BackstopExpired as exc:
-            blocker = self.executor.blocker()
-            if blocker is None and self.executor.responsive():
-                # Nothing blocks the loop: the row runs on under its own budgets.
+
+    def _past_backstop(
+        self, item: EvalItem, factory: Callable[[], Any], expired: BackstopExpired
+    ) -> dict[str, Any]:
+        """The backstop fired while ``item`` waited: only the row whose code blocks the loop fails.
+
+        Nothing blocks the loop: the row runs on under its own budgets. This row's code (its
+        workflow, grader, or a task either started) blocks it: this row fails. Another row's
+        blocks it: that row is the one that fails when its turn comes, and this one waits one
+        more backstop; held by the same row then, or by code that is no row's, the loop will
+        not come back in time, and the session stops with the rows in flight left pending.
+        """
+        waited_on: str | None = None
+        while True:
+            if self.executor.responsive():
                 return dict(self.executor.result(item.nodeid, factory))
-            if blocker is not None and (blocker[1].row_index, blocker[1].run_index) != item.key:
-                # Another row blocks the loop; it is the one that fails. This one waits on.
-                warnings.warn(
-                    f"{item.nodeid} waits past its backstop: {blocker[0]}",
-                    pytest.PytestWarning,
-                    stacklevel=1,
+            found = self.executor.blocker()
+            nodeid, where, seconds = found if found is not None else (None, "?", 0.0)
+            if nodeid is None or nodeid == waited_on:
+                who = "code that is not a row's" if nodeid is None else _row_words(nodeid)
+                raise SessionFaultError(
+                    f"the event loop has been blocked for {seconds:.0f} s by {who} (at {where}); "
+                    "rows in flight were not recorded"
                 )
+            blocking = f"{_row_words(nodeid)} is blocking the event loop at {where}"
+            if nodeid == item.nodeid:
+                self.executor.abandon(item.nodeid)
+                return self._backstop_result(item, expired, blocking)
+            waited_on = nodeid
+            warnings.warn(
+                f"{item.nodeid} waits past its backstop: {blocking}",
+                pytest.PytestWarning,
+                stacklevel=1,
+            )
+            cancel = arm_backstop(expired.seconds)
+            try:
                 return dict(self.executor.result(item.nodeid, factory))
-            self.executor.abandon(item.nodeid)
-            return self._backstop_result(item, exc, blocker[0] if blocker else None)
+            except BackstopExpired as again:
+                expired = again
+            finally:
+                if cancel is not None:
+                    cancel()
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
@@ -629,7 +660,7 @@ class EvalSession:
         )
 
     def _backstop_result(
-        self, item: EvalItem, expired: BackstopExpired, blocker: str | None
+        self, item: EvalItem, expired: BackstopExpired, blocker: str
     ) -> dict[str, Any]:
         """The backstop fired while this item waited: its own code blocked the event loop."""
         return outcome.failure(
@@ -638,7 +669,7 @@ class EvalSession:
             source_row_index=item.source_row_index,
             pass_threshold=item.parent.plan.settings.pass_threshold,
             error_type="backstop_timeout",
-            message=f"{expired}: {blocker or 'the event loop did not answer'}",
+            message=f"{expired}: {blocker}",
         )
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
@@ -788,23 +819,29 @@ class EvalSession:
             self._caches[output_root] = cache
         return cache
 
+    def models_to_check(self, run: ControllerRun) -> list[str]:
+        """The models a run's rows may call, which the preflight checks before any row.
+
+        The run's model; none under ``--osmosis-cache replay`` (no call reaches a model;
+        ``use`` may call one for a request it has not seen, so its model is checked); under
+        a regrade only the judge models its grader declares (the workflow does not run).
+        """
+        cache = self.call_cache(run.plan.output_root)
+        if cache is not None and cache.replay:
+            return []
+        if self.regrade is None:
+            return [run.plan.settings.model_path]
+        rollout = self._rollouts.get(run.plan.config_path)
+        return [] if rollout is None else self._judge_models(rollout)
+
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
-        """Check each model before any row starts; raises :class:`ModelPreflightError`.
+        """Check each model before any row starts (:meth:`models_to_check`); raises
+        :class:`ModelPreflightError`.
 
         ``in_process`` (a process that runs rows) imports LiteLLM here, on a thread of its own
         while the models are checked, unless no row needs it; an xdist controller checks
         OpenAI-compatible routes directly and others in a child process (model/preflight.py).
-        The model-call cache is opened first (a bad one stops the session here, in one line);
-        ``--osmosis-cache replay`` calls no model, so the cache existing is its whole check,
-        and ``use`` does not check a model the cache already holds answers of.
         """
-        answered = set()
-        for run in self.runs.values():
-            cache = self.call_cache(run.plan.output_root)
-            model = run.plan.settings.model_path
-            if cache is not None and (cache.replay or (cache.mode == "use" and cache.knows(model))):
-                answered.add(model)
-        model_paths = [model for model in model_paths if model not in answered]
         if not model_paths:
             return
         # Imported here first, so the check never waits for LiteLLM's thread to finish
@@ -923,6 +960,14 @@ def _exit_witness(plan: EvalPlan) -> str:
 
 
 _DEFAULT_CAPACITY = 4  # what a LocalBackend without a workflow_config advertises on /health
+
+
+def _row_words(nodeid: str) -> str:
+    """``row <source row> run <n>``: how a line names an eval item (else its node id)."""
+    from pytest_osmosis.collect import split_item_nodeid
+
+    parts = split_item_nodeid(nodeid)
+    return nodeid if parts is None else f"row {parts[1]} run {parts[2]}"
 
 
 def _advertised_capacity(rollout: LoadedRollout | None) -> int | None:

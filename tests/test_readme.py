@@ -145,12 +145,14 @@ def _argument_values(
 
 def produced_error_types() -> set[str]:
     """Every ``error_type`` the package writes: ``"error_type": ...`` in a result dict, the
-    ``error_type`` argument of a class constructed with one (``_PhaseFailed``), or the
-    ``error_type=`` keyword of a result builder (``outcome.failure``)."""
+    ``error_type`` argument of a class constructed with one (``_PhaseFailed``), the
+    ``error_type=`` keyword of a result builder (``outcome.failure``), or an exception
+    class's ``error_type = "..."`` (``model/cache.py::CacheMiss``)."""
     trees = list(_modules())
     functions: dict[str, _Function] = {}
     calls: list[ast.Call] = []
     carriers: dict[str, int] = {}  # class name -> position of its error_type argument
+    found: set[str] = set()
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -163,7 +165,12 @@ def produced_error_types() -> set[str]:
                         params = [a.arg for a in item.args.args][1:]
                         if "error_type" in params:
                             carriers[node.name] = params.index("error_type")
-    found: set[str] = set()
+                    elif (
+                        isinstance(item, ast.Assign)
+                        and [getattr(t, "id", None) for t in item.targets] == ["error_type"]
+                        and isinstance(item.value, ast.Constant)
+                    ):
+                        found.add(str(item.value.value))
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.Dict):

@@ -171,12 +171,12 @@ async def execute(
         # nulls the wire reward of every non-success result (0.3.8 `_handle_rollout`).
         error_type, message, detail = failure.error_type, failure.message, failure.detail
         cause = failure.cause
-    if cache is not None and cache.missed is not None:
-        # Replay had no answer for one of its calls: whatever the rollout made of the
-        # refused call, the row is that miss (a result no model gave is no result).
-        missed = _PhaseFailed("cache_miss", cache.missed)
+    if cache is not None and cache.failure is not None:
+        # Replay had no answer for one of its calls (none recorded, or a damaged entry):
+        # whatever the rollout made of the refused call, the row is that failure (a result
+        # no model gave is no result).
         status, reward, cause = "failed", None, None
-        error_type, message, detail = missed.error_type, missed.message, missed.detail
+        (error_type, message), detail = cache.failure, ""
     tokens = bridge.close_rollout(rollout_id)
     cost_usd = bridge.pop_cost(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
