@@ -132,6 +132,8 @@ class ControllerRun:
     """Rollout id -> dollars, of the attempts this session recorded (None: no price)."""
     row_metrics: dict[str, Any] = field(default_factory=dict)
     """``osmosis_metrics.json`` as written at the end (results/row_metrics.py)."""
+    execution: str = ""
+    """How its rows run, and why (``EvalSession.execution_text``)."""
 
 
 class EvalSession:
@@ -304,6 +306,7 @@ class EvalSession:
                 started_at=now,
                 pending_at_start=pending,
                 created=created,
+                execution=self._shown_execution(plan),
             )
             names[str(path)] = plan.run_name
         self._record_killed_rows()
@@ -419,6 +422,21 @@ class EvalSession:
             start_timeout=self.options.server_start_timeout,
             why=why,
         )
+
+    def execution_text(self, plan: EvalPlan) -> str:
+        """How a config's rows run and why, as the plan and the results table say it."""
+        dispatch = self.load_rollout(plan)
+        text = f"{dispatch.mode} ({dispatch.why})"
+        workers = getattr(self.config.option, "numprocesses", None)
+        if dispatch.mode == SERVER and workers and not self.is_worker:
+            text += "; each xdist worker starts its own server"
+        return text
+
+    def _shown_execution(self, plan: EvalPlan) -> str:
+        """The results table's execution line: where auto did not simply run in process."""
+        if self.options.execution == AUTO and self.load_rollout(plan).mode == IN_PROCESS:
+            return ""
+        return self.execution_text(plan)
 
     def ready_rollout(self, plan: EvalPlan) -> None:
         """Collection, in a process that runs rows: start the rollout's server, if it has one.

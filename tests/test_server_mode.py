@@ -166,6 +166,109 @@ def test_the_plan_and_the_results_table_say_where_each_config_ran(
     result.stdout.fnmatch_lines(["*execution*server (--osmosis-execution server)*"])
 
 
+# --------------------------------------------------------------------------- auto
+
+PINNED = """
+import os
+
+import pinned_dep
+import uvicorn
+from osmosis_ai.rollout import AgentWorkflow, Grader, LocalBackend
+from osmosis_ai.rollout.server import create_rollout_server
+
+
+class Version(AgentWorkflow):
+    async def run(self, ctx):
+        return [*ctx.prompt, {"role": "assistant", "content": pinned_dep.__version__}]
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0 if ctx.sample.messages[-1]["content"] == ctx.label else 0.0)
+
+
+def main():
+    backend = LocalBackend(workflow=Version, grader=Exact)
+    port = int(os.environ.get("_OSMOSIS_ROLLOUT_PORT", "8000"))
+    uvicorn.run(create_rollout_server(backend=backend), host="127.0.0.1", port=port)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def local_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> None:
+    """A pure-Python wheel written by hand: uv installs it offline from find-links."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{name.replace('-', '_')}-{version}"
+    entries = dict(files)
+    entries[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    entries[f"{dist}.dist-info/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    record = []
+    for path, text in entries.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        encoded = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+        record.append(f"{path},sha256={encoded},{len(text.encode())}")
+    entries[f"{dist}.dist-info/RECORD"] = "\n".join([*record, f"{dist}.dist-info/RECORD,,"]) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as wheel:
+        for path, text in entries.items():
+            wheel.writestr(path, text)
+
+
+def test_auto_runs_a_rollout_pinning_what_we_lack_on_its_own_environment_beside_one_in_process(
+    pytester: pytest.Pytester, model_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sysconfig
+
+    root = pytester.path
+    monkeypatch.setenv("UV_OFFLINE", "1")  # uv resolves from the local wheel only
+    monkeypatch.setenv("UV_CACHE_DIR", str(root / "uv-cache"))
+    add_config(root, ROWS[:2], name="inproc", rollout="mixed")
+    add_config(root, [row("Which version?", "1.0"), row("Which?", "2.0")], name="old", rollout="old")
+    old = root / "rollouts" / "old"
+    (old / "main.py").write_text(PINNED)
+    local_wheel(root / "wheels", "pinned-dep", "1.0", {"pinned_dep/__init__.py": "__version__ = '1.0'\n"})
+    (old / "pyproject.toml").write_text(
+        '[project]\nname = "old-rollout"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
+        'dependencies = ["pinned-dep==1.0"]\n\n'
+        f'[tool.uv]\npackage = false\nfind-links = ["{root / "wheels"}"]\n'
+    )
+    # The rollout's environment gets osmosis-ai and uvicorn (which uv cannot fetch offline)
+    # from this interpreter's site-packages through a .pth file, which uv sync leaves alone.
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    assert uv is not None
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(old / ".venv")], check=True)
+    (site,) = (old / ".venv" / "lib").glob("python3.*/site-packages")
+    (site / "_session.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    plan = run(pytester, "--osmosis-plan")
+    plan.stdout.fnmatch_lines(
+        ["*execution*in-process (a LocalBackend rollout this environment satisfies)*"]
+    )
+    plan.stdout.fnmatch_lines(
+        ["*execution*server (its pyproject.toml needs pinned-dep==1.0 (not installed))*"]
+    )
+    result = run(pytester)
+    result.assert_outcomes(passed=2, failed=2)  # each config: one passes, one graded low
+    result.stdout.fnmatch_lines(["execution  server (its pyproject.toml needs pinned-dep==1.0*"])
+    runs = {p.name.split("-")[0]: p for p in (root / ".osmosis" / "evals").iterdir()
+            if p.is_dir() and not p.name.startswith(".")}
+    assert [(r["status"], r["reward"]) for r in read_index(runs["old"])] == [
+        ("success", 1.0), ("success", 0.0)
+    ]
+    assert "+ pinned-dep==1.0" in (runs["old"] / "logs.txt").read_text()  # uv sync's own line
+    assert (old / "uv.lock").is_file()
+    assert "[rollout-server]" not in (runs["inproc"] / "logs.txt").read_text()
+    assert servers_left(root) == []
+
+
 # --------------------------------------------------------------------------- failures
 
 
@@ -177,7 +280,7 @@ def test_a_server_that_never_becomes_healthy_is_the_configs_one_line_error(
     add_config(pytester.path, ROWS[:2], name="deaf", rollout="deaf", serve=wrong_port)
     add_config(pytester.path, ROWS[:2], name="fine", rollout="fine")
     pytester.makeini("[pytest]\nosmosis_server_start_timeout = 3\n")
-    result = run(pytester, "--osmosis-execution", "server")
+    result = run(pytester, "--osmosis-execution", "server", "--continue-on-collection-errors")
     result.stdout.fnmatch_lines(
         ["*deaf/main.py: the rollout server did not become healthy within 3 s*"]
     )
@@ -202,14 +305,8 @@ def test_a_server_that_exits_at_start_is_the_configs_error_with_its_last_line(
 def test_a_server_that_dies_mid_run_stops_the_session_with_the_rows_pending(
     pytester: pytest.Pytester, model_env: Any
 ) -> None:
-    dying = SERVE.replace(
-        "    uvicorn.run(",
-        "    import threading\n"
-        "    threading.Timer(0, lambda: None).start()\n"
-        "    uvicorn.run(",
-    )
     rows = [row("What is 2 + 2?", "4"), row("die", "x", "die"), row("What is 3 * 5?", "15")]
-    add_config(pytester.path, rows, name="dies", rollout="dies", serve=dying)
+    add_config(pytester.path, rows, name="dies", rollout="dies")
     main = pytester.path / "rollouts" / "dies" / "main.py"
     main.write_text(
         main.read_text().replace(
@@ -223,10 +320,12 @@ def test_a_server_that_dies_mid_run_stops_the_session_with_the_rows_pending(
     result = run(pytester, "--osmosis-execution", "server", "--osmosis-concurrency", "1")
     result.stdout.fnmatch_lines(["*the rollout server of dies exited with code 3*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    recorded = [r["row_index"] for r in read_index(only_run_dir(pytester.path))] if (
-        only_run_dir(pytester.path) / "index.jsonl"
-    ).is_file() else []
-    assert 1 not in recorded  # the row the server died under stays pending
+    run_dir = only_run_dir(pytester.path)
+    recorded = [r["row_index"] for r in read_index(run_dir)]
+    assert recorded == [0]  # the row the server died under, and the next, stay pending
+    assert json.loads((run_dir / "metrics.json").read_text())["eval_run"]["status"] == (
+        "incomplete"
+    )
     assert servers_left(pytester.path) == []
 
 
