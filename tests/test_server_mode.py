@@ -127,12 +127,13 @@ def servers_left(root: Path) -> list[str]:
 # --------------------------------------------------------------------------- same answers
 
 
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_server_mode_gives_the_rows_files_and_metrics_of_in_process_mode(
-    pytester: pytest.Pytester, model_env: Any
+    pytester: pytest.Pytester, model_env: Any, xdist: tuple[str, ...]
 ) -> None:
     add_config(pytester.path, ROWS, name="mixed", rollout="mixed")
     inproc = run(pytester, "--osmosis-execution", "in-process", "--osmosis-name", "inproc")
-    served = run(pytester, "--osmosis-execution", "server", "--osmosis-name", "served")
+    served = run(pytester, "--osmosis-execution", "server", "--osmosis-name", "served", *xdist)
 
     ours, theirs = pytester.path / ".osmosis/evals/inproc", pytester.path / ".osmosis/evals/served"
     assert outcomes(theirs) == outcomes(ours)
@@ -152,7 +153,11 @@ def test_server_mode_gives_the_rows_files_and_metrics_of_in_process_mode(
                                                      "run_index": 0}
     # The artifacts dir is the SDK's: the rollout's writes land in the run directory.
     logs = (theirs / "logs.txt").read_text()
-    assert "[rollout-server]" in logs and "Uvicorn running on http://127.0.0.1:" in logs
+    assert "[rollout-server]" in logs
+    # One server per process that runs rows: each xdist worker serves its own copy.
+    assert logs.count("Uvicorn running on http://127.0.0.1:") == (2 if xdist else 1)
+    if xdist:
+        served.stdout.fnmatch_lines(["*each xdist worker starts its own server*"])
     assert servers_left(pytester.path) == []
 
 
