@@ -2,7 +2,7 @@
 
 ``osmosis eval run`` never imports a rollout into its own process: it runs
 ``uv sync --project rollouts/<name>`` (honouring ``uv.lock``) and starts the entrypoint in
-that environment (contract §1, §12.22). Server mode does the same; this module owns the
+that environment (contract §1). Server mode does the same; this module owns the
 decisions around it (which ``uv``, which interpreter, what our environment lacks), so that
 ``auto`` and the server agree on them.
 """
