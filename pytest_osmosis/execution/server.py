@@ -107,6 +107,7 @@ class RolloutServer:
     _http: aiohttp.ClientSession | None = None
     _started: asyncio.Lock = field(default_factory=asyncio.Lock)
     _stopping: bool = False
+    _slots: asyncio.Semaphore | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -156,6 +157,10 @@ class RolloutServer:
                         continue
                     break
                 self.capacity = health_capacity(health)
+                # The SDK never has more rows at the server than it advertises (its worker
+                # pool); a LocalBackend would queue the rest and charge their wait to the
+                # workflow's budget.
+                self._slots = asyncio.Semaphore(self.capacity) if self.capacity else None
                 self._stage(f"rollout server healthy on port {port}", port=port)
                 return
             await self._close_http()
@@ -321,6 +326,17 @@ class RolloutServer:
                 await self.start()
             except ServerStartError as exc:
                 raise SessionFaultError(str(exc)) from None
+        async with self._slots or contextlib.nullcontext():
+            return await self._run_one(work, bridge, budgets, pass_threshold, cache)
+
+    async def _run_one(
+        self,
+        work: WorkItem,
+        bridge: BridgeLike,
+        budgets: Budgets,
+        pass_threshold: float,
+        cache: CachedAttempt | None,
+    ) -> dict[str, Any]:
         rollout_id = uuid.uuid4().hex
         started = time.monotonic()
         exhaustions = bridge.exhaustions
