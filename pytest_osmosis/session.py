@@ -309,6 +309,8 @@ class EvalSession:
                 execution=self._shown_execution(plan),
             )
             names[str(path)] = plan.run_name
+            if pending:
+                self._start_early(plan)
         self._record_killed_rows()
         return names
 
@@ -437,6 +439,18 @@ class EvalSession:
         if self.options.execution == AUTO and self.load_rollout(plan).mode == IN_PROCESS:
             return ""
         return self.execution_text(plan)
+
+    def _start_early(self, plan: EvalPlan) -> None:
+        """A single process starts a rollout's server as soon as its run directory exists,
+        so ``uv sync`` and the server's imports overlap the model check; collection waits
+        for it (:meth:`ready_rollout`). An xdist controller runs no rows: each worker
+        starts its own."""
+        dispatch = self._rollouts.get(plan.config_path)
+        if dispatch is None or dispatch.mode != SERVER:
+            return
+        if self.config.pluginmanager.has_plugin("dsession"):
+            return
+        asyncio.run_coroutine_threadsafe(dispatch.start(), self.executor.loop)
 
     def ready_rollout(self, plan: EvalPlan) -> None:
         """Collection, in a process that runs rows: start the rollout's server, if it has one.
@@ -1002,20 +1016,27 @@ class EvalSession:
         as it was (nothing was appended, its metrics are not rewritten).
         """
         runs, self.runs = list(self.runs.values()), {}
+        self._stop_rollouts()  # before their run directories go
         for run in runs:
             run.log.close()
             run.rundir.close()
             if run.created:
                 shutil.rmtree(run.rundir.path, ignore_errors=True)
 
+    def _stop_rollouts(self) -> None:
+        """Stop every rollout server of this process (their whole process groups)."""
+        if self._executor is None:
+            return
+        for dispatch in self._rollouts.values():
+            try:
+                self._executor.call(dispatch.stop(), timeout=15)
+            except Exception:  # noqa: BLE001 - shutting down; the lifeline ends them too
+                pass
+
     def close(self) -> None:
         if self._executor is not None:
             executor = self._executor
-            for dispatch in self._rollouts.values():  # rollout servers: their process groups
-                try:
-                    executor.call(dispatch.stop(), timeout=15)
-                except Exception:  # noqa: BLE001 - shutting down; the lifeline ends them too
-                    pass
+            self._stop_rollouts()
             clients = sys.modules.get("pytest_osmosis.model.client")
             if clients is not None:  # some rollout used bridge_client(): close its pool
                 try:

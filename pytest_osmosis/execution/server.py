@@ -108,6 +108,7 @@ class RolloutServer:
     _started: asyncio.Lock = field(default_factory=asyncio.Lock)
     _stopping: bool = False
     _slots: asyncio.Semaphore | None = None
+    _failed: ServerStartError | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -122,50 +123,62 @@ class RolloutServer:
 
     async def start(self) -> None:
         """Sync, spawn, wait for ``/health``; raises :class:`ServerStartError` in one line."""
-        import aiohttp
-
         async with self._started:
             if self._child is not None:
                 return
-            if not self.entrypoint.is_file():
-                raise ServerStartError(f"{self.entrypoint}: the rollout entrypoint does not exist")
-            argv = await self._command()
-            self._http = aiohttp.ClientSession()
-            error: ServerStartError | None = None
-            for attempt in range(1, _PORT_ATTEMPTS + 1):
-                port = _free_port()
-                instance = uuid.uuid4().hex
-                self._stage(f"starting rollout server ({self.entrypoint.name})", port=port)
-                self._child = await asyncio.create_subprocess_exec(
-                    *argv,
-                    cwd=str(self.rollout_dir),
-                    env=self._env(port, instance),
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                    pass_fds=(lifeline(),),
-                )
-                self._tee = asyncio.ensure_future(self._copy_output(self._child, "rollout-server"))
-                self.base_url = f"http://127.0.0.1:{port}"
-                try:
-                    health = await self._wait_healthy(instance)
-                except ServerStartError as exc:
-                    error = exc
-                    await self._terminate()
-                    if attempt < _PORT_ATTEMPTS and "another process" in str(exc):
-                        continue
-                    break
-                self.capacity = health_capacity(health)
-                # The SDK never has more rows at the server than it advertises (its worker
-                # pool); a LocalBackend would queue the rest and charge their wait to the
-                # workflow's budget.
-                self._slots = asyncio.Semaphore(self.capacity) if self.capacity else None
-                self._stage(f"rollout server healthy on port {port}", port=port)
-                return
-            await self._close_http()
-            assert error is not None
-            raise error
+            if self._failed is not None:  # one start per session: its error stays the answer
+                raise self._failed
+            try:
+                await self._start()
+            except ServerStartError as exc:
+                self._failed = exc
+                raise
+
+    async def _start(self) -> None:
+        import aiohttp
+
+        if not self.entrypoint.is_file():
+            raise ServerStartError(f"{self.entrypoint}: the rollout entrypoint does not exist")
+        argv = await self._command()
+        self._http = aiohttp.ClientSession()
+        error: ServerStartError | None = None
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            port = _free_port()
+            instance = uuid.uuid4().hex
+            self._stage(f"starting rollout server ({self.entrypoint.name})", port=port)
+            self._child = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=str(self.rollout_dir),
+                env=self._env(port, instance),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(lifeline(),),
+            )
+            if self._stopping:  # the session ended while this one started
+                await self._terminate()
+                raise ServerStartError(f"{self.entrypoint}: the session ended before it served")
+            self._tee = asyncio.ensure_future(self._copy_output(self._child, "rollout-server"))
+            self.base_url = f"http://127.0.0.1:{port}"
+            try:
+                health = await self._wait_healthy(instance)
+            except ServerStartError as exc:
+                error = exc
+                await self._terminate()
+                if attempt < _PORT_ATTEMPTS and "another process" in str(exc):
+                    continue
+                break
+            self.capacity = health_capacity(health)
+            # The SDK never has more rows at the server than it advertises (its worker
+            # pool); a LocalBackend would queue the rest and charge their wait to the
+            # workflow's budget.
+            self._slots = asyncio.Semaphore(self.capacity) if self.capacity else None
+            self._stage(f"rollout server healthy on port {port}", port=port)
+            return
+        await self._close_http()
+        assert error is not None
+        raise error
 
     async def stop(self) -> None:
         """Stop the server's whole process group (SIGTERM, then SIGKILL after a grace)."""
@@ -255,6 +268,8 @@ class RolloutServer:
                         f"{self.base_url} (its /health reports instance_id={reported!r})"
                     )
                 return payload
+            if self._stopping:
+                raise ServerStartError(f"{self.entrypoint}: the session ended before it served")
             if time.monotonic() >= deadline:
                 raise ServerStartError(
                     f"{self.entrypoint}: the rollout server did not become healthy within "
