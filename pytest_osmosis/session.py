@@ -414,6 +414,8 @@ class EvalSession:
         from pytest_osmosis.execution.server import RolloutServer
         from pytest_osmosis.secrets import log_redactor_for, redactor_for
 
+        # [env]/[secrets] cannot name _OSMOSIS_* variables (workspace/config.py refuses them),
+        # so the server's own variables are always the supervisor's, as in the SDK.
         return RolloutServer(
             rollout_dir=plan.rollout_dir,
             entrypoint=plan.entrypoint,

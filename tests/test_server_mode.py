@@ -398,3 +398,29 @@ def _wait_for(condition: Any, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------- the SDK's rules
+
+
+def test_results_are_classified_as_the_sdks_runner_classifies_them() -> None:
+    from osmosis_ai.eval.local.runner import _classify_outcome
+    from osmosis_ai.rollout.types import RolloutResultResponse
+
+    from pytest_osmosis.execution.server import classify
+
+    sample = {"messages": [], "reward": 0.5}
+    answers = [
+        {"status": "success", "sample": sample},
+        {"status": "success", "sample": {**sample, "remove_sample": True, "reward": None}},
+        {"status": "failure", "sample": {**sample, "reward": None}, "err_category": "timeout",
+         "err_message": "workflow exceeded its 2s deadline"},
+        {"status": "failure", "err_message": "grader exploded"},
+        {"status": "failure"},
+        {"status": "cancelled", "err_message": "cancelled"},
+    ]
+    for answer in answers:
+        theirs = _classify_outcome(RolloutResultResponse(rollout_id="r", **answer))
+        status, reward, error_type, _ = classify(answer)
+        assert (status, reward, error_type) == (theirs[0], theirs[1], theirs[2]), answer
+

@@ -48,10 +48,6 @@ if TYPE_CHECKING:
 CHILD = str(Path(__file__).with_name("serve_child.py"))
 INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
 LEASE_HEADER = "X-Osmosis-Rollout-Lease"
-#: Variables only the supervisor sets (the SDK's RESERVED_ENV_NAMES).
-RESERVED_ENV = frozenset(
-    {"_OSMOSIS_ROLLOUT_PORT", "_OSMOSIS_ROLLOUT_ARTIFACT_ROOT", "_OSMOSIS_ROLLOUT_INSTANCE_ID"}
-)
 HEALTH_TIMEOUT_S = 90.0  # the SDK's _HEALTH_TIMEOUT_SEC
 _HEALTH_POLL_S = 0.2
 _PORT_ATTEMPTS = 2
