@@ -313,16 +313,20 @@ def test_a_server_that_dies_mid_run_stops_the_session_with_the_rows_pending(
     rows = [row("What is 2 + 2?", "4"), row("die", "x", "die"), row("What is 3 * 5?", "15")]
     add_config(pytester.path, rows, name="dies", rollout="dies")
     main = pytester.path / "rollouts" / "dies" / "main.py"
+    flag = pytester.path / "die-now"  # outside the rollout: its source digest stays the same
+    flag.touch()
     main.write_text(
         main.read_text().replace(
             '        do = (ctx.metadata or {}).get("do", "")\n        if do == "workflow_raise"',
             '        do = (ctx.metadata or {}).get("do", "")\n'
-            '        if do == "die":\n            import os\n            os._exit(3)\n'
+            f'        if do == "die" and __import__("os").path.exists({str(flag)!r}):\n'
+            '            __import__("os")._exit(3)\n'
             '        if do == "workflow_raise"',
             1,
         )
     )
-    result = run(pytester, "--osmosis-execution", "server", "--osmosis-concurrency", "1")
+    args = ("--osmosis-execution", "server", "--osmosis-name", "dies")
+    result = run(pytester, *args, "--osmosis-concurrency", "1")
     result.stdout.fnmatch_lines(["*the rollout server of dies exited with code 3*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     run_dir = only_run_dir(pytester.path)
@@ -332,6 +336,13 @@ def test_a_server_that_dies_mid_run_stops_the_session_with_the_rows_pending(
         "incomplete"
     )
     assert servers_left(pytester.path) == []
+    # Fixed, the same command resumes: only the pending rows run, on a new server.
+    first = read_index(run_dir)[0]["rollout_id"]
+    flag.unlink()
+    again = run(pytester, *args)
+    again.assert_outcomes(passed=2, failed=1)  # row 0 carried forward; row 1 graded low
+    rows = read_index(run_dir)
+    assert [r["row_index"] for r in rows] == [0, 1, 2] and rows[0]["rollout_id"] == first
 
 
 def test_a_4xx_to_post_rollout_is_the_rows_rollout_protocol_error(
