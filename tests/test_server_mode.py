@@ -171,6 +171,24 @@ def test_the_plan_and_the_results_table_say_where_each_config_ran(
     result.stdout.fnmatch_lines(["*execution*server (--osmosis-execution server)*"])
 
 
+def test_the_servers_output_reaches_logs_txt_with_its_secrets_redacted(
+    pytester: pytest.Pytester, model_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "tok-" + "s3cr3t" * 4
+    monkeypatch.setenv("ROLLOUT_TOKEN", token)
+    chatty = SERVE.replace(
+        "    import uvicorn\n",
+        "    import uvicorn\n\n    print('token is', os.environ['ROLLOUT_TOKEN'], flush=True)\n",
+    )
+    config = add_config(pytester.path, ROWS[:1], name="chatty", rollout="chatty", serve=chatty)
+    config.write_text(config.read_text().replace("required = []", 'required = ["ROLLOUT_TOKEN"]'))
+    result = run(pytester, "--osmosis-execution", "server")
+    result.assert_outcomes(passed=1)
+    logs = (only_run_dir(pytester.path) / "logs.txt").read_text()
+    assert "[rollout-server] token is [REDACTED]" in logs  # the secret reached the server
+    assert token not in logs
+
+
 # --------------------------------------------------------------------------- auto
 
 PINNED = """
