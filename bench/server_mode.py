@@ -22,7 +22,9 @@ import _common as c
 import first_result as fr
 
 
-def measure(items: int, sleep: float, batch: int, repeat: int) -> dict[str, list[c.Run]]:
+def measure(
+    items: int, sleep: float, batch: int, repeat: int, sdk: bool
+) -> dict[str, list[c.Run]]:
     runs: dict[str, list[c.Run]] = {"in-process": [], "server": [], "sdk": []}
     with c.tempdir("bench-server-") as tmp, c.model_server(0.0) as env:
         ws = c.eval_workspace(tmp / "ws", items, batch_size=batch)
@@ -38,6 +40,8 @@ def measure(items: int, sleep: float, batch: int, repeat: int) -> dict[str, list
                         env=slow,
                     ).check(f"{items} passed")
                 )
+            if not sdk:
+                continue
             runs["sdk"].append(
                 c.sdk_run(
                     f"osmosis eval run {items} x {sleep * 1000:g} ms #{i + 1}",
@@ -51,7 +55,7 @@ def measure(items: int, sleep: float, batch: int, repeat: int) -> dict[str, list
     return runs
 
 
-def first_results(repeat: int) -> dict[str, list[float]]:
+def first_results(repeat: int, sdk: bool) -> dict[str, list[float]]:
     """Seconds from spawn to the first result on a terminal: ours in server mode, the SDK's."""
     seen: dict[str, list[float]] = {"server": [], "sdk": []}
     with c.tempdir("bench-server-first-") as tmp, c.model_server(0.05) as env:
@@ -68,6 +72,8 @@ def first_results(repeat: int) -> dict[str, list[float]]:
             if ours.rc != 0 or at is None:
                 raise SystemExit(f"server mode's smoke run failed:\n{ours.text()[-3000:]}")
             seen["server"].append(at)
+            if not sdk:
+                continue
             theirs = fr.theirs(root, env, f"sdk #{i + 1}")
             first = theirs.first(r"^FIRST RESULT")
             if theirs.rc != 0 or first is None:
@@ -79,19 +85,29 @@ def first_results(repeat: int) -> dict[str, list[float]]:
 def checks(runs: dict[str, list[c.Run]], first: dict[str, list[float]]) -> list[c.Check]:
     inproc = min(r.wall for r in runs["in-process"])
     server = min(r.wall for r in runs["server"])
-    sdk = min(r.wall for r in runs["sdk"])
-    cpu = {mode: min(r.cpu for r in group) for mode, group in runs.items()}
-    ours_first, sdk_first = min(first["server"]), min(first["sdk"])
-    return [
+    cpu = {mode: min(r.cpu for r in group) for mode, group in runs.items() if group}
+    checks = [
         c.Check(
             "server mode vs in process",
             f"wall {server:.2f} s vs {inproc:.2f} s in process",
             "wall <= 1.3 x in-process",
             server / inproc,
             1.3,
-            notes=[f"CPU (with children): server {cpu['server']:.2f} s, "
-                   f"in process {cpu['in-process']:.2f} s"],
+            notes=[
+                f"CPU (with children): server {cpu['server']:.2f} s, "
+                f"in process {cpu['in-process']:.2f} s",
+                f"median of {len(runs['server'])}: "
+                f"{c.median([r.wall for r in runs['server']]):.2f} s vs "
+                f"{c.median([r.wall for r in runs['in-process']]):.2f} s",
+            ],
         ),
+    ]
+    if not runs["sdk"]:
+        return checks
+    sdk = min(r.wall for r in runs["sdk"])
+    ours_first, sdk_first = min(first["server"]), min(first["sdk"])
+    return [
+        *checks,
         c.Check(
             "server mode vs osmosis eval run",
             f"wall {server:.2f} s vs the SDK's {sdk:.2f} s",
@@ -116,13 +132,14 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     if not c.sdk_installed():
         sys.exit("server mode needs osmosis-ai and uvicorn in this interpreter")
     c.header("server mode")
-    runs = measure(args.items, args.sleep, args.batch, args.repeat)
-    first = first_results(max(1, args.repeat))
+    runs = measure(args.items, args.sleep, args.batch, args.repeat, not args.no_sdk)
+    first = first_results(max(1, args.repeat), not args.no_sdk)
     c.print_runs([run for group in runs.values() for run in group])
     print(f"first result (s): {first}")
     print(f"after: {c.loadavg()}")
