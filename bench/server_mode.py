@@ -22,9 +22,7 @@ import _common as c
 import first_result as fr
 
 
-def measure(
-    items: int, sleep: float, batch: int, repeat: int, sdk: bool
-) -> dict[str, list[c.Run]]:
+def measure(items: int, sleep: float, batch: int, repeat: int, sdk: bool) -> dict[str, list[c.Run]]:
     runs: dict[str, list[c.Run]] = {"in-process": [], "server": [], "sdk": []}
     with c.tempdir("bench-server-") as tmp, c.model_server(0.0) as env:
         ws = c.eval_workspace(tmp / "ws", items, batch_size=batch)

@@ -94,8 +94,14 @@ def add_config(
 
 def outcomes(run_dir: Path) -> list[tuple[Any, ...]]:
     return [
-        (r["row_index"], r["status"], r.get("reward"), r.get("error_type"), r.get("tokens"),
-         "trajectory_filename" in r)
+        (
+            r["row_index"],
+            r["status"],
+            r.get("reward"),
+            r.get("error_type"),
+            r.get("tokens"),
+            "trajectory_filename" in r,
+        )
         for r in read_index(run_dir)
     ]
 
@@ -149,8 +155,10 @@ def test_server_mode_gives_the_rows_files_and_metrics_of_in_process_mode(
         assert trajectory.is_file() == ("trajectory_filename" in record)
         if trajectory.is_file():
             extra = json.loads(trajectory.read_text())["extra"]["osmosis"]
-            assert extra["request_extra_fields"] == {"row_index": record["row_index"],
-                                                     "run_index": 0}
+            assert extra["request_extra_fields"] == {
+                "row_index": record["row_index"],
+                "run_index": 0,
+            }
     # The artifacts dir is the SDK's: the rollout's writes land in the run directory.
     logs = (theirs / "logs.txt").read_text()
     assert "[rollout-server]" in logs
@@ -229,7 +237,9 @@ def local_wheel(folder: Path, name: str, version: str, files: dict[str, str]) ->
 
     dist = f"{name.replace('-', '_')}-{version}"
     entries = dict(files)
-    entries[f"{dist}.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    entries[f"{dist}.dist-info/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
     entries[f"{dist}.dist-info/WHEEL"] = (
         "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     )
@@ -254,10 +264,14 @@ def test_auto_runs_a_rollout_pinning_what_we_lack_on_its_own_environment_beside_
     monkeypatch.setenv("UV_OFFLINE", "1")  # uv resolves from the local wheel only
     monkeypatch.setenv("UV_CACHE_DIR", str(root / "uv-cache"))
     add_config(root, ROWS[:2], name="inproc", rollout="mixed")
-    add_config(root, [row("Which version?", "1.0"), row("Which?", "2.0")], name="old", rollout="old")
+    add_config(
+        root, [row("Which version?", "1.0"), row("Which?", "2.0")], name="old", rollout="old"
+    )
     old = root / "rollouts" / "old"
     (old / "main.py").write_text(PINNED)
-    local_wheel(root / "wheels", "pinned-dep", "1.0", {"pinned_dep/__init__.py": "__version__ = '1.0'\n"})
+    local_wheel(
+        root / "wheels", "pinned-dep", "1.0", {"pinned_dep/__init__.py": "__version__ = '1.0'\n"}
+    )
     (old / "pyproject.toml").write_text(
         '[project]\nname = "old-rollout"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
         'dependencies = ["pinned-dep==1.0"]\n\n'
@@ -281,10 +295,14 @@ def test_auto_runs_a_rollout_pinning_what_we_lack_on_its_own_environment_beside_
     result = run(pytester)
     result.assert_outcomes(passed=2, failed=2)  # each config: one passes, one graded low
     result.stdout.fnmatch_lines(["execution  server (its pyproject.toml needs pinned-dep==1.0*"])
-    runs = {p.name.split("-")[0]: p for p in (root / ".osmosis" / "evals").iterdir()
-            if p.is_dir() and not p.name.startswith(".")}
+    runs = {
+        p.name.split("-")[0]: p
+        for p in (root / ".osmosis" / "evals").iterdir()
+        if p.is_dir() and not p.name.startswith(".")
+    }
     assert [(r["status"], r["reward"]) for r in read_index(runs["old"])] == [
-        ("success", 1.0), ("success", 0.0)
+        ("success", 1.0),
+        ("success", 0.0),
     ]
     assert "+ pinned-dep==1.0" in (runs["old"] / "logs.txt").read_text()  # uv sync's own line
     assert (old / "uv.lock").is_file()
@@ -318,8 +336,10 @@ def test_a_server_that_exits_at_start_is_the_configs_error_with_its_last_line(
     add_config(pytester.path, ROWS[:2], name="crash", rollout="crash", serve=crash)
     result = run(pytester, "--osmosis-execution", "server")
     result.stdout.fnmatch_lines(
-        ["*crash/main.py: the rollout server exited with code 1 before becoming healthy: "
-         "no GPU here*"]
+        [
+            "*crash/main.py: the rollout server exited with code 1 before becoming healthy: "
+            "no GPU here*"
+        ]
     )
     assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
     assert "no GPU here" in (only_run_dir(pytester.path) / "logs.txt").read_text()
@@ -367,7 +387,8 @@ def test_a_4xx_to_post_rollout_is_the_rows_rollout_protocol_error(
     pytester: pytest.Pytester, model_env: Any
 ) -> None:
     # A server that refuses every rollout with 409, as the SDK's does a duplicate id.
-    refusing = """
+    refusing = (
+        """
 from fastapi import FastAPI, HTTPException
 
 app = FastAPI()
@@ -383,7 +404,9 @@ async def health():
 @app.post("/rollout")
 async def rollout():
     raise HTTPException(status_code=409, detail="rollout_id is already registered")
-""" + SERVE
+"""
+        + SERVE
+    )
     add_config(pytester.path, ROWS[:2], name="refuse", rollout="refuse")
     (pytester.path / "rollouts" / "refuse" / "main.py").write_text(refusing)
     result = run(pytester, "--osmosis-execution", "server")
@@ -403,8 +426,17 @@ def test_ctrl_c_and_sigterm_leave_no_rollout_server_behind(
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         child = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "--osmosis-eval", "-p", "no:cacheprovider",
-             "--osmosis-execution", "server", "-q"],
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--osmosis-eval",
+                "-p",
+                "no:cacheprovider",
+                "--osmosis-execution",
+                "server",
+                "-q",
+            ],
             cwd=pytester.path,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -442,8 +474,12 @@ def test_results_are_classified_as_the_sdks_runner_classifies_them() -> None:
     answers = [
         {"status": "success", "sample": sample},
         {"status": "success", "sample": {**sample, "remove_sample": True, "reward": None}},
-        {"status": "failure", "sample": {**sample, "reward": None}, "err_category": "timeout",
-         "err_message": "workflow exceeded its 2s deadline"},
+        {
+            "status": "failure",
+            "sample": {**sample, "reward": None},
+            "err_category": "timeout",
+            "err_message": "workflow exceeded its 2s deadline",
+        },
         {"status": "failure", "err_message": "grader exploded"},
         {"status": "failure"},
         {"status": "cancelled", "err_message": "cancelled"},
@@ -452,4 +488,3 @@ def test_results_are_classified_as_the_sdks_runner_classifies_them() -> None:
         theirs = _classify_outcome(RolloutResultResponse(rollout_id="r", **answer))
         status, reward, error_type, _ = classify(answer)
         assert (status, reward, error_type) == (theirs[0], theirs[1], theirs[2]), answer
-

@@ -218,8 +218,16 @@ class RolloutServer:
                 f"{self.rollout_dir}: uv sync failed with exit code {code}"
                 f"{self._last()}; see {self.log.path}"
             )
-        return [uv, "run", "--no-sync", "--project", str(self.rollout_dir), CHILD, bootstrap,
-                str(self.entrypoint)]
+        return [
+            uv,
+            "run",
+            "--no-sync",
+            "--project",
+            str(self.rollout_dir),
+            CHILD,
+            bootstrap,
+            str(self.entrypoint),
+        ]
 
     def _env(self, port: int, instance: str) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if name != "VIRTUAL_ENV"}
@@ -605,4 +613,3 @@ def _kill_group(pid: int, grace: float = _TERM_GRACE_S) -> None:
         time.sleep(0.05)
     with contextlib.suppress(OSError):
         os.killpg(pid, signal.SIGKILL)
-
