@@ -378,8 +378,9 @@ class RolloutServer:
             bridge.close_rollout(rollout_id)
             raise
         status, reward, error_type, message = classify(answer)
-        if cache is not None and cache.missed is not None:
-            status, reward, error_type, message = "failed", None, "cache_miss", cache.missed
+        if cache is not None and cache.failure is not None:  # replay had no answer: as in process
+            status, reward = "failed", None
+            error_type, message = cache.failure
         tokens = bridge.close_rollout(rollout_id)
         if status == "failed" and bridge.exhaustions != exhaustions:
             raise ResourceExhaustedError(
