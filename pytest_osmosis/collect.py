@@ -76,7 +76,7 @@ class EvalConfigFile(pytest.File):
         session: EvalSession = self.config.stash[SESSION_KEY]
         try:
             plan = session.plan_for(self.path)
-            session.load_rollout(plan)
+            session.ready_rollout(plan)
         except OsmosisError as exc:
             hint = _how_to_run_the_others(self.config, self.path)
             raise self.CollectError(f"{exc}{hint}") from None

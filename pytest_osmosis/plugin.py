@@ -187,6 +187,24 @@ OPTIONS = (
         is_flag=True,
         override=False,
     ),
+    # How rollouts run (execution/dispatch.py, issue 24).
+    _Option(
+        "execution",
+        "--osmosis-execution",
+        "how rollouts run: in-process (imported, on our event loop), server (its own "
+        "environment and server over the rollout protocol, as `osmosis eval run` does) or "
+        "auto (default: in process where that is faithful, else server)",
+        "in-process|server|auto",
+        override=False,
+    ),
+    _Option(
+        "server_python",
+        "--osmosis-server-python",
+        "server mode: run rollout servers on this Python (with osmosis-ai installed) "
+        "instead of syncing each rollout's environment with uv",
+        "PYTHON",
+        override=False,
+    ),
     # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
     _Option(
         "github",
@@ -299,6 +317,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="30",
     )
     parser.addini(
+        "osmosis_server_start_timeout",
+        "seconds a rollout server may take to answer /health (the SDK waits 90)",
+        default="90",
+    )
+    parser.addini(
         "osmosis_workflow",
         "workflow class as 'module:Class' when the entrypoint has none or several",
         default="",
@@ -407,6 +430,40 @@ def _main_timeout(config: pytest.Config) -> float:
             f"osmosis_main_timeout: must be a positive number of seconds, got {raw!r}"
         ) from None
     return value
+
+
+def _execution_options(config: pytest.Config, plain: Any) -> dict[str, Any]:
+    """``--osmosis-execution``, ``--osmosis-server-python`` and the server start-up timeout."""
+    from pytest_osmosis.execution.dispatch import AUTO, MODES
+
+    mode = plain("execution") or AUTO
+    if mode not in MODES:
+        raise pytest.UsageError(
+            f"--osmosis-execution: must be one of {', '.join(MODES)}, got {mode!r}"
+        )
+    raw = str(config.getini("osmosis_server_start_timeout")).strip()
+    try:
+        start_timeout = float(raw)
+        if not 0 < start_timeout < float("inf"):
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(
+            f"osmosis_server_start_timeout: must be a positive number of seconds, got {raw!r}"
+        ) from None
+    python = plain("server_python")
+    if python is not None:
+        import shutil
+
+        given = str(python)
+        if os.sep in given:
+            candidate = os.path.abspath(config.invocation_params.dir / given)
+            found = candidate if os.access(candidate, os.X_OK) else None
+        else:
+            found = shutil.which(given)
+        if found is None or not os.path.isfile(found):
+            raise pytest.UsageError(f"--osmosis-server-python: no executable Python at {given!r}")
+        python = found
+    return {"execution": mode, "server_python": python, "server_start_timeout": start_timeout}
 
 
 def keep_at_file(args: list[str]) -> None:
@@ -548,6 +605,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
         main_timeout=_main_timeout(config),
+        **_execution_options(config, plain),
         gate=gate,
         report=bool(plain("report")),
         secrets_file=plain("secrets_file"),

@@ -153,6 +153,7 @@ def plan_config(
     rows.append(("attempts (n)", str(settings.n)))
     rows.append(("work items", f"{plan.total_items} ({pending} to run)"))
     rows.append(("concurrency", str(session.total_concurrency())))
+    rows.append(("execution", session.execution_text(plan)))
     rows.append(
         (
             "budgets",

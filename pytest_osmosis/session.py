@@ -31,6 +31,7 @@ from pytest_osmosis.errors import (
     SessionFaultError,
 )
 from pytest_osmosis.execution import blame
+from pytest_osmosis.execution.dispatch import AUTO, IN_PROCESS, SERVER, Dispatch, InProcess
 from pytest_osmosis.execution.executor import (
     FDS_PER_ROW,
     BackstopExpired,
@@ -39,11 +40,10 @@ from pytest_osmosis.execution.executor import (
     fd_capacity,
     raise_fd_limit,
 )
-from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem, execute
+from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
-    LoadedRollout,
     forget_loaded,
     load_rollout,
 )
@@ -91,6 +91,11 @@ class SessionOptions:
     rollout_dir: Path | None = None
     plan: bool = False
     confirm: bool = False
+    # How rollouts run (execution/dispatch.py): in-process, server or auto.
+    execution: str = AUTO
+    server_python: str | None = None
+    """Run rollout servers on this interpreter instead of a synced environment."""
+    server_start_timeout: float = 90.0
 
 
 @dataclass
@@ -127,6 +132,8 @@ class ControllerRun:
     """Rollout id -> dollars, of the attempts this session recorded (None: no price)."""
     row_metrics: dict[str, Any] = field(default_factory=dict)
     """``osmosis_metrics.json`` as written at the end (results/row_metrics.py)."""
+    execution: str = ""
+    """How its rows run, and why (``EvalSession.execution_text``)."""
 
 
 class EvalSession:
@@ -144,7 +151,7 @@ class EvalSession:
         self._errors: dict[Path, OsmosisError] = {}
         self._run_names: dict[str, str] = {}
         self._journals: dict[Path, dict[tuple[int, int], dict[str, Any]]] = {}
-        self._rollouts: dict[Path, LoadedRollout] = {}
+        self._rollouts: dict[Path, Dispatch] = {}
         self._executor: Executor | None = None
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
@@ -299,8 +306,11 @@ class EvalSession:
                 started_at=now,
                 pending_at_start=pending,
                 created=created,
+                execution=self._shown_execution(plan),
             )
             names[str(path)] = plan.run_name
+            if pending:
+                self._start_early(plan)
         self._record_killed_rows()
         return names
 
@@ -354,18 +364,106 @@ class EvalSession:
             return contextlib.nullcontext()
         return self.milestones.phase(doing)
 
-    def load_rollout(self, plan: EvalPlan) -> LoadedRollout:
+    def load_rollout(self, plan: EvalPlan) -> Dispatch:
+        """How this config's rows run (``--osmosis-execution``), decided once per process.
+
+        ``auto`` runs a rollout in process when that is faithful, and on its own server as
+        ``osmosis eval run`` does when it is not: its ``pyproject.toml`` needs what this
+        environment lacks, or it serves (or builds a non-local backend) while loading.
+        """
         if plan.config_path not in self._rollouts:
             for key, value in plan.config.env.items():
                 os.environ[key] = value
-            self._rollouts[plan.config_path] = load_rollout(
+            self._rollouts[plan.config_path] = self._dispatch_for(plan)
+        return self._rollouts[plan.config_path]
+
+    def _dispatch_for(self, plan: EvalPlan) -> Dispatch:
+        from pytest_osmosis.errors import ConfigError, NeedsServerError
+        from pytest_osmosis.workspace.environment import unmet_requirements
+
+        mode = self.options.execution
+        if mode == SERVER:
+            if self.regrade is not None:
+                raise ConfigError(
+                    "--osmosis-regrade grades recorded samples in process; it cannot run with "
+                    "--osmosis-execution server"
+                )
+            return self._server(plan, "--osmosis-execution server")
+        if mode == AUTO and self.regrade is None:
+            unmet = unmet_requirements(plan.rollout_dir)
+            if unmet:
+                why = f"its pyproject.toml needs {', '.join(unmet[:3])}"
+                return self._server(plan, why)
+        try:
+            loaded = load_rollout(
                 plan.rollout_dir,
                 plan.entrypoint,
                 workflow_override=self.options.workflow_override,
                 grader_override=self.options.grader_override,
                 main_timeout=self.options.main_timeout,
             )
-        return self._rollouts[plan.config_path]
+        except NeedsServerError as exc:
+            if mode != AUTO or self.regrade is not None:
+                raise
+            return self._server(plan, one_line(str(exc).partition("; ")[0], 200))
+        if mode == IN_PROCESS:
+            return InProcess(loaded, "--osmosis-execution in-process")
+        return InProcess(loaded, "a LocalBackend rollout this environment satisfies")
+
+    def _server(self, plan: EvalPlan, why: str) -> Dispatch:
+        from pytest_osmosis.execution.server import RolloutServer
+        from pytest_osmosis.secrets import log_redactor_for, redactor_for
+
+        # [env]/[secrets] cannot name _OSMOSIS_* variables (workspace/config.py refuses them),
+        # so the server's own variables are always the supervisor's, as in the SDK.
+        return RolloutServer(
+            rollout_dir=plan.rollout_dir,
+            entrypoint=plan.entrypoint,
+            run_dir=plan.run_dir,
+            log_redactor=log_redactor_for(self.config),
+            redactor=redactor_for(self.config),
+            interpreter=self.options.server_python,
+            start_timeout=self.options.server_start_timeout,
+            why=why,
+        )
+
+    def execution_text(self, plan: EvalPlan) -> str:
+        """How a config's rows run and why, as the plan and the results table say it."""
+        dispatch = self.load_rollout(plan)
+        text = f"{dispatch.mode} ({dispatch.why})"
+        workers = getattr(self.config.option, "numprocesses", None)
+        if dispatch.mode == SERVER and workers and not self.is_worker:
+            text += "; each xdist worker starts its own server"
+        return text
+
+    def _shown_execution(self, plan: EvalPlan) -> str:
+        """The results table's execution line: where auto did not simply run in process."""
+        if self.options.execution == AUTO and self.load_rollout(plan).mode == IN_PROCESS:
+            return ""
+        return self.execution_text(plan)
+
+    def _start_early(self, plan: EvalPlan) -> None:
+        """A single process starts a rollout's server as soon as its run directory exists,
+        so ``uv sync`` and the server's imports overlap the model check; collection waits
+        for it (:meth:`ready_rollout`). An xdist controller runs no rows: each worker
+        starts its own."""
+        dispatch = self._rollouts.get(plan.config_path)
+        if dispatch is None or dispatch.mode != SERVER:
+            return
+        if self.config.pluginmanager.has_plugin("dsession"):
+            return
+        asyncio.run_coroutine_threadsafe(dispatch.start(), self.executor.loop)
+
+    def ready_rollout(self, plan: EvalPlan) -> None:
+        """Collection, in a process that runs rows: start the rollout's server, if it has one.
+
+        After the session's checks (the preflight passed, the run directory exists), as
+        ``osmosis eval run`` starts its server; one that cannot start is the config's error.
+        """
+        dispatch = self.load_rollout(plan)
+        if dispatch.mode == SERVER and not self.config.option.collectonly:
+            with self.phase(f"starting the rollout server of {plan.rollout_dir.name}"):
+                self.executor.call(dispatch.start())
 
     def journal(self, plan: EvalPlan) -> dict[tuple[int, int], dict[str, Any]]:
         """Results already recorded for this run (read-only on workers)."""
@@ -442,7 +540,8 @@ class EvalSession:
             return self.options.concurrency
         best = 1
         for plan in self._plans.values():
-            capacity = _advertised_capacity(self._rollouts.get(plan.config_path))
+            dispatch = self._rollouts.get(plan.config_path)
+            capacity = dispatch.capacity if dispatch is not None else _DEFAULT_CAPACITY
             wanted = plan.settings.concurrency
             value = (min(wanted, capacity) if capacity else wanted) if wanted else capacity
             best = max(best, value or 1)
@@ -694,7 +793,7 @@ class EvalSession:
         redactor = redactor_for(self.config)
 
         plan = item.parent.plan
-        rollout = self._rollouts[plan.config_path]
+        dispatch = self._rollouts[plan.config_path]
         row = plan.dataset.row(item.row_index)
         work = WorkItem(
             row_index=item.row_index,
@@ -705,7 +804,7 @@ class EvalSession:
             metadata=row.metadata,
         )
         bridge = await self.bridge(plan.settings.model_path)
-        bridge.allow_judge_models(self._judge_models(rollout))
+        bridge.allow_judge_models(self._judge_models(dispatch))
         cache = self.call_cache(plan.output_root)
         cached = (
             cache.attempt(plan.config.experiment.dataset, row.source_row_index, item.run_index)
@@ -749,9 +848,8 @@ class EvalSession:
             from pytest_osmosis.regrade import regrade_steps
 
             recorded, prepare, writer = regrade_steps(self.regrade, item, redactor, storage_faults)
-        result = await execute(
+        result = await dispatch.run(
             work,
-            rollout,
             bridge=bridge,
             budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
             pass_threshold=plan.settings.pass_threshold,
@@ -764,11 +862,9 @@ class EvalSession:
             result = {**result, "storage_fault": storage_faults[0]}
         return result
 
-    def _judge_models(self, rollout: LoadedRollout) -> list[str]:
+    def _judge_models(self, dispatch: Dispatch) -> list[str]:
         """Judge models a rollout's calls may name: its grader's, ini osmosis_judge_models."""
-        from pytest_osmosis.rubric.grader import declared_judge_model
-
-        declared = declared_judge_model(rollout.grader_cls, rollout.grader_config)
+        declared = dispatch.judge_model
         listed = [str(model) for model in self.config.getini("osmosis_judge_models")]
         return listed + ([declared] if declared else [])
 
@@ -922,15 +1018,27 @@ class EvalSession:
         as it was (nothing was appended, its metrics are not rewritten).
         """
         runs, self.runs = list(self.runs.values()), {}
+        self._stop_rollouts()  # before their run directories go
         for run in runs:
             run.log.close()
             run.rundir.close()
             if run.created:
                 shutil.rmtree(run.rundir.path, ignore_errors=True)
 
+    def _stop_rollouts(self) -> None:
+        """Stop every rollout server of this process (their whole process groups)."""
+        if self._executor is None:
+            return
+        for dispatch in self._rollouts.values():
+            try:
+                self._executor.call(dispatch.stop(), timeout=15)
+            except Exception:  # noqa: BLE001 - shutting down; the lifeline ends them too
+                pass
+
     def close(self) -> None:
         if self._executor is not None:
             executor = self._executor
+            self._stop_rollouts()
             clients = sys.modules.get("pytest_osmosis.model.client")
             if clients is not None:  # some rollout used bridge_client(): close its pool
                 try:
@@ -959,7 +1067,7 @@ def _exit_witness(plan: EvalPlan) -> str:
     return str(plan.output_root / LOCKS_DIRNAME / f"{plan.run_name}.exited")
 
 
-_DEFAULT_CAPACITY = 4  # what a LocalBackend without a workflow_config advertises on /health
+_DEFAULT_CAPACITY = 4  # a LocalBackend without a workflow_config advertises 4 on /health
 
 
 def _row_words(nodeid: str) -> str:
@@ -968,19 +1076,6 @@ def _row_words(nodeid: str) -> str:
 
     parts = split_item_nodeid(nodeid)
     return nodeid if parts is None else f"row {parts[1]} run {parts[2]}"
-
-
-def _advertised_capacity(rollout: LoadedRollout | None) -> int | None:
-    """The in-flight cap the rollout's ``LocalBackend`` advertises on ``/health``; None: no cap.
-
-    Without a workflow_config it is 4; with one, its ``concurrency.max_concurrent``, which
-    is unset (no cap) unless the author wrote it.
-    """
-    if rollout is None or rollout.workflow_config is None:
-        return _DEFAULT_CAPACITY
-    concurrency = getattr(rollout.workflow_config, "concurrency", None)
-    limit = getattr(concurrency, "max_concurrent", None)
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
 
 
 _FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT})

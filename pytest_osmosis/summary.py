@@ -48,6 +48,7 @@ def summary_lines(run: ControllerRun) -> list[str]:
     lines = [
         f"rollout {eval_run.get('rollout_name')}  model {eval_run.get('model_name')}  "
         f"dataset {eval_run.get('dataset_name')}  status {eval_run.get('status')}",
+        *([f"execution  {run.execution}"] if run.execution else []),
         "outcomes   "
         + outcomes_text(summary_counts(summary), int(summary.get("total_samples", 0))),
         "pass rate  "

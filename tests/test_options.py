@@ -64,6 +64,8 @@ SPACE_VALUES = {
     "--osmosis-rubric-score-max": "1",
     "--osmosis-regrade": "../elsewhere/finished",
     "--osmosis-rollout-dir": "../elsewhere/rollout",
+    "--osmosis-execution": "in-process",
+    "--osmosis-server-python": "python3",
 }
 
 

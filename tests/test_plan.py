@@ -67,6 +67,7 @@ def test_plan_prints_and_spends_nothing(
         "attempts (n)": "2",
         "work items": "4 (4 to run)",
         "concurrency": "3",
+        "execution": "in-process (a LocalBackend rollout this environment satisfies)",
         "budgets": "workflow 60 s, grader 30 s",
         "pass threshold": "0.5",
         "cache": "off",

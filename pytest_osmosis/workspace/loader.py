@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RolloutLoadError
+from pytest_osmosis.errors import NeedsServerError, RolloutLoadError
 from pytest_osmosis.workspace import isolation
 
 
@@ -133,7 +133,7 @@ def _load(
             if not refusals:  # a refusal swallowed by the rollout still wins
                 raise
         if refusals:
-            raise RolloutLoadError(
+            raise NeedsServerError(
                 f"{entrypoint}: {refusals[0]}; pytest-osmosis runs only LocalBackend rollouts, "
                 "in process: run this one with `osmosis eval run`"
             )
