@@ -44,6 +44,9 @@ class Controller:
         #: A result's "config" string -> its Path, made once (a Path's str and hash are
         #: computed once per object: a new one per row cost more than the lookup).
         self._config_paths: dict[str, Path] = {}
+        #: The line and exit status a session ends with before any row (the plan alone, a
+        #: declined prompt): nothing is collected or run, and the line is printed once.
+        self.stopped: tuple[str, int] | None = None
 
     # -- before any row -------------------------------------------------------------
 
@@ -77,7 +80,9 @@ class Controller:
             if options.plan or session.config.option.collectonly:
                 from pytest_osmosis.preview import show_plan
 
-                show_plan(self.session, session.config, configs)  # --osmosis-plan exits here
+                line = show_plan(self.session, session.config, configs)
+                if line is not None:  # --osmosis-plan: the plan alone
+                    self.stopped = (line, pytest.ExitCode.OK)
                 return
             self.session.open_runs(configs)
         except OsmosisError as exc:
@@ -85,7 +90,10 @@ class Controller:
         if options.confirm:
             from pytest_osmosis.preview import confirm
 
-            confirm(self.session, session.config)
+            line = confirm(self.session, session.config)
+            if line is not None:  # declined: as an interrupt before any row
+                self.stopped = (line, pytest.ExitCode.INTERRUPTED)
+                return
         models = [
             run.plan.settings.model_path
             for run in self.session.runs.values()
@@ -315,6 +323,8 @@ class Controller:
             self._gate(session)
         finally:
             self.session.close()
+        if self.stopped is not None:
+            session.exitstatus = self.stopped[1]
 
     def _row_metrics(self, run: ControllerRun) -> dict[str, Any]:
         """Write ``osmosis_metrics.json`` beside ``metrics.json`` (a run that ran nothing
@@ -352,6 +362,9 @@ class Controller:
     def summary(self, terminalreporter: Any) -> None:
         from pytest_osmosis.summary import write_summary
 
+        if self.stopped is not None:
+            terminalreporter.write_line(self.stopped[0])
+            return
         write_summary(terminalreporter, self.session)
 
     def _recorded_to_junit(self, config: pytest.Config) -> None:

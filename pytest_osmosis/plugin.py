@@ -677,6 +677,11 @@ def register_roles(config: pytest.Config, session: EvalSession) -> None:
 
         controller = Controller(session)
         keep = controller.keep_recorded
+        if session.options.plan:  # the plan alone starts no xdist worker
+            for name in ("dsession", "terminaldistreporter"):
+                plugin = config.pluginmanager.get_plugin(name)
+                if plugin is not None:
+                    config.pluginmanager.unregister(plugin)
         config.pluginmanager.register(ControllerHooks(controller), "osmosis-controller")
         if config.pluginmanager.hasplugin("xdist"):
             xdist_hooks = XdistControllerHooks(session, controller)
@@ -876,6 +881,15 @@ class ControllerHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.controller.start(session)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> bool | None:
+        """A session stopped before any row (``--osmosis-plan``, a "no") collects nothing."""
+        return True if self.controller.stopped is not None else None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        return True if self.controller.stopped is not None else None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -188,43 +188,39 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
             print(line)
 
 
-def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> None:
-    """Print every config's plan; ``--osmosis-plan`` then ends the session: exit 0, or 4
-    when a config cannot run (its plan says why)."""
+def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> str | None:
+    """Print every config's plan. Under ``--osmosis-plan`` the line the session then stops
+    with, nothing run (exit 0); a config that cannot run is a usage error (exit 4)."""
     if not session.options.plan and config.option.verbose < -1:
-        return  # `--co -qq`: the bare list of node ids tools read, nothing else
+        return None  # `--co -qq`: the bare list of node ids tools read, nothing else
     several = len(configs) > 1
     plans = [plan_config(session, config, path.resolve(), several) for path in configs]
     _write(config, plans)
     if not session.options.plan:
-        return
+        return None
     broken = sum(1 for shown in plans if any(label == "error" for label, _ in shown.rows))
     if broken:
-        pytest.exit(
-            f"osmosis: --osmosis-plan: {broken} of {len(plans)} config(s) cannot run "
-            "(the error is in their plan); nothing ran",
-            returncode=pytest.ExitCode.USAGE_ERROR,
+        raise pytest.UsageError(
+            f"--osmosis-plan: {broken} of {len(plans)} config(s) cannot run "
+            "(the error is in their plan); nothing ran"
         )
-    pytest.exit(
-        "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)",
-        returncode=pytest.ExitCode.OK,
-    )
+    return "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)"
 
 
-def confirm(session: EvalSession, config: pytest.Config) -> None:
+def confirm(session: EvalSession, config: pytest.Config) -> str | None:
     """``--osmosis-confirm``: show the plan and ask before the first model call.
 
     Asked only when stdin is a terminal (a CI job or a pipe goes on, as with
-    ``--yes``). Declining removes the run directories this session created and exits 2,
-    as an interrupt before any row does.
+    ``--yes``). Declining removes the run directories this session created; the line
+    returned is what the session stops with (exit 2, as an interrupt before any row).
     """
     runs = list(session.runs.values())
     pending = sum(run.pending_at_start for run in runs)
     if not runs or pending == 0:
-        return
+        return None
     with _terminal(config) as interactive:
         if not interactive:
-            return
+            return None
         paths = [run.plan.config_path for run in runs]
         _write(config, [plan_config(session, config, path, len(paths) > 1) for path in paths])
         models = sorted({run.plan.settings.model_path for run in runs})
@@ -236,10 +232,10 @@ def confirm(session: EvalSession, config: pytest.Config) -> None:
         except (OSError, KeyboardInterrupt):
             answer = ""
     if answer.strip().lower() in ("y", "yes"):
-        return
+        return None
     session.abandon_runs()
     session.close()
-    pytest.exit("osmosis: not started (declined at the prompt)", returncode=2)
+    return "osmosis: not started (declined at the prompt)"
 
 
 @contextlib.contextmanager
