@@ -535,6 +535,30 @@ def _enabled(config: pytest.Config) -> bool:
     return any(is_eval_config(p) for p in _named_paths(config))
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Nothing collected where eval configs are, the plugin off: say how to turn it on."""
+    if exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED or _enabled(config):
+        return
+    found = unused_eval_configs(config)
+    if found:
+        terminalreporter.write_line(
+            f"osmosis: {found} is an eval config, but pytest-osmosis is not enabled: run "
+            "pytest --osmosis-eval, or add `osmosis_eval = true` under [pytest] in pytest.ini"
+        )
+
+
+def unused_eval_configs(config: pytest.Config) -> str | None:
+    """The first ``configs/eval/*.toml`` in (or one level below) a directory pytest was given."""
+    base = config.invocation_params.dir
+    for directory in _named_paths(config):
+        if not directory.is_dir():
+            continue
+        for pattern in ("configs/eval/*.toml", "*/configs/eval/*.toml"):
+            for path in sorted(directory.glob(pattern)):
+                return str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
+    return None
+
+
 def _named_paths(config: pytest.Config) -> list[Path]:
     base = config.invocation_params.dir
     return [(base / arg.split("::", 1)[0]).resolve() for arg in config.args]
