@@ -41,6 +41,7 @@ from pytest_osmosis.words import (
     ATTEMPTS,
     BELOW_THRESHOLD,
     ERRORED,
+    NO_RATE,
     SKIPPED,
     outcomes_text,
     pass_rate_text,
@@ -141,7 +142,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             str(item["model"] or "–"),
             str(item["dataset"] or "–"),
             f"{item['rows_done']}/{item['rows_total'] if item['rows_total'] is not None else '?'}",
-            percent(item["pass_rate"]) if item["completed_samples"] else "–",
+            percent(item["pass_rate"]) if item["completed_samples"] else NO_RATE,
             _when(item["started_at"]),
             format_duration(item["duration_ms"]),
         ]

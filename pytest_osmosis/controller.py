@@ -359,13 +359,15 @@ class Controller:
                 run.storage_fault = f"cannot write {plan.run_dir}: {exc}"
         return doc
 
-    def summary(self, terminalreporter: Any) -> None:
+    def summary(self, terminalreporter: Any, exitstatus: int = 0) -> None:
+        from pytest_osmosis.next_steps import write_next_steps
         from pytest_osmosis.summary import write_summary
 
         if self.stopped is not None:
             terminalreporter.write_line(self.stopped[0])
             return
         write_summary(terminalreporter, self.session)
+        write_next_steps(terminalreporter, self.session, exitstatus)
 
     def _recorded_to_junit(self, config: pytest.Config) -> None:
         """--junitxml lists a finished run's rows with their recorded outcome and duration.

@@ -96,7 +96,8 @@ OPTIONS = (
     _Option(
         "name",
         "--osmosis-name",
-        "stable run name: running it again resumes",
+        "stable run name: running it again resumes; with several configs each config's "
+        "run is NAME-<config stem>",
         "NAME",
         override=False,
     ),
@@ -110,7 +111,16 @@ OPTIONS = (
     _Option(
         "retry_failed",
         "--osmosis-retry-failed",
-        "re-run failed and skipped items of a named run, keeping successes",
+        "re-run the errored and skipped attempts of a named run (as the SDK's "
+        "--retry-failed), keeping passed and below-threshold ones",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "retry_below_threshold",
+        "--osmosis-retry-below-threshold",
+        "re-run the attempts of a named run whose reward was below pass_threshold (what "
+        "pytest calls failed), besides errored and skipped ones; implies --osmosis-retry-failed",
         is_flag=True,
         override=False,
     ),
@@ -624,7 +634,8 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         output=(config.invocation_params.dir / output) if output else None,
         name=plain("name"),
         fresh=bool(plain("fresh")),
-        retry_failed=bool(plain("retry_failed")),
+        retry_failed=bool(plain("retry_failed") or plain("retry_below_threshold")),
+        retry_below_threshold=bool(plain("retry_below_threshold")),
         concurrency=concurrency_value,
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
@@ -943,7 +954,13 @@ class ControllerHooks:
     def pytest_terminal_summary(
         self, terminalreporter: Any, exitstatus: int, config: pytest.Config
     ) -> None:
-        self.controller.summary(terminalreporter)
+        self.controller.summary(terminalreporter, exitstatus)
+
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
+        """What is about to run, before the first row (next_steps.py)."""
+        from pytest_osmosis.next_steps import start_lines
+
+        return start_lines(self.controller.session, config)
 
 
 class WorkerHooks:
@@ -1063,6 +1080,11 @@ class XdistControllerHooks:
                 run.to_run = (run.to_run or 0) + 1
                 if found[1] in run.rundir.records:
                     run.rerun.add(found[1])
+        from pytest_osmosis.next_steps import start_lines
+
+        reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        for line in start_lines(self.session, self.session.config) if reporter else ():
+            reporter.write_line(line)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

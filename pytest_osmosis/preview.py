@@ -75,11 +75,16 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
             0,
         )
     retry = session.options.retry_failed
-    pending = [key for key in keys if key not in records or (retry and is_retried(records[key]))]
+    below = session.options.retry_below(plan)
+    pending = [
+        key for key in keys if key not in records or (retry and is_retried(records[key], below))
+    ]
     recorded = len(keys) - len(pending) if not retry else len(records)
     if not pending:
         return f"finished earlier: all {len(keys)} recorded, nothing runs", 0
-    return f"resumes: {recorded} recorded, {len(pending)} to run", len(pending)
+    retried = sum(1 for key in pending if key in records)
+    again = f" ({retried} retried)" if retried else ""
+    return f"resumes: {recorded} recorded, {len(pending)} to run{again}", len(pending)
 
 
 def _cache_mode(config: pytest.Config) -> str | None:
@@ -115,7 +120,12 @@ def plan_config(
     session: EvalSession, config: pytest.Config, path: Path, several: bool
 ) -> ConfigPlan:
     """The rows of one config's plan; an error becomes the plan's one line."""
-    from pytest_osmosis.workspace.plan import choose_run_name, run_inputs, utc_now
+    from pytest_osmosis.workspace.plan import (
+        choose_run_name,
+        other_named_run,
+        run_inputs,
+        utc_now,
+    )
 
     base = config.invocation_params.dir
     shown = ConfigPlan(_shown(path, base))
@@ -165,7 +175,8 @@ def plan_config(
     cache = _cache_mode(config)
     if cache is not None:
         rows.append(("cache", cache + _expected_hits(session, plan, cache)))
-    rows.append(("run", f"{plan.run_name} ({state})"))
+    note = other_named_run(plan, session.options.name, several)
+    rows.append(("run", f"{plan.run_name} ({state}{'; ' + note if note else ''})"))
     rows.append(("output", _shown(plan.run_dir, base)))
     if session.regrade is not None:
         rows.append(

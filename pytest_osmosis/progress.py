@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, OUTCOMES, PASSED, SKIPPED, classify
-from pytest_osmosis.words import ATTEMPTS, OUTCOME_WORDS, outcomes_text
+from pytest_osmosis.words import ATTEMPTS, OUTCOME_WORDS, outcomes_text, rate_text
 
 #: What ``--osmosis-progress`` accepts: ``auto`` draws the status line on a terminal that can
 #: redraw it and writes log lines elsewhere; ``line`` and ``log`` force one; ``off`` is silent.
@@ -298,7 +298,7 @@ class Progress:
         """The running totals a log line ends with (no width limit: logs wrap)."""
         snap = self.snapshot(now)
         counted = self.done - self.counts[SKIPPED]
-        rate = f"{self.counts[PASSED] / counted:.1%}" if counted else "-"
+        rate = rate_text(self.counts[PASSED], counted)
         eta = f", ETA {_duration(snap.eta)}" if snap.eta is not None else ""
         cost = f"; ${snap.cost:.2f}" if snap.cost is not None else ""
         earlier = f" ({self.recorded} recorded earlier)" if self.recorded else ""

@@ -12,7 +12,9 @@ PLAIN = ("-p", "no:cacheprovider", "-p", "no:randomly")
 
 
 def _workspace(root: Path) -> Path:
-    return write_workspace(root, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")]))
+    return write_workspace(
+        root, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")])
+    )
 
 
 # -- 1: a workspace laid out as the README shows ---------------------------------------------
@@ -46,3 +48,207 @@ def test_the_ini_line_makes_plain_pytest_collect(pytester: pytest.Pytester) -> N
     result = pytester.runpytest("--co", "-q", *PLAIN)
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["configs/eval/calc.toml::row_1_run_0"])
+
+
+# -- 2: --osmosis-retry-failed says what it retries ------------------------------------------
+
+
+def _low(root: Path) -> Path:
+    """Row 0 passes, row 1 is below threshold (the model says 15, the label 16)."""
+    return write_workspace(
+        root, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "16")])
+    )
+
+
+def test_help_names_what_each_retry_flag_reruns(pytester: pytest.Pytester) -> None:
+    out = " ".join(pytester.runpytest("--help").stdout.str().split())
+    assert (
+        "--osmosis-retry-failed re-run the errored and skipped attempts of a named run (as the "
+        "SDK's --retry-failed), keeping passed and below-threshold ones" in out
+    )
+    assert "--osmosis-retry-below-threshold re-run the attempts of a named run whose reward" in out
+    # 3: the naming rule of several configs is in --help too.
+    assert "with several configs each config's run is NAME-<config stem>" in out
+
+
+def test_retry_failed_keeps_low_rewards_says_why_and_the_other_flag_reruns_them(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _low(pytester.path)
+    named = ("--osmosis-eval", "--osmosis-name", "low", *PLAIN)
+    pytester.runpytest(*named).assert_outcomes(passed=1, failed=1)
+    requests = model_env.requests_total
+    kept = pytester.runpytest(*named, "--osmosis-retry-failed")
+    assert model_env.requests_total == requests  # nothing ran, and the table says why
+    kept.stdout.fnmatch_lines(
+        [
+            "--osmosis-retry-failed: run low has no errored or skipped attempt; its 1 "
+            "below-threshold attempt is kept (--osmosis-retry-below-threshold re-runs them)"
+        ]
+    )
+    plan = pytester.runpytest(*named, "--osmosis-retry-below-threshold", "--osmosis-plan")
+    plan.stdout.fnmatch_lines(["  run * low (resumes: 2 recorded, 1 to run (1 retried))"])
+    retried = pytester.runpytest(*named, "--osmosis-retry-below-threshold")
+    retried.assert_outcomes(passed=1, failed=1)  # row 0 replayed, row 1 run again
+    assert model_env.requests_total == requests + 2  # the preflight and row 1's call
+    retried.stdout.fnmatch_lines(
+        ["osmosis: configs/eval/calc.toml: 2 rows x 1 attempt, model openai/test-model, "
+         "run low (retries 1 errored, skipped or below threshold of 2 recorded)"]
+    )
+
+
+def test_retry_failed_on_a_new_run_says_nothing_was_recorded(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-retry-failed", *PLAIN)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "osmosis: note: --osmosis-retry-failed: run calc-* is new, so nothing is recorded "
+            "to retry (a run without --osmosis-name is new every session)"
+        ]
+    )
+
+
+# -- 3: --osmosis-name with one config, then several -----------------------------------------
+
+
+def test_the_plan_says_which_named_run_each_config_resumes(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", *PLAIN).assert_outcomes(
+        passed=2
+    )
+    write_workspace(pytester.path, name="sums", dataset="sums")  # the nightly job gains a config
+    plan = pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", "--osmosis-plan", *PLAIN)
+    plan.stdout.fnmatch_lines(
+        [
+            "osmosis plan: configs/eval/calc.toml",
+            "  run * intr3-calc (new run; run intr3 exists but is not resumed: with several "
+            "configs each run is intr3-<config stem>)",
+        ]
+    )
+    # The session itself says it too, before the first row (a nightly job prints no plan).
+    ran = pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", *PLAIN)
+    ran.stdout.fnmatch_lines(
+        [
+            "osmosis: note: intr3-calc: run intr3 exists but is not resumed: with several "
+            "configs each run is intr3-<config stem>"
+        ]
+    )
+    # Back to one config: intr3-calc exists now, and is not what `intr3` resumes.
+    one = pytester.runpytest(
+        "configs/eval/calc.toml", "--osmosis-name", "intr3", "--osmosis-plan", *PLAIN
+    )
+    one.stdout.fnmatch_lines(
+        [
+            "  run * intr3 (finished earlier: all 2 recorded, nothing runs; run intr3-calc exists "
+            "but is not resumed: with one config the run is intr3)"
+        ]
+    )
+
+
+# -- 4: what is about to run, and what to do next -------------------------------------------
+
+
+def test_a_compact_block_before_the_first_row_and_one_line_under_q(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    args = ("--osmosis-eval", "--osmosis-name", "block", "--osmosis-concurrency", "3", *PLAIN)
+    result = pytester.runpytest(*args, "--osmosis-n", "2")
+    lines = result.stdout.lines
+    at = lines.index("collected 4 items")
+    assert lines[at + 1 : at + 3] == [
+        "osmosis: configs/eval/calc.toml: 2 rows x 2 attempts, model openai/test-model, "
+        "run block (new run)",
+        "osmosis: 4 work items to run, 3 in flight, in this process; "
+        "output .osmosis/evals/block",
+    ]
+    quiet = pytester.runpytest(*args, "--osmosis-n", "2", "-q")
+    assert [line for line in quiet.stdout.lines if line.startswith("osmosis: ")] == [
+        "osmosis: 0 work items to run (configs/eval/calc.toml: 2 rows x 2 attempts, model "
+        "openai/test-model, run block (resumes: 4 of 4 recorded)), 3 in flight, in this "
+        "process; output .osmosis/evals/block"
+    ]
+
+
+def test_after_the_table_the_commands_that_come_next(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _low(pytester.path)
+    first = pytester.runpytest("--osmosis-eval", "--osmosis-name", "monday", *PLAIN)
+    first.stdout.fnmatch_lines(
+        [
+            "*- osmosis: next -*",
+            # (pytester's own --basetemp is part of the command it ran)
+            "retry    pytest --osmosis-eval --osmosis-name monday -p no:cacheprovider -p "
+            "no:randomly * --osmosis-retry-below-threshold  (1 below threshold, errored and "
+            "skipped too)",
+            "report   pytest-osmosis report monday",
+            "upload   osmosis eval upload .osmosis/evals/monday",
+        ]
+    )
+    assert "compare  " not in first.stdout.str()  # no earlier run of this rollout
+    second = pytester.runpytest("--osmosis-eval", *PLAIN)  # a generated name
+    second.stdout.fnmatch_lines(
+        [
+            "retry    pytest --osmosis-eval -p no:cacheprovider -p no:randomly * "
+            "configs/eval/calc.toml --osmosis-name=calc-* --osmosis-retry-below-threshold  *",
+            "report   pytest-osmosis report calc-*",
+            "compare  pytest-osmosis compare calc-* monday",
+        ]
+    )
+
+
+def test_after_ctrl_c_run_the_same_command_again(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import subprocess
+    import sys
+
+    from workspaces import wait_until
+
+    write_workspace(
+        pytester.path, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5? hold", "15")])
+    )
+    model_env.hold = "hold"
+    log = pytester.path / "session.log"
+    args = ["--osmosis-eval", "--osmosis-name", "ctrlc", "--osmosis-concurrency", "1", *PLAIN]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *args], cwd=pytester.path, stdout=out, stderr=out
+        )
+    try:
+        wait_until(lambda: model_env.holding == 1, "row 1 waits on the model")
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: proc.poll() is not None, "the session exits", 120)
+    finally:
+        model_env.hold = ""
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, text
+    assert (
+        "osmosis: stopped early: run the same command again to resume (1 of 2 recorded)" in text
+    ), text
+    assert "resume   pytest --osmosis-eval --osmosis-name ctrlc" in text, text
+    assert "upload " not in text  # an unfinished run is not uploaded
+
+
+# -- 5: 0/0 is not 0.0% ------------------------------------------------------------------------
+
+
+def test_a_pass_rate_of_nothing_reads_n_a(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=calc_rows([("What is 4 + 4?", "8", "skip")]))
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-progress", "log", *PLAIN)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        ["pass rate  n/a (0 passed / 0 attempts not skipped), pass_threshold 1.0"]
+    )
+    assert "pass rate n/a;" in result.stdout.str()  # the progress line's
+    assert "0.0%" not in result.stdout.str()

@@ -21,7 +21,7 @@ from pytest_osmosis.report.assets import CSS
 from pytest_osmosis.report.stats import wilson_interval
 from pytest_osmosis.report.svg import time_chart
 from pytest_osmosis.results.runs import format_duration, parse_time, run_list_item
-from pytest_osmosis.words import PASS_RATE_BASIS, pass_rate_basis, percent
+from pytest_osmosis.words import NO_RATE, PASS_RATE_BASIS, pass_rate_basis, percent
 
 INDEX_FILENAME = "runs.html"
 REPORT_FILENAME = "report.html"
@@ -72,7 +72,7 @@ def _row(item: Mapping[str, Any], index_dir: Path) -> str:
     if report.is_file():
         name = f'<a href="{_e(_link(report, index_dir))}">{name}</a>'
     counted = int(item["completed_samples"] or 0)
-    rate = "–"
+    rate = NO_RATE
     if counted:
         low, high = wilson_interval(int(item["passed"]), counted)
         rate = (
