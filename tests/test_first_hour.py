@@ -252,3 +252,41 @@ def test_a_pass_rate_of_nothing_reads_n_a(pytester: pytest.Pytester, model_env) 
     )
     assert "pass rate n/a;" in result.stdout.str()  # the progress line's
     assert "0.0%" not in result.stdout.str()
+
+
+# -- 9: one provider 500 costs at most the bridge's retries ---------------------------------
+
+
+def test_a_client_with_default_retries_does_not_retry_what_the_bridge_retried(
+    model_loop, model_server
+) -> None:  # type: ignore[no-untyped-def]
+    """The README's AsyncOpenAI has max_retries=2: without the bridge's x-should-retry it
+    would send each of its 3 tries through the bridge's own 3 (9 provider requests)."""
+    import openai
+
+    from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.ratelimit import TRANSIENT_RETRIES
+    from pytest_osmosis.model.routes import ModelRoute
+
+    model = "openai/osmosis-test"
+    bridge = Bridge(ModelRoute(model, model, {"api_base": model_server.url, "api_key": "sk-x"}))
+    model_loop.run(bridge.start())
+    try:
+        url, key = bridge.open_rollout("r1")
+        client = openai.AsyncOpenAI(base_url=url, api_key=key)  # max_retries=2, the default
+        model_server.fail_next(500, count=100, message="the provider is down")
+
+        async def call() -> BaseException:
+            try:
+                await client.chat.completions.create(
+                    model="any", messages=[{"role": "user", "content": "What is 2 + 2?"}]
+                )
+            except openai.APIStatusError as exc:
+                return exc
+            raise AssertionError("the call succeeded")
+
+        error = model_loop.run(call())
+        assert error.response.headers["x-should-retry"] == "false"
+        assert model_server.requests_total == 1 + TRANSIENT_RETRIES  # the bridge's, no more
+    finally:
+        model_loop.run(bridge.close())

@@ -813,6 +813,13 @@ def _error_status(exc: BaseException) -> int:
     return status if isinstance(status, int) and 400 <= status < 500 else 502
 
 
+#: On every error the bridge answers: it has already retried what was worth retrying
+#: (ratelimit.py), so a client that retries too (the OpenAI SDK's ``max_retries=2`` on a
+#: 5xx) would multiply one provider failure into nine provider requests. The OpenAI and
+#: Anthropic SDKs honour this header.
+NO_RETRY_HEADERS = {"x-should-retry": "false"}
+
+
 def _json_error(status: int, detail: str, *, kind: str | None = None) -> web.Response:
     from aiohttp import web
 
@@ -820,5 +827,8 @@ def _json_error(status: int, detail: str, *, kind: str | None = None) -> web.Res
         kind = "bridge_error" if status >= 500 else "invalid_request_error"
     body = {"detail": detail, "error": {"message": detail, "type": kind, "code": status}}
     return web.Response(
-        status=status, body=json.dumps(body).encode(), content_type="application/json"
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=NO_RETRY_HEADERS,
     )
