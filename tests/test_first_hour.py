@@ -3,6 +3,7 @@ stuck, misled or guessing. Each test here is one thing such a user ran into."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,45 @@ def test_a_client_with_default_retries_does_not_retry_what_the_bridge_retried(
         assert model_server.requests_total == 1 + TRANSIENT_RETRIES  # the bridge's, no more
     finally:
         model_loop.run(bridge.close())
+
+
+# -- 5: a provider error's headline is the provider's, not the client's ----------------------
+
+
+def test_a_provider_error_headline_has_no_bridge_url_and_no_mdn_link(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    model_env.fail_on = {"3 * 5": (500, 100)}  # row 1's calls: the provider answers 500
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "p500", *PLAIN)
+    result.assert_outcomes(passed=1, errors=1)
+    run_dir = pytester.path / ".osmosis" / "evals" / "p500"
+    index = [json.loads(line) for line in (run_dir / "index.jsonl").read_text().splitlines()]
+    errors = [row for row in index if row["status"] == "failed"]
+    assert len(errors) == 1
+    lines = result.stdout.lines
+    headline = lines[lines.index(errors_header(result)) + 1]
+    for text in (headline, _info_errored(run_dir)):
+        assert "workflow raised HTTPStatusError: model call failed: 500 from " in text, text
+        assert "injected error 500 for '3 * 5'" in text
+        assert "/v1/rollouts/" not in text and "developer.mozilla.org" not in text, text
+    # The client's own words, with the bridge's URL, stay in the run's log.
+    logs = (run_dir / "logs.txt").read_text()
+    assert "/v1/rollouts/" in logs and "developer.mozilla.org" in logs
+
+
+def errors_header(result: pytest.RunResult) -> str:
+    """The line pytest heads the errored row's report with."""
+    return next(line for line in result.stdout.lines if "ERROR at setup of row_1_run_0" in line)
+
+
+def _info_errored(run_dir: Path) -> str:
+    import contextlib
+    import io
+
+    from pytest_osmosis.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["info", str(run_dir)]) == 0
+    return out.getvalue()
