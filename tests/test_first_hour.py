@@ -333,3 +333,45 @@ def _info_errored(run_dir: Path) -> str:
     with contextlib.redirect_stdout(out):
         assert main(["info", str(run_dir)]) == 0
     return out.getvalue()
+
+
+# -- 7: a direct-route call is priced as LiteLLM prices it --------------------------------------
+
+
+def test_direct_rows_are_priced_from_litellms_map_without_importing_it(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    import litellm
+
+    _workspace(pytester.path)
+    pytester.makeconftest(
+        """
+        import sys
+        from pathlib import Path
+
+        def pytest_unconfigure(config):
+            Path("imported.txt").write_text(str("litellm" in sys.modules))
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-name", "priced", "--osmosis-model", "openai/gpt-4o-mini",
+        *PLAIN,
+    )
+    result.assert_outcomes(passed=2)
+    assert (pytester.path / "imported.txt").read_text() == "False"  # the rows went direct
+    run_dir = pytester.path / ".osmosis" / "evals" / "priced"
+    costs = json.loads((run_dir / "osmosis_metrics.json").read_text())["cost_usd_by_rollout"]
+    expected = {}
+    for rollout_id in costs:
+        trajectory = json.loads(
+            (run_dir / "rollout_trials" / rollout_id / "trajectory.json").read_text()
+        )
+        metrics = trajectory["final_metrics"]
+        prompt, completion = metrics["total_prompt_tokens"], metrics["total_completion_tokens"]
+        expected[rollout_id] = sum(
+            litellm.cost_per_token(
+                model="openai/gpt-4o-mini", prompt_tokens=prompt, completion_tokens=completion
+            )
+        )
+    assert costs == pytest.approx(expected) and all(costs.values())
+    assert "cost unknown" not in result.stdout.str()

@@ -210,6 +210,10 @@ class Bridge:
         self._server = await loop.create_server(accept, "127.0.0.1", 0, backlog=1024)
         self._runner = runner
         self._base = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        if self._rows_direct:  # their price is read from LiteLLM's file: off the rows' loop
+            from pytest_osmosis.model.prices import price
+
+            await loop.run_in_executor(None, price, self.route.litellm_model)
 
     def exhausted(self, why: str) -> None:
         """Count a call the session's own exhaustion left unserved: no rollout's failure.
