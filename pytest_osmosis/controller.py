@@ -102,6 +102,7 @@ class Controller:
         self._check_gate(models)
         if not models:
             milestones.finish()
+            self._announce(session.config)
             return
         # xdist's controller runs no rows (no LiteLLM here): its workers start once the
         # model is known good, and each imports LiteLLM before its first row.
@@ -121,6 +122,15 @@ class Controller:
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
         milestones.finish()
+        self._announce(session.config)
+
+    def _announce(self, config: pytest.Config) -> None:
+        """What is about to run, before the first row (next_steps.py)."""
+        from pytest_osmosis.next_steps import start_lines
+
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        for line in start_lines(self.session, config) if reporter is not None else ():
+            reporter.write_line(line)
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""

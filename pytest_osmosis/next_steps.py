@@ -31,8 +31,9 @@ def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _to_run(run: ControllerRun) -> int:
-    return run.pending_at_start if run.to_run is None else run.to_run
+def _retried(run: ControllerRun) -> int:
+    """Recorded attempts this session runs again (``--osmosis-retry-*``), before it runs them."""
+    return len(run.rundir.pending(run.rundir.records))
 
 
 def run_state(session: EvalSession, run: ControllerRun) -> str:
@@ -40,12 +41,13 @@ def run_state(session: EvalSession, run: ControllerRun) -> str:
     total = run.plan.total_items
     if run.created:
         return "new run"
-    if run.rerun:
+    recorded = len(run.rundir.records)
+    retried = _retried(run)
+    if retried:
         what = "errored, skipped or below threshold"
         if not session.options.retry_below_threshold:
             what = "errored or skipped"
-        return f"retries {len(run.rerun)} {what} of {total} recorded"
-    recorded = len(run.rundir.records)
+        return f"resumes: {recorded} of {total} recorded, retries {retried} {what}"
     return f"resumes: {recorded} of {total} recorded"
 
 
@@ -56,15 +58,22 @@ def _execution(config: pytest.Config) -> str:
     return "in this process"
 
 
+#: What the block before the first row starts each line with (``osmosis: `` starts the
+#: progress lines of a log, ``osmosis plan:`` the plan's).
+START = "osmosis run:"
+
+
 def start_lines(session: EvalSession, config: pytest.Config) -> list[str]:
-    """The block before the first row; one line under ``-q``."""
+    """The block before the first row (written when start-up succeeded, before pytest's
+    header); one line under ``-q``. Work items are those pending before ``-k`` or
+    ``--deselect`` choose among them."""
     from pytest_osmosis.workspace.plan import other_named_run
 
     runs = list(session.runs.values())
     if not runs or config.option.collectonly:
         return []
     base = config.invocation_params.dir
-    to_run = sum(_to_run(run) for run in runs)
+    pending = sum(run.pending_at_start for run in runs)
     several = len(runs) > 1
     output = (
         _shown(runs[0].plan.run_dir, base)
@@ -72,30 +81,31 @@ def start_lines(session: EvalSession, config: pytest.Config) -> list[str]:
         else ", ".join(sorted({_shown(run.plan.output_root, base) for run in runs}))
     )
     flight = f"{session.total_concurrency()} in flight, {_execution(config)}"
-    configs = []
+    configs: list[tuple[str, str]] = []
     notes = []
     for run in runs:
         plan = run.plan
         configs.append(
-            f"{_shown(plan.config_path, base)}: {_plural(len(plan.dataset), 'row')} x "
-            f"{_plural(plan.settings.n, 'attempt')}, model {plan.settings.model_path}, "
-            f"run {plan.run_name} ({run_state(session, run)})"
+            (
+                f"{_shown(plan.config_path, base)} -> {plan.run_name} ({run_state(session, run)})",
+                f"{_plural(len(plan.dataset), 'row')} x {_plural(plan.settings.n, 'attempt')}, "
+                f"model {plan.settings.model_path}",
+            )
         )
         note = other_named_run(plan, session.options.name, several)
         if note:
-            notes.append(f"osmosis: note: {plan.run_name}: {note}")
-        why = nothing_retried(session, run) if _to_run(run) else None  # else the table says it
+            notes.append(f"{START} note: {plan.run_name}: {note}")
+        why = nothing_retried(session, run) if run.pending_at_start else None  # else the table
         if why:
-            notes.append(f"osmosis: note: {why}")
-    items = _plural(to_run, "work item")
+            notes.append(f"{START} note: {why}")
+    items = f"{_plural(pending, 'work item')} pending"
     if config.get_verbosity() < 0:
-        return [
-            f"osmosis: {items} to run ({'; '.join(configs)}), {flight}; output {output}",
-            *notes,
-        ]
+        each = "; ".join(f"{where}: {what}" for where, what in configs)
+        return [f"{START} {items} ({each}), {flight}; output {output}", *notes]
     return [
-        *(f"osmosis: {line}" for line in configs),
-        f"osmosis: {items} to run, {flight}; output {output}",
+        *(f"{START} {line}" for pair in configs for line in pair),
+        f"{START} {items}, {flight}",
+        f"{START} output {output}",
         *notes,
     ]
 
@@ -105,7 +115,7 @@ def nothing_retried(session: EvalSession, run: ControllerRun) -> str | None:
     (or was not given)."""
     from pytest_osmosis.outcome import BELOW_THRESHOLD, classify
 
-    if not session.options.retry_failed or run.rerun:
+    if not session.options.retry_failed or _retried(run):
         return None
     flag = (
         "--osmosis-retry-below-threshold"

@@ -956,12 +956,6 @@ class ControllerHooks:
     ) -> None:
         self.controller.summary(terminalreporter, exitstatus)
 
-    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
-        """What is about to run, before the first row (next_steps.py)."""
-        from pytest_osmosis.next_steps import start_lines
-
-        return start_lines(self.controller.session, config)
-
 
 class WorkerHooks:
     """An xdist worker's hooks: take the controller's decisions, close at the end."""
@@ -1080,11 +1074,6 @@ class XdistControllerHooks:
                 run.to_run = (run.to_run or 0) + 1
                 if found[1] in run.rundir.records:
                     run.rerun.add(found[1])
-        from pytest_osmosis.next_steps import start_lines
-
-        reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
-        for line in start_lines(self.session, self.session.config) if reporter else ():
-            reporter.write_line(line)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

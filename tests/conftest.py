@@ -33,6 +33,7 @@ if str(_TESTS) not in sys.path:
 # The browser tests' plugin module (fixtures `browser`, `watched`): rewrite its asserts.
 pytest.register_assert_rewrite("chromium_page")
 
+from lane_skips import pytest_terminal_summary  # noqa: E402, F401 - a hook of this conftest
 from model_server import ModelServer  # noqa: E402
 
 try:

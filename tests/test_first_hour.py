@@ -93,8 +93,12 @@ def test_retry_failed_keeps_low_rewards_says_why_and_the_other_flag_reruns_them(
     retried.assert_outcomes(passed=1, failed=1)  # row 0 replayed, row 1 run again
     assert model_env.requests_total == requests + 2  # the preflight and row 1's call
     retried.stdout.fnmatch_lines(
-        ["osmosis: configs/eval/calc.toml: 2 rows x 1 attempt, model openai/test-model, "
-         "run low (retries 1 errored, skipped or below threshold of 2 recorded)"]
+        [
+            "osmosis run: configs/eval/calc.toml -> low (resumes: 2 of 2 recorded, retries 1 "
+            "errored, skipped or below threshold)",
+            "osmosis run: 2 rows x 1 attempt, model openai/test-model",
+            "osmosis run: 1 work item pending, 4 in flight, in this process",
+        ]
     )
 
 
@@ -106,7 +110,7 @@ def test_retry_failed_on_a_new_run_says_nothing_was_recorded(
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
-            "osmosis: note: --osmosis-retry-failed: run calc-* is new, so nothing is recorded "
+            "osmosis run: note: --osmosis-retry-failed: run calc-* is new, so nothing is recorded "
             "to retry (a run without --osmosis-name is new every session)"
         ]
     )
@@ -135,7 +139,7 @@ def test_the_plan_says_which_named_run_each_config_resumes(
     ran = pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", *PLAIN)
     ran.stdout.fnmatch_lines(
         [
-            "osmosis: note: intr3-calc: run intr3 exists but is not resumed: with several "
+            "osmosis run: note: intr3-calc: run intr3 exists but is not resumed: with several "
             "configs each run is intr3-<config stem>"
         ]
     )
@@ -161,19 +165,47 @@ def test_a_compact_block_before_the_first_row_and_one_line_under_q(
     args = ("--osmosis-eval", "--osmosis-name", "block", "--osmosis-concurrency", "3", *PLAIN)
     result = pytester.runpytest(*args, "--osmosis-n", "2")
     lines = result.stdout.lines
-    at = lines.index("collected 4 items")
-    assert lines[at + 1 : at + 3] == [
-        "osmosis: configs/eval/calc.toml: 2 rows x 2 attempts, model openai/test-model, "
-        "run block (new run)",
-        "osmosis: 4 work items to run, 3 in flight, in this process; "
-        "output .osmosis/evals/block",
+    block = [line for line in lines if line.startswith("osmosis run:")]
+    assert block == [
+        "osmosis run: configs/eval/calc.toml -> block (new run)",
+        "osmosis run: 2 rows x 2 attempts, model openai/test-model",
+        "osmosis run: 4 work items pending, 3 in flight, in this process",
+        "osmosis run: output .osmosis/evals/block",
     ]
-    quiet = pytester.runpytest(*args, "--osmosis-n", "2", "-q")
-    assert [line for line in quiet.stdout.lines if line.startswith("osmosis: ")] == [
-        "osmosis: 0 work items to run (configs/eval/calc.toml: 2 rows x 2 attempts, model "
-        "openai/test-model, run block (resumes: 4 of 4 recorded)), 3 in flight, in this "
+    # Before the first row: before pytest's header, after the start-up milestones.
+    assert lines.index(block[-1]) < lines.index("collected 4 items")
+    quiet = pytester.runpytest(*args, "--osmosis-n", "2", "-k", "row_1_", "-q")
+    assert [line for line in quiet.stdout.lines if line.startswith("osmosis")] == [
+        "osmosis run: 0 work items pending (configs/eval/calc.toml -> block (resumes: 4 of 4 "
+        "recorded): 2 rows x 2 attempts, model openai/test-model), 3 in flight, in this "
         "process; output .osmosis/evals/block"
     ]
+
+
+def test_the_block_on_a_terminal_stays_above_the_status_line(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    from test_progress import STATUS, frames, run_on_a_terminal, shown
+
+    _workspace(pytester.path)
+    output = run_on_a_terminal(
+        pytester.path, "--osmosis-eval", "--osmosis-name", "tty", "-n", "2", *PLAIN
+    )
+    *_, screen = frames(output)
+    final = shown(screen)
+    block = [line for line in final if line.startswith("osmosis run:")]
+    assert block == [  # each line fits the 80 columns
+        "osmosis run: configs/eval/calc.toml -> tty (new run)",
+        "osmosis run: 2 rows x 1 attempt, model openai/test-model",
+        "osmosis run: 2 work items pending, 4 in flight, on 2 xdist workers",
+        "osmosis run: output .osmosis/evals/tty",
+    ], final
+    # Before pytest's header, below the start-up milestones.
+    assert final.index(block[-1]) < next(
+        i for i, line in enumerate(final) if "test session starts" in line
+    )
+    assert not [line for line in final if STATUS.match(line)], final
+    assert any(line.startswith("upload   osmosis eval upload .osmosis/evals/tty") for line in final)
 
 
 def test_after_the_table_the_commands_that_come_next(
@@ -375,3 +407,40 @@ def test_direct_rows_are_priced_from_litellms_map_without_importing_it(
         )
     assert costs == pytest.approx(expected) and all(costs.values())
     assert "cost unknown" not in result.stdout.str()
+
+
+# -- 6: a green local run says what it did not cover --------------------------------------------
+
+
+def test_a_run_that_skipped_the_sdk_lanes_says_how_to_run_them(pytester: pytest.Pytester) -> None:
+    from reference_paths import needs_reference
+    from sdk_planner import SDK_MISSING
+
+    pytester.makepyfile(
+        test_lanes=f"""
+        import pytest
+
+        @pytest.mark.skipif(True, reason={SDK_MISSING!r})
+        def test_sdk(): pass
+
+        @pytest.mark.skipif(True, reason={needs_reference.kwargs["reason"]!r})
+        def test_reference(): pass
+
+        @pytest.mark.skip(reason="not on this platform")
+        def test_other(): pass
+
+        def test_ok(): pass
+        """
+    )
+    result = pytester.runpytest("-p", "lane_skips", *PLAIN)
+    result.assert_outcomes(passed=1, skipped=3)
+    result.stdout.fnmatch_lines(
+        [
+            "not covered: 2 tests skipped that need the official SDK or its reference run; to "
+            "run them, set OSMOSIS_SDK_PYTHON to a Python 3.12+ with osmosis-ai[eval]==0.3.8 "
+            "and OSMOSIS_REFERENCE_RUN to the SDK's reference run (shared/reference-run), as "
+            ".ci/run does"
+        ]
+    )
+    nothing = pytester.runpytest("-p", "lane_skips", "-k", "ok or other", *PLAIN)
+    assert "not covered" not in nothing.stdout.str()
