@@ -4,6 +4,7 @@ stuck, misled or guessing. Each test here is one thing such a user ran into."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -444,3 +445,88 @@ def test_a_run_that_skipped_the_sdk_lanes_says_how_to_run_them(pytester: pytest.
     )
     nothing = pytester.runpytest("-p", "lane_skips", "-k", "ok or other", *PLAIN)
     assert "not covered" not in nothing.stdout.str()
+
+
+# -- 8: the report, info and compare ----------------------------------------------------------
+
+METADATA_ROLLOUT = """
+from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
+
+
+class Sums(AgentWorkflow):
+    async def run(self, ctx):
+        m = ctx.metadata
+        if m.get("boom"):
+            raise RuntimeError("no question built")
+        question = [{"role": "user", "content": f"What is {m['a']} + {m['b']}?"}]
+        return AgentWorkflowOutput(messages=[*question, {"role": "assistant", "content": "13"}])
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(float(ctx.sample.messages[-1]["content"] == ctx.label))
+
+
+backend = LocalBackend(workflow=Sums, grader=Exact)
+"""
+
+
+def test_the_report_shows_a_metadata_rows_input(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(
+        pytester.path,
+        rows=[
+            {"metadata": {"a": 6, "b": 7}, "ground_truth": "13"},
+            {"metadata": {"a": 1, "b": 1, "boom": True}, "ground_truth": "2"},
+        ],
+    )
+    (pytester.path / "rollouts" / "calc" / "main.py").write_text(METADATA_ROLLOUT)
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-name", "meta", "--osmosis-report", *PLAIN
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    page = (pytester.path / ".osmosis" / "evals" / "meta" / "report.html").read_text()
+    found = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page)
+    assert found is not None
+    data = json.loads(found.group(1))
+    shared = data["inputs"]
+    inputs = [[shared[i] for i in row.get("ii", [])] for row in data["rows"]]
+    # The question the workflow built (its trajectory); without one, the row's metadata.
+    assert inputs == [[["user", "What is 6 + 7?"]], [["metadata", '{"a": 1, "b": 1, "boom": true}']]]
+    assert [row["in_src"] for row in data["rows"]] == ["trajectory", "dataset"]
+
+
+def test_info_lists_errored_and_below_threshold_attempts(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    from workspaces import MIXED_ROWS
+
+    write_workspace(pytester.path, rows=MIXED_ROWS)
+    pytester.runpytest("--osmosis-eval", "--osmosis-name", "mixed", *PLAIN)
+    text = _info_errored(pytester.path / ".osmosis" / "evals" / "mixed")
+    lines = text.splitlines()
+    assert "Errored attempts (2)" in lines
+    at = lines.index("Below threshold attempts (1)")
+    assert re.fullmatch(r"  row 1 run 0: reward 0\.00 < 1\.0 -> rollout_trials/\w+", lines[at + 1])
+    assert "Skipped attempts (1)" in lines
+
+
+def test_compare_is_report_compare(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    import contextlib
+    import io
+
+    from pytest_osmosis.cli import main
+
+    _workspace(pytester.path)
+    for name in ("monday", "tuesday"):
+        pytester.runpytest("--osmosis-eval", "--osmosis-name", name, *PLAIN)
+    root = str(pytester.path / ".osmosis" / "evals")
+    said = []
+    for argv in (
+        ["compare", "tuesday", "monday", "--output", root, "--format", "markdown"],
+        ["report", "tuesday", "--compare", "monday", "--output", root, "--format", "markdown"],
+    ):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(argv) == 0
+        said.append(out.getvalue())
+    assert said[0] == said[1] and "monday" in said[0]
