@@ -530,3 +530,35 @@ def test_compare_is_report_compare(pytester: pytest.Pytester, model_env) -> None
             assert main(argv) == 0
         said.append(out.getvalue())
     assert said[0] == said[1] and "monday" in said[0]
+
+
+def test_per_row_tick_labels_do_not_overlap_at_30_rows() -> None:
+    from pytest_osmosis.report.svg import PLOT_W, TICK_CHAR_W, bar_chart
+
+    bars = [(str(row), 1.0, "pass", f"row {row}") for row in range(30)]
+    svg = bar_chart("per-row", "rows", bars, x_label="row", y_label="passed", pct=True)
+    ticks = re.findall(r'<text class="tick" x="([\d.]+)" y="[\d.]+" text-anchor="middle">(\d+)<', svg)
+    assert [label for _, label in ticks] == [str(row) for row in range(0, 30, 2)]
+    xs = [float(x) for x, _ in ticks]
+    gaps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    assert min(gaps) > 2 * TICK_CHAR_W  # two digits fit between
+    assert PLOT_W / 30 < 2 * TICK_CHAR_W  # (every row labelled would have overlapped)
+
+
+def test_runs_html_plots_small_and_incomplete_runs_on_lines_of_their_own(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    from pytest_osmosis.report import write_index
+
+    _workspace(pytester.path)
+    base = ("--osmosis-eval", "--osmosis-concurrency", "1", *PLAIN)
+    pytester.runpytest(*base, "--osmosis-name", "full").assert_outcomes(passed=2)
+    pytester.runpytest(*base, "--osmosis-name", "smoke", "--osmosis-rows", "0")
+    pytester.runpytest(*base, "--osmosis-name", "cut", "-k", "row_0_").assert_outcomes(passed=1)
+    page = write_index(pytester.path / ".osmosis" / "evals").read_text()
+    legend = re.findall(r'<text class="legend-entry [^"]*"[^>]*>&#9679; ([^<]*)<', page)
+    assert sorted(legend) == [
+        "calc on calc, 1 attempt",
+        "calc on calc, 2 attempts",
+        "calc on calc, 2 attempts (incomplete)",
+    ]

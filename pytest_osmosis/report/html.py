@@ -357,7 +357,7 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
             "cost": f'<td class="num">{_cost_text(r.get("cost"))}</td>',
             "dur": f'<td class="num">{format_duration(r.get("dur"))}</td>',
             "err": f"<td>{_e(r.get('err', ''))}</td>",
-            "rid": f'<td class="mono">{_e(str(r.get("rid", ""))[:12])}</td>',
+            "rid": f'<td class="mono">{_e(str(r.get("rid", ""))[:8])}</td>',
         }
         body.append(
             f'<tr tabindex="0" data-i="{r["i"]}" data-key="{r["r"]}.{r["n"]}" '

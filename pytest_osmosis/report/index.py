@@ -38,8 +38,14 @@ def _link(target: Path, index_dir: Path) -> str:
 
 
 def _series_key(item: Mapping[str, Any]) -> str:
-    """Runs of the same rollout on the same dataset share a line (models differ per point)."""
-    return f"{item['rollout'] or '?'} on {item['dataset'] or '?'}"
+    """Runs of the same rollout on the same dataset and as many work items share a line
+    (models differ per point); a 4-attempt smoke run and an incomplete run get lines of
+    their own, so a full run's trend is not read through them."""
+    key = f"{item['rollout'] or '?'} on {item['dataset'] or '?'}"
+    total = item.get("rows_total")
+    if total:
+        key += f", {total} attempt{'' if total == 1 else 's'}"
+    return key if item.get("status") == "finished" else f"{key} (incomplete)"
 
 
 def _chart(items: Sequence[Mapping[str, Any]], index_dir: Path) -> str:
