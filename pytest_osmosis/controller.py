@@ -129,7 +129,9 @@ class Controller:
         from pytest_osmosis.next_steps import start_lines
 
         reporter = config.pluginmanager.get_plugin("terminalreporter")
-        for line in start_lines(self.session, config) if reporter is not None else ():
+        if reporter is None:  # -p no:terminal
+            return
+        for line in start_lines(self.session, config):
             reporter.write_line(line)
 
     def _check_gate(self, models: list[str]) -> None:
