@@ -84,6 +84,12 @@ def dollars(cost: Any) -> str:
     return "unknown"
 
 
+def short_dollars(cost: float) -> str:
+    """A running cost in a few characters: ``$0.04``; ``<$0.01`` rather than a ``$0.00`` that
+    reads as free (a small model's rows cost millionths of a dollar)."""
+    return f"${cost:.2f}" if cost >= 0.005 or cost == 0 else "<$0.01"
+
+
 def one_line(text: str, limit: int | None = None) -> str:
     """Text as one line (white space folded), cut to *limit* characters with ``...``."""
     flat = " ".join(text.split())

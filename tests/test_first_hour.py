@@ -408,6 +408,9 @@ def test_direct_rows_are_priced_from_litellms_map_without_importing_it(
         )
     assert costs == pytest.approx(expected) and all(costs.values())
     assert "cost unknown" not in result.stdout.str()
+    # Progress says the running cost is under a cent, not "$0.00" (which reads as free).
+    rows = [line for line in result.stdout.lines if line.startswith("osmosis: row ")]
+    assert rows and all("; <$0.01; " in line and "$0.00;" not in line for line in rows), rows
 
 
 # -- 6: a green local run says what it did not cover --------------------------------------------
