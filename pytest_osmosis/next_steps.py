@@ -51,11 +51,17 @@ def run_state(session: EvalSession, run: ControllerRun) -> str:
     return f"resumes: {recorded} of {total} recorded"
 
 
-def _execution(config: pytest.Config) -> str:
+def _execution(session: EvalSession, config: pytest.Config) -> str:
+    """Where rows run: this process or xdist's workers, and rollouts served apart
+    (``--osmosis-execution server``, execution/dispatch.py)."""
+    from pytest_osmosis.execution.dispatch import SERVER
+
     workers = getattr(config.option, "numprocesses", None)
+    where = "in this process"
     if workers and config.pluginmanager.has_plugin("dsession"):
-        return f"on {_plural(int(workers), 'xdist worker')}"
-    return "in this process"
+        where = f"on {_plural(int(workers), 'xdist worker')}"
+    served = [run for run in session.runs.values() if session.load_rollout(run.plan).mode == SERVER]
+    return f"{where}, rollouts in servers of their own" if served else where
 
 
 #: What the block before the first row starts each line with (``osmosis: `` starts the
@@ -80,7 +86,7 @@ def start_lines(session: EvalSession, config: pytest.Config) -> list[str]:
         if not several
         else ", ".join(sorted({_shown(run.plan.output_root, base) for run in runs}))
     )
-    flight = f"{session.total_concurrency()} in flight, {_execution(config)}"
+    flight = f"{session.total_concurrency()} in flight, {_execution(session, config)}"
     configs: list[tuple[str, str]] = []
     notes = []
     for run in runs:
@@ -248,13 +254,15 @@ def write_next_steps(terminal: Any, session: EvalSession, exitstatus: int) -> No
     """The block after the results table (and after Ctrl-C, the line that says how to
     resume)."""
     interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+    # A collection error interrupts too, but running the same command again fails the same.
+    broken = any(isinstance(r, pytest.CollectReport) for r in terminal.stats.get("error", []))
     lines = next_lines(session, interrupted)
     if not lines:
         return
     terminal.write_sep("-", "osmosis: next")
     for line in lines:
         terminal.write_line(line)
-    if interrupted:
+    if interrupted and not broken:
         recorded = sum(len(run.rundir.records) for run in session.runs.values())
         total = sum(run.plan.total_items for run in session.runs.values())
         again = (
