@@ -41,6 +41,7 @@ from pytest_osmosis.words import (
     ATTEMPTS,
     BELOW_THRESHOLD,
     ERRORED,
+    NO_RATE,
     SKIPPED,
     outcomes_text,
     pass_rate_text,
@@ -141,7 +142,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             str(item["model"] or "–"),
             str(item["dataset"] or "–"),
             f"{item['rows_done']}/{item['rows_total'] if item['rows_total'] is not None else '?'}",
-            percent(item["pass_rate"]) if item["completed_samples"] else "–",
+            percent(item["pass_rate"]) if item["completed_samples"] else NO_RATE,
             _when(item["started_at"]),
             format_duration(item["duration_ms"]),
         ]
@@ -293,7 +294,13 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             ("Error types", ", ".join(f"{k} x{v}" for k, v in info["error_types"].items())),
         ],
     )
-    for word, key in ((ERRORED, "failed_rows"), (SKIPPED, "skipped_rows")):
+    # Every attempt that did not pass, by outcome: what pytest calls failed is both of the
+    # first two (an error, a reward below the threshold).
+    for word, key in (
+        (ERRORED, "failed_rows"),
+        (BELOW_THRESHOLD, "below_threshold_rows"),
+        (SKIPPED, "skipped_rows"),
+    ):
         entries = info[key]
         if not entries:
             continue
@@ -302,6 +309,9 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             text = f"  row {dataset_row(entry)} run {entry['run_index']}"
             if key == "failed_rows":
                 text += f": error_type={entry.get('error_type') or 'unknown'}"
+            reward = entry.get("reward")
+            if key == "below_threshold_rows" and isinstance(reward, (int, float)):
+                text += f": reward {reward:.2f} < {float(config['pass_threshold'])!r}"
             if entry.get("rollout_id"):
                 text += f" -> rollout_trials/{entry['rollout_id']}"
             if entry.get("error_message"):
@@ -309,15 +319,6 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             lines.append(text)
         if len(entries) > 50:
             lines.append(f"  ... and {len(entries) - 50} more (--json lists all)")
-    below = info["below_threshold_rows"]
-    if below:
-        lines.extend(
-            [
-                "",
-                f"{BELOW_THRESHOLD.capitalize()}: {len(below)} attempt(s) with a reward under "
-                f"{float(config['pass_threshold'])!r}",
-            ]
-        )
     for warning in info["warnings"]:
         lines.append(f"\nWarning: {warning}")
     return lines
@@ -395,6 +396,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(f"{path}\n")
     return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``compare RUN BASELINE``: the obvious name for ``report RUN --compare BASELINE``."""
+    args.compare, args.index = args.baseline, False
+    return cmd_report(args)
 
 
 def _report_index(args: argparse.Namespace, write_index: Callable[..., Path]) -> int:
@@ -522,6 +529,27 @@ def build_parser() -> argparse.ArgumentParser:
     p_report.add_argument("--format", choices=("html", "markdown"), default="html")
     _add_common(p_report)
     p_report.set_defaults(handler=cmd_report)
+
+    p_compare = subparsers.add_parser(
+        "compare",
+        help="compare a run with a baseline run (report RUN --compare BASELINE)",
+        allow_abbrev=False,
+        description="Write the comparison of RUN against BASELINE and print its path: the "
+        "pass-rate change with its 95% interval, regressed and improved rows, both runs' "
+        "answers row by row. The same as `report RUN --compare BASELINE`.",
+    )
+    p_compare.add_argument("run", metavar="RUN", help="run name, directory, or `latest`")
+    p_compare.add_argument("baseline", metavar="BASELINE", help="the run to compare against")
+    p_compare.add_argument("--dataset", metavar="FILE", help="RUN's dataset file (as report's)")
+    p_compare.add_argument(
+        "-o",
+        "--out",
+        metavar="FILE",
+        help="where to write (default: inside RUN's directory; Markdown goes to stdout)",
+    )
+    p_compare.add_argument("--format", choices=("html", "markdown"), default="html")
+    _add_common(p_compare)
+    p_compare.set_defaults(handler=cmd_compare)
 
     _register_extensions(subparsers)
     return parser

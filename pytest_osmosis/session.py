@@ -96,6 +96,12 @@ class SessionOptions:
     server_python: str | None = None
     """Run rollout servers on this interpreter instead of a synced environment."""
     server_start_timeout: float = 90.0
+    retry_below_threshold: bool = False
+    """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
+
+    def retry_below(self, plan: EvalPlan) -> float | None:
+        """The threshold below which a recorded attempt is retried; None: low rewards stay."""
+        return plan.settings.pass_threshold if self.retry_below_threshold else None
 
 
 @dataclass
@@ -285,6 +291,7 @@ class EvalSession:
                 run_provenance(plan),
                 fresh=self.options.fresh,
                 retry_failed=self.options.retry_failed,
+                retry_below=self.options.retry_below(plan),
                 warn=warn,
                 sources=plan.dataset.selected_source_rows,
             )
@@ -478,7 +485,8 @@ class EvalSession:
         record = self.journal(item.parent.plan).get(item.key)
         if record is None:
             return None
-        if self.options.retry_failed and outcome.is_retried(record):
+        retry_below = self.options.retry_below(item.parent.plan)
+        if self.options.retry_failed and outcome.is_retried(record, retry_below):
             return None
         return record
 

@@ -51,6 +51,7 @@ def test_every_python_block_of_the_guide_is_a_marked_file() -> None:
 def test_the_rollout_guide_runs_as_printed(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     files = _guide_files()
     assert {
+        "pytest.ini",
         "data/arith.jsonl",
         "configs/eval/arith.toml",
         "rollouts/arith/main.py",
@@ -66,7 +67,8 @@ def test_the_rollout_guide_runs_as_printed(pytester: pytest.Pytester, model_env)
     assert count == 1
     (pytester.path / "configs/eval/arith-openai.toml").write_text(second, encoding="utf-8")
 
-    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-v")
+    # Plain `pytest`, as the layout says: the guide's pytest.ini enables the plugin.
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v")
 
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.assert_outcomes(passed=6, skipped=2)
