@@ -154,6 +154,7 @@ class Controller:
     def record(self, report: pytest.TestReport) -> None:
         """Journal the result a report carries, before anything reports it."""
         from pytest_osmosis.rerun import is_rerun
+        from pytest_osmosis.results.atomic import interrupt_held
 
         if is_rerun(report):  # pytest-rerunfailures runs it again: the last attempt counts
             return
@@ -176,8 +177,9 @@ class Controller:
         if run is None or result.get("resumed"):
             return
         with self.session.recording(run, result):  # a full disk or a deleted run: exit 4
-            record = run.rundir.append(result)
-            run.executed += 1
+            with interrupt_held():  # the run's count agrees with its journal
+                record = run.rundir.append(result)
+                run.executed += 1
             run.rate_limited += int(result.get("rate_limited") or 0)
             self._spend(run, result)
             run.cache_calls += int(result.get("cache_calls") or 0)
@@ -300,9 +302,11 @@ class Controller:
         if self.progress is not None:
             self.progress.stop()  # before anything below prints
         try:
+            stopped_before = {path for path, run in self.session.runs.items() if run.storage_fault}
+            self.session.journal_finished()  # nothing paid for is lost, however the session ends
             interrupted = session.shouldstop or session.shouldfail
-            for run in self.session.runs.values():
-                stopped = run.storage_fault is not None
+            for path, run in self.session.runs.items():
+                stopped = path in stopped_before
                 run.metrics = finalize_run(run, cancelled=bool(interrupted))
                 if run.metrics:
                     run.row_metrics = self._row_metrics(run)

@@ -163,7 +163,7 @@ class EvalSession:
         #: Where a row's ``os._exit`` names the row (single process; see _record_killed_rows).
         self._exit_paths: list[str] = []
         self._restore_exit = (
-            None if is_worker else blame.witness_exits(self._exit_paths, self._journal_finished)
+            None if is_worker else blame.witness_exits(self._exit_paths, self.journal_finished)
         )
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
@@ -345,18 +345,33 @@ class EvalSession:
         if not self.is_worker and self.runs:
             self._exit_paths[:] = [_exit_witness(run.plan) for run in self.runs.values()]
 
-    def _journal_finished(self) -> None:
-        """A row is ending the process (``os._exit``): journal the rows that finished ahead
-        of it but were not reported yet, so that the next session does not run them again."""
+    def journal_finished(self) -> None:
+        """Journal the rows that finished ahead but were not reported yet, so that the next
+        session does not run them again: the session is ending before pytest reached them
+        (Ctrl-C, ``-x``, an INTERNALERROR, a row's ``os._exit``)."""
         if self._executor is None:
             return
         for nodeid, result in self._executor.finished().items():
             found = self.item_key(nodeid)
-            if found is None or not isinstance(result, dict):
+            if found is None or not isinstance(result, dict) or result.get("session_fault"):
                 continue
             run = self.runs[found[0]]
-            if run.rundir.pending([found[1]]) and not result.get("storage_fault"):
+            if run.storage_fault is not None or result.get("storage_fault"):
+                continue
+            if not run.rundir.pending([found[1]]):
+                continue
+            try:
                 run.rundir.append(result)
+            except (RunDirectoryError, OSError) as exc:  # the final snapshots say it, exit 4
+                run.storage_fault = str(exc)
+                continue
+            run.executed += 1
+            run.log.write(
+                "info",
+                "result",
+                "work item finished (not reported: the session ended first)",
+                rollout_id=result["rollout_id"],
+            )
 
     def phase(self, doing: str) -> contextlib.AbstractContextManager[None]:
         """A start-up milestone around a phase that can take a while (milestones.py)."""

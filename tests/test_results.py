@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -628,6 +629,28 @@ def test_journal_records_are_canonical_and_drop_extra_keys(tmp_path: Path) -> No
         "duration_ms": 12.5,
     }
     assert b'"reward":1.0' in line
+
+
+def test_ctrl_c_during_an_append_lands_after_the_record_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C between the journal's fsync and the records update once left the index one
+    row short: the interrupt is held until both are done, then raised as usual."""
+    run = open_run(tmp_path)
+    real_fsync = os.fsync
+
+    def fsync_then_ctrl_c(fd: int) -> None:
+        real_fsync(fd)
+        signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C right here
+
+    monkeypatch.setattr(os, "fsync", fsync_then_ctrl_c)
+    record = {"row_index": 0, "run_index": 0, "rollout_id": "a" * 32, "status": "success"}
+    with pytest.raises(KeyboardInterrupt):
+        run.append(record)
+    monkeypatch.undo()
+    assert set(run.records) == {(0, 0)} == set(read_journal(run.path))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    run.close()
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from pytest_osmosis.results.atomic import (
     atomic_write_json,
     format_utc,
     fsync_dir,
+    interrupt_held,
     remove_stale_temporaries,
 )
 from pytest_osmosis.results.index import (
@@ -453,7 +454,7 @@ class RunDirectory:
         """
         normalized = normalize_record(record, where="work result")
         key = (normalized["row_index"], normalized["run_index"])
-        with self._mutex:
+        with self._mutex, interrupt_held():
             try:
                 self._journal.append(normalized)
             except OSError as exc:
