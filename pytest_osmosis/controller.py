@@ -294,6 +294,45 @@ class Controller:
 
     # -- the end --------------------------------------------------------------------
 
+    def arm_second_interrupt(self) -> None:
+        """After the first Ctrl-C the session winds down (snapshots, reports); a second one
+        ends it at once, in one line and exit 2, instead of a traceback from wherever it
+        lands. What the journal holds is kept (each append is whole: interrupt_held)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.session.journal_finished()  # the rows that finished ahead are kept, whatever comes
+
+        def stop_now(signum: int, frame: Any) -> None:
+            import os
+            import sys
+
+            try:  # rows finished since the first Ctrl-C; only locks this thread may re-take
+                self.session.journal_finished(wait=False)
+            except Exception:  # noqa: BLE001 - leaving anyway; what is journalled stays
+                pass
+            runs = list(self.session.runs.values())
+            kept = sum(len(run.rundir.records) for run in runs)
+            where = f" in {runs[0].plan.run_dir}" if len(runs) == 1 else ""
+            line = (
+                f"\nosmosis: stopped; {kept} results kept{where} "
+                "(run the same command again to resume)\n"
+            )
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 - a closed or broken stream
+                    pass
+            try:
+                os.write(2, line.encode())
+            except OSError:
+                pass
+            os._exit(int(pytest.ExitCode.INTERRUPTED))
+
+        signal.signal(signal.SIGINT, stop_now)
+
     def finish(self, session: pytest.Session) -> None:
         """Write the final snapshot, then apply the gate; the session is closed either way."""
         self._letterless = None

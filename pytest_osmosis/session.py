@@ -345,13 +345,14 @@ class EvalSession:
         if not self.is_worker and self.runs:
             self._exit_paths[:] = [_exit_witness(run.plan) for run in self.runs.values()]
 
-    def journal_finished(self) -> None:
+    def journal_finished(self, *, wait: bool = True) -> None:
         """Journal the rows that finished ahead but were not reported yet, so that the next
         session does not run them again: the session is ending before pytest reached them
-        (Ctrl-C, ``-x``, an INTERNALERROR, a row's ``os._exit``)."""
+        (Ctrl-C, ``-x``, an INTERNALERROR, a row's ``os._exit``). ``wait=False``: from a
+        signal handler, which must not wait on a lock the code it interrupted holds."""
         if self._executor is None:
             return
-        for nodeid, result in self._executor.finished().items():
+        for nodeid, result in self._executor.finished(wait=wait).items():
             found = self.item_key(nodeid)
             if found is None or not isinstance(result, dict) or result.get("session_fault"):
                 continue

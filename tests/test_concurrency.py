@@ -251,6 +251,73 @@ def test_rows_finished_ahead_are_journalled_when_the_session_dies_by_internalerr
     assert slow_model.requests_total == before  # not even the preflight
 
 
+SLOW_TO_SHOW_AN_INTERRUPT = """
+import pathlib
+import time
+
+
+def pytest_keyboard_interrupt(excinfo):
+    # Showing the first Ctrl-C takes a while (pytest renders its traceback): the user
+    # presses Ctrl-C again meanwhile. The marker tells the test this moment has come.
+    pathlib.Path("first-interrupt-seen").touch()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
+    pytester: pytest.Pytester, slow_model
+) -> None:  # type: ignore[no-untyped-def]
+    """It ended with a raw KeyboardInterrupt traceback and rc -2."""
+    slow_model.delay = 0.0
+    slow_model.hold = "What is 3 + 1"  # row 3 waits on the model until the test lets it go
+    write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 6})
+    pytester.makeconftest(SLOW_TO_SHOW_AN_INTERRUPT)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "twice")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *args],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        run_dir = pytester.path / ".osmosis" / "evals"
+        deadline = time.monotonic() + 600  # stops a hang only; the events decide
+        while slow_model.holding < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "row 3 never asked"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        marker = pytester.path / "first-interrupt-seen"
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no first interrupt"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        slow_model.hold = ""
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    text = out.decode()
+    assert proc.returncode == 2, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text.replace(
+        "!!! KeyboardInterrupt !!!", ""
+    ), text
+    run = run_dir / "twice"
+    kept = len((run / "events.jsonl").read_text().splitlines())
+    assert 1 <= kept <= 5  # what had finished by the first Ctrl-C; row 3 never answered
+    last = text.rstrip().splitlines()[-1]
+    assert last == (
+        f"osmosis: stopped; {kept} results kept in {run} (run the same command again to resume)"
+    ), text
+    (pytester.path / "conftest.py").unlink()
+    before = slow_model.requests_total
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=6)
+    assert slow_model.requests_total - before == (6 - kept) + 1  # the rest, and the preflight
+
+
 XDIST_WITHOUT_QUEUE_LOCK = '''
 import pytest
 
