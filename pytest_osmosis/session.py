@@ -41,6 +41,7 @@ from pytest_osmosis.execution.executor import (
     raise_fd_limit,
 )
 from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
+from pytest_osmosis.execution.streams import keep_streams_open
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
@@ -571,6 +572,7 @@ class EvalSession:
         """
         if self.carried_forward(item) is not None:
             return
+        keep_streams_open()  # pytest's capture streams, current now, as rows may run
         if not self._prefetched:
             self._prefetched = True
             from pytest_osmosis.model.litellm import import_litellm

@@ -48,6 +48,8 @@ async def misbehave(do):
         for _ in range(5000):
             deep = [deep]
         return {"deep": deep}
+    if do == "close_stdout":
+        sys.stdout.close()  # a helper that thought it owned the stream
     if do == "child_exit":
         async def helper():
             sys.exit(4)
@@ -213,6 +215,26 @@ def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
         lines = [line for line in logs.splitlines() if recorded[index]["rollout_id"] in line]
         assert any("no trajectory written" in line for line in lines), logs
     assert sdk_judge(run_dir)["accepted"]
+
+
+@pytest.mark.parametrize("args", [(), ("-s",), ("-n", "2")], ids=["captured", "s", "xdist"])
+def test_a_rollout_closing_sys_stdout_costs_no_row_and_no_flood(
+    pytester: pytest.Pytester, model_env, args: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    """It made 2,730 lines of errors (pytest's capture stream closed under it)."""
+    write_workspace(
+        pytester.path,
+        rows=rows(["ok", "close_stdout", "ok"]),
+        rollout_source=MISBEHAVING_ROLLOUT,
+        evaluation={"batch_size": 1},
+    )
+    result = run_session(pytester, "stdout", *args)
+    out = result.stdout.str() + result.stderr.str()
+    run_dir = pytester.path / ".osmosis" / "evals" / "stdout"
+    assert [r["status"] for r in journal(run_dir)] == ["success"] * 3
+    result.assert_outcomes(passed=3)
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out
+    assert len(out.splitlines()) < 60, out
 
 
 @pytest.mark.parametrize(
