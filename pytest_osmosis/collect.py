@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis.errors import OsmosisError
-from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify, pytest_outcome
+from pytest_osmosis.outcome import (
+    BELOW_THRESHOLD,
+    FAILED,
+    SKIPPED,
+    classify,
+    no_trajectory_text,
+    pytest_outcome,
+)
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -263,7 +270,7 @@ def pytest_verdict(
     ids do.
     """
     where = f"(row {source_row}, run {run_index})"
-    resumed = " [resumed]" if result.get("resumed") else ""
+    resumed = (" [resumed]" if result.get("resumed") else "") + no_trajectory_text(result)
     threshold = result["pass_threshold"]
     verdict = classify(result, threshold)
     headline = ""

@@ -197,6 +197,7 @@ class Controller:
             if result.get("trajectory_problem"):
                 where = f"row {result.get('source_row_index')} run {result['run_index']}"
                 problem = f"{where}: {result['trajectory_problem']}"
+                run.no_trajectory.append(problem)  # the results table counts them
                 run.log.warning("result", problem, rollout_id=result["rollout_id"])
             self.session.config.hook.pytest_osmosis_row_result(
                 config=self.session.config, result=result

@@ -135,6 +135,8 @@ class ControllerRun:
     """``osmosis_metrics.json`` as written at the end (results/row_metrics.py)."""
     execution: str = ""
     """How its rows run, and why (``EvalSession.execution_text``)."""
+    no_trajectory: list[str] = field(default_factory=list)
+    """This session's rows recorded without a trajectory, and why ("row 1 run 0: ...")."""
 
 
 class EvalSession:

@@ -214,6 +214,17 @@ def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
         assert not (trial / "trajectory.json").exists()
         lines = [line for line in logs.splitlines() if recorded[index]["rollout_id"] in line]
         assert any("no trajectory written" in line for line in lines), logs
+    # Said where the user looks (it was in logs.txt alone, exit 0): the rows' own lines,
+    # and the results table with the count and the first reason.
+    outlines = result.outlines
+    for row in (1, 3):
+        (line,) = [x for x in outlines if x.startswith(f"osmosis: row {row} run 0 passed")]
+        assert "; no trajectory written: " in line, line
+    (table,) = [x for x in outlines if x.startswith("trajectory ")]
+    assert table.startswith(
+        "trajectory 2 rows recorded without trajectory.json (first: row 1 run 0: "
+        "no trajectory written: "
+    ), table
     assert sdk_judge(run_dir)["accepted"]
 
 
