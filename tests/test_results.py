@@ -653,6 +653,49 @@ def test_ctrl_c_during_an_append_lands_after_the_record_is_whole(
     run.close()
 
 
+def test_a_journal_line_that_would_not_read_back_is_refused_unwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our JSON turned out wrong (a replaced encoder): the record is not journalled, and
+    the session stops on it as on any storage fault, rather than write what replay refuses."""
+    from pytest_osmosis.results import stdjson
+
+    run = open_run(tmp_path)
+    execute(run, 0, 0)
+    before = (run.path / "events.jsonl").read_bytes()
+    real = stdjson.dumps
+    monkeypatch.setattr(stdjson, "dumps", lambda value, **kw: real(value, indent=1))
+    record = {"row_index": 1, "run_index": 0, "rollout_id": "b" * 32, "status": "success"}
+    with pytest.raises(RunDirectoryError, match=r"row 1 run 0 does not read back as written"):
+        run.append(record)
+    monkeypatch.undo()
+    assert (run.path / "events.jsonl").read_bytes() == before
+    assert set(run.records) == {(0, 0)}
+    run.close()
+
+
+def test_a_rollout_replacing_json_dumps_changes_none_of_our_files(tmp_path: Path) -> None:
+    """The functions the run directory is written with were bound before any rollout ran."""
+    import json
+
+    from pytest_osmosis.results import stdjson
+
+    real = json.dumps
+    try:
+        json.dumps = lambda value, **kw: "garbage"  # type: ignore[assignment]
+        run = open_run(tmp_path)
+        record = execute(run, 0, 0)
+        refresh(run)
+        run.close()
+    finally:
+        json.dumps = real  # type: ignore[assignment]
+    assert stdjson.dumps is real
+    assert (run.path / "events.jsonl").read_bytes() == journal_line(normalize_record(
+        record, where="test"
+    ))
+    assert json.loads((run.path / "metrics.json").read_text())["summary"]["total_samples"] == 1
+
+
 @pytest.mark.parametrize(
     ("bad", "message"),
     [

@@ -12,7 +12,6 @@ import contextlib
 import errno
 import hashlib
 import itertools
-import json
 import os
 import re
 import signal
@@ -21,6 +20,8 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from pytest_osmosis.results import stdjson as json
 
 #: Owner-only, like the SDK: trajectories and logs may carry prompts and data.
 FILE_MODE = 0o600

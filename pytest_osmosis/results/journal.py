@@ -9,7 +9,6 @@ a skewed clock can never change which attempt wins).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import FILE_MODE, canonical_json, fsync_dir
 
 JOURNAL_FILENAME = "events.jsonl"
@@ -130,6 +130,16 @@ def normalize_record(payload: Any, *, where: str) -> dict[str, Any]:
 def journal_line(record: Mapping[str, Any]) -> bytes:
     """The on-disk form of a normalized record: canonical JSON plus ``\\n``."""
     return (canonical_json(dict(record)) + "\n").encode("utf-8")
+
+
+def _read_back(line: bytes) -> Any:
+    """What replay will make of *line*: one JSON object on one line, or None."""
+    if line.count(b"\n") != 1:
+        return None
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
 
 
 @dataclass
@@ -264,6 +274,12 @@ class Journal:
             raise RunDirectoryError(f"{self.path}: the journal is closed")
         self.ensure_in_place()
         line = journal_line(record)
+        if _read_back(line) != dict(record):
+            raise RunDirectoryError(
+                f"{self.path}: the record of row {record.get('row_index')} run "
+                f"{record.get('run_index')} does not read back as written, so it was not "
+                "journalled (is json.dumps replaced in this process?)"
+            )
         view = memoryview(line)
         try:
             while view:

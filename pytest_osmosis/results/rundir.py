@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import Any, Literal
 
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.outcome import is_retried
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import (
     FILE_MODE,
     atomic_write_bytes,
