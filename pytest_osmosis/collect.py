@@ -85,7 +85,7 @@ class EvalConfigFile(pytest.File):
             plan = session.plan_for(self.path)
             session.ready_rollout(plan)
         except OsmosisError as exc:
-            hint = _how_to_run_the_others(self.config, self.path)
+            hint = how_to_run_the_others(self.config, self.path)
             raise self.CollectError(f"{exc}{hint}") from None
         self.plan = plan
         experiment = plan.config.experiment
@@ -230,7 +230,7 @@ class EvalItem(pytest.Item):
         return self.path, 0, self.name
 
 
-def _how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
+def how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
     """pytest stops a session at a collection error; say how the other configs still run.
 
     (The official template ships a placeholder ``configs/eval/default.toml``, so a plain

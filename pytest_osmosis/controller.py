@@ -82,6 +82,7 @@ class Controller:
             self.session.open_runs(configs)
         except OsmosisError as exc:
             raise pytest.UsageError(str(exc)) from None
+        self._stop_xdist_on_plan_errors(session)
         if options.confirm:
             from pytest_osmosis.preview import confirm
 
@@ -113,6 +114,27 @@ class Controller:
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
         milestones.finish()
+
+    def _stop_xdist_on_plan_errors(self, session: pytest.Session) -> None:
+        """A config that cannot be planned stops a single process at collection (exit 2,
+        nothing opened: ``open_runs``); xdist does not stop on a worker's collection error,
+        so its workers would run the other configs (exit 1). Stop its controller the same
+        way, before any worker starts."""
+        errors = self.session.plan_errors()
+        config = session.config
+        if not errors or config.option.continue_on_collection_errors:
+            return
+        if not config.pluginmanager.has_plugin("dsession"):
+            return
+        from pytest_osmosis.collect import how_to_run_the_others
+
+        path, exc = errors[0]
+        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        pytest.exit(
+            f"ERROR collecting {path}: {exc}{how_to_run_the_others(config, path)}\n"
+            f"Interrupted: {count} during collection",
+            returncode=pytest.ExitCode.INTERRUPTED,
+        )
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""

@@ -246,6 +246,7 @@ class EvalSession:
         now = utc_now()
         several = len(config_paths) > 1
         names: dict[str, str] = {}
+        planned: list[tuple[Path, EvalPlan, dict[str, Any]]] = []
         for path in config_paths:
             path = path.resolve()
             try:
@@ -271,6 +272,11 @@ class EvalSession:
             except OsmosisError as exc:
                 self._errors[path] = exc  # collection reports it, naming the file
                 continue
+            planned.append((path, plan, inputs))
+        if self._errors and not self.config.option.continue_on_collection_errors:
+            # Collection will stop the session on that error: nothing is opened or called.
+            return names
+        for path, plan, inputs in planned:
             box: list[RunLog] = []
             early: list[str] = []
 
@@ -316,6 +322,10 @@ class EvalSession:
                 self._start_early(plan)
         self._record_killed_rows()
         return names
+
+    def plan_errors(self) -> list[tuple[Path, OsmosisError]]:
+        """The configs that could not be planned, and why (collection reports them)."""
+        return list(self._errors.items())
 
     def _record_killed_rows(self) -> None:
         """A row whose code called ``os._exit`` in the previous single-process session is
