@@ -255,11 +255,15 @@ def test_a_rollout_closing_sys_stdout_costs_no_row_and_no_flood(
         ({"run_index": 1}, "run_index 1 is not an attempt of this run (n = 1: 0-0)"),
         ({"row_index": -1}, "row_index must be a non-negative integer, got -1"),
         ({"source_row_index": 7}, "source_row_index 7 is not row_index 9's source row (9)"),
+        (
+            {"status": "failed", "error_type": "agent_error", "reward": 0.9},
+            "a failed record carries reward 0.9, but only a success has a reward",
+        ),
     ],
-    ids=["row", "attempt", "negative", "source"],
+    ids=["row", "attempt", "negative", "source", "failed-reward"],
 )
 def test_a_journal_line_for_a_work_item_that_does_not_exist_is_refused_at_resume(
-    pytester: pytest.Pytester, model_env, edit: dict[str, int], words: str
+    pytester: pytest.Pytester, model_env, edit: dict[str, Any], words: str
 ) -> None:  # type: ignore[no-untyped-def]
     write_workspace(
         pytester.path,

@@ -208,6 +208,15 @@ def replay_journal(
                 record = normalize_record(payload, where=where)
             except RunDirectoryError as exc:
                 raise RunDirectoryError(f"{exc}; {_CORRUPT_HINT}") from exc
+            if record["status"] != "success" and "reward" in record:
+                # Only a hand edit or a foreign journal holds one: the SDK counts a failed
+                # record's reward against the threshold, we count no failure as passed,
+                # so the index and the pass rate would disagree with it.
+                raise RunDirectoryError(
+                    f"{where}: a {record['status']} record carries reward "
+                    f"{_show(record['reward'])}, but only a success has a reward; "
+                    f"{_CORRUPT_HINT}"
+                )
             if sources is not None and n is not None:
                 foreign = _foreign_item(record, sources, n)
                 if foreign is not None:
