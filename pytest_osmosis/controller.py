@@ -327,6 +327,8 @@ class Controller:
         if threading.current_thread() is not threading.main_thread():
             return
         self.session.journal_finished()  # the rows that finished ahead are kept, whatever comes
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return  # the second Ctrl-C is already someone's (the preflight's: contract D16)
 
         def stop_now(signum: int, frame: Any) -> None:
             import os
