@@ -41,7 +41,7 @@ from pytest_osmosis.execution.executor import (
     raise_fd_limit,
 )
 from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
-from pytest_osmosis.execution.streams import keep_streams_open
+from pytest_osmosis.execution.streams import keep_streams_open, let_streams_close
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
@@ -1082,6 +1082,7 @@ class EvalSession:
                     pass
             executor.close()
             self._executor = None
+        let_streams_close()
         caches, self._caches = list(self._caches.values()), {}
         for cache in caches:
             cache.close()  # what the bridges queued is written before the session ends

@@ -12,7 +12,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["keep_streams_open"]
+__all__ = ["keep_streams_open", "let_streams_close"]
+
+#: The streams given a flushing ``close``, to give them their own back at session end.
+_KEPT: list[Any] = []
 
 
 def keep_streams_open() -> None:
@@ -33,4 +36,16 @@ def _keep_open(stream: Any) -> None:
             return
         stream.close = stream.flush
     except (TypeError, AttributeError):  # a stream type without instance attributes
-        pass
+        return
+    _KEPT.append(stream)
+
+
+def let_streams_close() -> None:
+    """The session is over (no row runs any more): each stream closes as it did before."""
+    while _KEPT:
+        stream = _KEPT.pop()
+        try:
+            if vars(stream).get("close") == stream.flush:
+                del stream.close
+        except (TypeError, AttributeError):
+            pass
