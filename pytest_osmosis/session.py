@@ -179,6 +179,9 @@ class EvalSession:
         self.stop_file: str | None = None
         self.milestones: Milestones | None = None
         """Start-up phases on the controller's terminal (set by the controller role)."""
+        self.faulted = False
+        """A row met a fault of the whole session (``SessionFaultError``): what finished
+        after it may have run on what broke (a changed dataset), so it is not journalled."""
         #: ``--osmosis-regrade``: the run whose samples are graded again, and its config.
         self.regrade: SourceRun | None = None
         self.regrade_config: Path | None = None
@@ -363,7 +366,7 @@ class EvalSession:
         session does not run them again: the session is ending before pytest reached them
         (Ctrl-C, ``-x``, an INTERNALERROR, a row's ``os._exit``). ``wait=False``: from a
         signal handler, which must not wait on a lock the code it interrupted holds."""
-        if self._executor is None:
+        if self._executor is None or self.faulted:
             return
         for nodeid, result in self._executor.finished(wait=wait).items():
             found = self.item_key(nodeid)
@@ -650,6 +653,7 @@ class EvalSession:
                 return self._past_backstop(item, factory, exc)
         except SessionFaultError as exc:  # nothing can be trusted now: stop, rows pending
             line = f"osmosis: {exc}"
+            self.faulted = True  # rows finished after it are not kept either (journal_finished)
             if self.is_worker:
                 # pytest.exit on a worker leaves xdist's controller holding rows it can place
                 # nowhere (INTERNALERROR): take no more rows, and let the controller stop.
