@@ -489,8 +489,9 @@ def progress_option(config: pytest.Config) -> str:
 
 
 def run_keys(plan: Any) -> list[tuple[int, int]]:
-    """Every (row_index, run_index) of a plan: its selected rows times its attempts."""
-    return [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+    """Every (row_index, run_index) of a plan: its selected rows times its attempts (its
+    shard's share of them under ``--osmosis-shard``)."""
+    return list(plan.work_keys())
 
 
 def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
@@ -530,6 +531,7 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             model_path=plan.settings.model_path,
             rollout_name=plan.config.experiment.rollout,
             started_at=run.started_at,
+            keys=run_keys(plan) if plan.shard is not None else None,
         )
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4
         run.storage_fault = str(exc)

@@ -215,6 +215,16 @@ OPTIONS = (
         "PYTHON",
         override=False,
     ),
+    # Beyond one machine (shard.py): a CI matrix job runs its share; merge joins them.
+    _Option(
+        "shard",
+        "--osmosis-shard",
+        "run shard K of N (e.g. 2/4): a stable share of the work items, picked by each "
+        "row's content and attempt, into a run directory of its own (pytest-osmosis merge "
+        "joins the shards)",
+        "K/N",
+        override=False,
+    ),
     # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
     _Option(
         "github",
@@ -649,6 +659,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         rollout_dir=_path(config, plain("rollout_dir")),
         plan=bool(plain("plan")),
         confirm=bool(plain("confirm")),
+        shard=_shard(values["shard"]),
     )
     named_configs = any(is_eval_config(p) for p in _named_paths(config))
     session = EvalSession(
@@ -747,6 +758,19 @@ def _cache_options(plain: Any) -> dict[str, Any]:
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     return {"cache_mode": mode, "cache_max_age_s": max_age}
+
+
+def _shard(given: tuple[Any, str] | None) -> Any:
+    """``--osmosis-shard K/N`` (or its ini twin), checked: a bad value is one line, exit 4."""
+    if given is None:
+        return None
+    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.shard import parse_shard
+
+    try:
+        return parse_shard(str(given[0]), given[1])
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _is_override(dest: str) -> bool:
@@ -916,6 +940,10 @@ class ControllerHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.controller.start(session)
+
+    def pytest_report_header(self, config: pytest.Config) -> str | None:
+        shard = self.controller.session.options.shard
+        return f"osmosis: {shard} (--osmosis-shard)" if shard is not None else None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> bool | None:

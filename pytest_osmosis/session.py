@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
     from pytest_osmosis.results.regrade import SourceRun
+    from pytest_osmosis.shard import Shard
 
 
 @dataclass
@@ -96,6 +97,8 @@ class SessionOptions:
     server_python: str | None = None
     """Run rollout servers on this interpreter instead of a synced environment."""
     server_start_timeout: float = 90.0
+    shard: Shard | None = None
+    """``--osmosis-shard K/N``: run that share of every config's work items (shard.py)."""
     retry_below_threshold: bool = False
     """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
 
@@ -223,9 +226,11 @@ class EvalSession:
             take_worker_input(self, workerinput["osmosis_regrade"])
 
     def _build_plan(self, path: Path) -> EvalPlan:
-        return build_plan(
+        plan = build_plan(
             path, self.overrides(), self.options.output, rollout_dir=self.options.rollout_dir
         )
+        plan.shard = self.options.shard
+        return plan
 
     def overrides(self) -> Overrides:
         """The plan's overrides: the options', and under a regrade the regraded run's rows,
@@ -299,7 +304,7 @@ class EvalSession:
             box.append(log)
             for message in early:
                 log.warning("results", message)
-            keys = [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+            keys = plan.work_keys()
             pending = len(rundir.pending(keys))
             log.write(
                 "info", "run", f"{plan.run_name}: {pending} of {len(keys)} work items pending"

@@ -16,7 +16,8 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
     for run in session.runs.values():
         if not run.metrics:
             continue
-        terminal.write_sep("=", f"osmosis: {run.plan.run_name}")
+        shard = f" ({run.plan.shard})" if run.plan.shard is not None else ""
+        terminal.write_sep("=", f"osmosis: {run.plan.run_name}{shard}")
         if run.pending_at_start == 0 and run.executed == 0:
             from pytest_osmosis.next_steps import nothing_retried
 

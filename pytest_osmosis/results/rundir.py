@@ -566,6 +566,7 @@ class RunDirectory:
         rollout_name: str | None = None,
         duration_ms: float | None = None,
         project_all: bool = False,
+        keys: Iterable[WorkKey] | None = None,
     ) -> dict[str, Any]:
         """Rewrite projections (changed items only), index, summary, progress, metrics.
 
@@ -573,7 +574,8 @@ class RunDirectory:
         to the time since ``started_at``). ``finished`` is written only when every
         work item ``(r < sampled_rows, i < n)`` has a record; otherwise it becomes
         ``incomplete``. *n*, *model_path* and *rollout_name* default to the
-        manifest's inputs. Returns the ``metrics.json`` document.
+        manifest's inputs. *keys* narrows the work items a finished run must have recorded
+        (a shard's share, shard.py). Returns the ``metrics.json`` document.
         """
         inputs = self.manifest["inputs"]
         n_runs = max(1, int(inputs["n"] if n is None else n))
@@ -599,9 +601,12 @@ class RunDirectory:
                         "total_dataset_rows": total_dataset_rows,
                     },
                 )
-                complete = all(
-                    (r, i) in self.records for r in range(sampled_rows) for i in range(n_runs)
+                expected = (
+                    ((r, i) for r in range(sampled_rows) for i in range(n_runs))
+                    if keys is None
+                    else keys
                 )
+                complete = all(key in self.records for key in expected)
                 final_status = "incomplete" if status == "finished" and not complete else status
                 now = datetime.now(timezone.utc)
                 if duration_ms is None:
