@@ -446,27 +446,31 @@ class Controller:
                 run.index_path = index
 
     def _gate(self, session: pytest.Session) -> None:
-        from pytest_osmosis.gate import Verdict, decide
+        from pytest_osmosis.gate import Verdict
 
         gate = self.session.options.gate
         if not gate.active or not self.session.runs:
             return
         if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             return  # interrupted, usage or internal errors keep their own exit status
-        from pytest_osmosis.gate import RunDetail
-        from pytest_osmosis.results.row_metrics import attempts_by_row
+        from pytest_osmosis.gate import judge_runs
 
-        runs = [(run.plan.run_name, run.metrics) for run in self.session.runs.values()]
-        details = {
-            run.plan.run_name: RunDetail(
-                attempts_by_row(run.rundir.records.values(), run.plan.settings.pass_threshold),
-                run.plan.run_dir,
-            )
-            for run in self.session.runs.values()
-        }
-        verdict = decide(gate, runs, details)
+        runs = self.session.runs.values()
+        verdict = judge_runs(
+            gate,
+            [
+                (
+                    run.plan.run_name,
+                    run.metrics,
+                    list(run.rundir.records.values()),
+                    run.plan.settings.pass_threshold,
+                    run.plan.run_dir,
+                )
+                for run in runs
+            ],
+        )
         override = session.config.hook.pytest_osmosis_gate(
-            config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
+            config=session.config, metrics=[run.metrics for run in runs], verdict=verdict.as_dict()
         )
         if override is not None:
             verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])

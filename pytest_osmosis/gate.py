@@ -346,6 +346,22 @@ def decide(
     return verdict
 
 
+def judge_runs(
+    options: GateOptions,
+    runs: list[tuple[str, dict[str, Any], list[Mapping[str, Any]], float, Path]],
+) -> Verdict:
+    """The gate's verdict on finished runs: (name, ``metrics.json``, journal records, pass
+    threshold, run directory) each. What the session's controller and ``pytest-osmosis
+    gate`` both call, so a run is judged the same wherever it was gated."""
+    from pytest_osmosis.results.row_metrics import attempts_by_row
+
+    details = {
+        name: RunDetail(attempts_by_row(records, threshold), run_dir)
+        for name, _, records, threshold, run_dir in runs
+    }
+    return decide(options, [(name, metrics) for name, metrics, *_ in runs], details)
+
+
 def check_runs(options: GateOptions, runs: list[tuple[str, Path, Mapping[str, Any]]]) -> None:
     """Before any row: refuse in one line what the gate could not judge at the end.
 

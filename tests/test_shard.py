@@ -121,3 +121,149 @@ def test_the_ini_twin_shards(pytester: pytest.Pytester, model_env) -> None:  # t
     result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "ini", *PLAIN)
     assert "osmosis: shard 1 of 2" in result.stdout.str()
     assert (pytester.path / EVALS / "ini-shard-1-of-2" / "metrics.json").is_file()
+
+
+# -- merge -----------------------------------------------------------------------------
+
+
+def _shards(pytester: pytest.Pytester, count: int, *more: str) -> list[Path]:
+    for k in range(1, count + 1):
+        _run_shard(pytester, f"{k}/{count}", *more)
+    return [pytester.path / EVALS / f"ci-shard-{k}-of-{count}" for k in range(1, count + 1)]
+
+
+def _comparable(run_dir: Path) -> list[dict[str, Any]]:
+    """Index rows without what differs between two executions (ids, durations)."""
+    return [
+        {k: v for k, v in row.items() if k not in ("rollout_id", "duration_ms")}
+        for row in read_index(run_dir)
+    ]
+
+
+def _summary_bytes(run_dir: Path) -> bytes:
+    """metrics.json from its ``summary`` key on, as written (it follows ``eval_run``)."""
+    raw = (run_dir / "metrics.json").read_bytes()
+    assert list(json.loads(raw)) == ["eval_run", "summary"]
+    return raw[raw.index(b'"summary"') :]
+
+
+def test_merged_shards_equal_the_unsharded_run(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "whole", *PLAIN)
+    whole = pytester.path / EVALS / "whole"
+    shards = _shards(pytester, 3)
+    code, out, err = _merge(*map(str, shards), "--output", str(pytester.path / "merged"))
+    assert code == 0, err
+    merged = pytester.path / "merged" / "ci"
+    assert out.strip() == str(merged)
+    assert _comparable(merged) == _comparable(whole)
+    assert _summary_bytes(merged) == _summary_bytes(whole)
+    assert (merged / "summary.jsonl").read_bytes() == (merged / "index.jsonl").read_bytes()
+    assert json.loads((merged / "progress.json").read_text()) == json.loads(
+        (whole / "progress.json").read_text()
+    )
+    mine = json.loads((merged / "manifest.json").read_text())
+    theirs = json.loads((whole / "manifest.json").read_text())
+    assert mine["inputs"] == theirs["inputs"] and mine["run_name"] == "ci"
+    assert "shard" not in mine["provenance"]
+    # Every record, trajectory, projection and artifact is the shard's, byte for byte.
+    journal = [json.loads(line) for line in (merged / "events.jsonl").read_text().splitlines()]
+    assert [(r["row_index"], r["run_index"]) for r in journal] == sorted(
+        (r, i) for r in range(10) for i in range(2)
+    )
+    by_id = {
+        row["rollout_id"]: shard for shard in shards for row in read_index(shard)
+    }
+    for row in read_index(merged):
+        trial = Path("rollout_trials", row["rollout_id"])
+        for name in ("trajectory.json", "artifacts/answer.txt"):
+            source = by_id[row["rollout_id"]] / trial / name
+            if source.exists():
+                assert (merged / trial / name).read_bytes() == source.read_bytes()
+        stem = f"row_{row['row_index']}_run_{row['run_index']}.json"
+        if "trajectory_filename" in row:
+            assert (merged / "trajectories" / stem).read_bytes() == (
+                merged / trial / "trajectory.json"
+            ).read_bytes()
+    verdict = sdk_judge(merged)
+    assert verdict["accepted"], verdict
+    # The unsharded command finds the merged run finished: nothing runs again.
+    shutil.copytree(merged, pytester.path / EVALS / "ci")
+    before = model_env.requests_total
+    again = pytester.runpytest("--osmosis-eval", "--osmosis-name", "ci", *PLAIN)
+    assert "already finished" in again.stdout.str()
+    assert model_env.requests_total == before
+    del result
+
+
+def _refusal(*args: str) -> str:
+    code, out, err = _merge(*args)
+    assert code != 0 and not out
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_merge_refuses_what_cannot_be_one_run(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    one, two = _shards(pytester, 2)
+    out = str(pytester.path / "merged")
+    # A shard missing: its items are listed, and the shard named.
+    err = _refusal(str(one), "--output", out)
+    missing = sorted(set(_items(two)))
+    assert f"{len(missing)} items are in no shard (shard 2 of 2 not given): " in err
+    assert f"row_{missing[0][0]}_run_{missing[0][1]}" in err
+    # The same shard twice.
+    assert "shard given twice" in _refusal(str(one), str(one), "--output", out)
+    # Shards of another count.
+    other = _shards(pytester, 3)[0]
+    assert "shards of different shard counts" in _refusal(str(one), str(other), "--output", out)
+    # Different inputs: another n.
+    _run_shard(pytester, "2/2", "--osmosis-n", "1", "--osmosis-name", "n1")
+    n1 = pytester.path / EVALS / "n1-shard-2-of-2"
+    err = _refusal(str(one), str(n1), "--output", out)
+    assert "differs from shard 1 of 2" in err and "inputs.n" in err
+    # Not a shard at all.
+    pytester.runpytest("--osmosis-eval", "--osmosis-name", "whole", *PLAIN)
+    err = _refusal(str(one), str(pytester.path / EVALS / "whole"), "--output", out)
+    assert "provenance.shard is missing" in err
+    # An unfinished shard.
+    partial = pytester.path / "partial"
+    shutil.copytree(two, partial)
+    metrics = json.loads((partial / "metrics.json").read_text())
+    metrics["eval_run"]["status"] = "incomplete"
+    (partial / "metrics.json").write_text(json.dumps(metrics))
+    assert "is not finished (metrics.json status 'incomplete')" in _refusal(
+        str(one), str(partial), "--output", out
+    )
+    # Overlapping items: a record of shard 1 also journalled in shard 2.
+    overlap = pytester.path / "overlap"
+    shutil.copytree(two, overlap)
+    stolen = (one / "events.jsonl").read_text().splitlines()[0]
+    with open(overlap / "events.jsonl", "a") as journal:
+        journal.write(stolen + "\n")
+    err = _refusal(str(one), str(overlap), "--output", out)
+    record = json.loads(stolen)
+    assert f"items are in more than one shard: row_{record['source_row_index']}_run_" in err
+    assert "(shards 1, 2)" in err
+    # Nothing was written by any refusal; an existing target is not overwritten.
+    assert not (pytester.path / "merged").exists()
+    assert _merge(str(one), str(two), "--output", out)[0] == 0
+    assert "exists" in _refusal(str(one), str(two), "--output", out)
+
+
+def test_a_merged_run_of_a_sample_keeps_the_selection(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path, n=1)
+    rows = ("--osmosis-rows", "1,3,5-8")
+    pytester.runpytest("--osmosis-eval", "--osmosis-name", "whole", *rows, *PLAIN)
+    shards = _shards(pytester, 2, *rows)
+    code, _, err = _merge(*map(str, shards), "--output", str(pytester.path / "m"), "--name", "x")
+    assert code == 0, err
+    merged = pytester.path / "m" / "x"
+    assert _comparable(merged) == _comparable(pytester.path / EVALS / "whole")
+    assert sdk_judge(merged)["accepted"]
