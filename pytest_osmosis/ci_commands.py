@@ -160,9 +160,9 @@ class _RecordedDataset:
 
         self.sources = {r["row_index"]: r.get("source_row_index", r["row_index"]) for r in records}
         found = find_dataset(run)
-        self.path = found or Path(str((run.get("metrics") or {}).get("eval_run", {}).get(
-            "dataset_name", "dataset"
-        )))
+        self.path = found or Path(
+            str((run.get("metrics") or {}).get("eval_run", {}).get("dataset_name", "dataset"))
+        )
         self._opened: Any = None
         if found is not None:
             from pytest_osmosis.dataset import open_dataset
@@ -170,7 +170,10 @@ class _RecordedDataset:
             selector = (run["manifest"].get("inputs") or {}).get("dataset", {})
             try:
                 self._opened = open_dataset(
-                    found, limit=None, rows=selector.get("selected_source_rows"), sample=None,
+                    found,
+                    limit=None,
+                    rows=selector.get("selected_source_rows"),
+                    sample=None,
                     seed=0,
                 )
             except Exception:  # noqa: BLE001 - lines are a nicety; annotate without them

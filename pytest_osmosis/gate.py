@@ -14,7 +14,7 @@ without a check is a setting: rules read it (``--osmosis-gate-bound``,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -348,7 +348,7 @@ def decide(
 
 def judge_runs(
     options: GateOptions,
-    runs: list[tuple[str, dict[str, Any], list[Mapping[str, Any]], float, Path]],
+    runs: list[tuple[str, dict[str, Any], Sequence[Mapping[str, Any]], float, Path]],
 ) -> Verdict:
     """The gate's verdict on finished runs: (name, ``metrics.json``, journal records, pass
     threshold, run directory) each. What the session's controller and ``pytest-osmosis

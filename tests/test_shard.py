@@ -88,9 +88,7 @@ def test_a_shard_keeps_its_rows_when_rows_are_added_elsewhere(
         config = _workspace(pytester.path, rows)
         plan = build_plan(config, {}, None)
         plan.shard = Shard(2, 4)
-        return {
-            f"{rows[r]['user_prompt']}#{attempt}" for r, attempt in plan.work_keys()
-        }
+        return {f"{rows[r]['user_prompt']}#{attempt}" for r, attempt in plan.work_keys()}
 
     before = owned(ROWS)
     added = calc_rows([(f"What is {i} * 7?", str(i * 7)) for i in range(40)])
@@ -147,9 +145,7 @@ def _summary_bytes(run_dir: Path) -> bytes:
     return raw[raw.index(b'"summary"') :]
 
 
-def test_merged_shards_equal_the_unsharded_run(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+def test_merged_shards_equal_the_unsharded_run(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     _workspace(pytester.path)
     result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "whole", *PLAIN)
     whole = pytester.path / EVALS / "whole"
@@ -173,9 +169,7 @@ def test_merged_shards_equal_the_unsharded_run(
     assert [(r["row_index"], r["run_index"]) for r in journal] == sorted(
         (r, i) for r in range(10) for i in range(2)
     )
-    by_id = {
-        row["rollout_id"]: shard for shard in shards for row in read_index(shard)
-    }
+    by_id = {row["rollout_id"]: shard for shard in shards for row in read_index(shard)}
     for row in read_index(merged):
         trial = Path("rollout_trials", row["rollout_id"])
         for name in ("trajectory.json", "artifacts/answer.txt"):
@@ -205,9 +199,7 @@ def _refusal(*args: str) -> str:
     return err
 
 
-def test_merge_refuses_what_cannot_be_one_run(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+def test_merge_refuses_what_cannot_be_one_run(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     _workspace(pytester.path)
     one, two = _shards(pytester, 2)
     out = str(pytester.path / "merged")
@@ -255,9 +247,7 @@ def test_merge_refuses_what_cannot_be_one_run(
     assert "exists" in _refusal(str(one), str(two), "--output", out)
 
 
-def test_a_merged_run_of_a_sample_keeps_the_selection(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_merged_run_of_a_sample_keeps_the_selection(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     _workspace(pytester.path, n=1)
     rows = ("--osmosis-rows", "1,3,5-8")
     pytester.runpytest("--osmosis-eval", "--osmosis-name", "whole", *rows, *PLAIN)

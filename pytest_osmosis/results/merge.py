@@ -26,7 +26,6 @@ from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.results.index import METRICS_FILENAME, PROGRESS_FILENAME, TRIALS_DIRNAME
 from pytest_osmosis.results.journal import JOURNAL_FILENAME, WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
-from pytest_osmosis.results.rundir import LOGS_FILENAME, RunDirectory
 from pytest_osmosis.results.row_metrics import (
     attempts_by_row,
     cost_of,
@@ -34,6 +33,7 @@ from pytest_osmosis.results.row_metrics import (
     row_metrics,
     write_row_metrics,
 )
+from pytest_osmosis.results.rundir import LOGS_FILENAME, RunDirectory
 
 #: Items listed in a refusal before "and N more".
 SHOWN = 10
@@ -85,9 +85,7 @@ def read_shard(path: Path) -> ShardRun:
     metrics = _json(path / METRICS_FILENAME) if (path / METRICS_FILENAME).is_file() else {}
     progress = _json(path / PROGRESS_FILENAME) if (path / PROGRESS_FILENAME).is_file() else {}
     records = replay_journal(path / JOURNAL_FILENAME).latest
-    return ShardRun(
-        path, shard["index"], shard["count"], manifest, metrics, progress, records
-    )
+    return ShardRun(path, shard["index"], shard["count"], manifest, metrics, progress, records)
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -143,7 +141,9 @@ def check_shards(shards: Sequence[ShardRun]) -> tuple[list[int], int]:
     expected = _compared(first)
     for run in shards[1:]:
         theirs = _compared(run)
-        differs = sorted(key for key in {*expected, *theirs} if expected.get(key) != theirs.get(key))
+        differs = sorted(
+            key for key in {*expected, *theirs} if expected.get(key) != theirs.get(key)
+        )
         if differs:
             raise MergeError(f"{run} differs from {first} in {', '.join(differs)}")
     for run in shards:
