@@ -535,7 +535,7 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             model_path=plan.settings.model_path,
             rollout_name=plan.config.experiment.rollout,
             started_at=run.started_at,
-            keys=run_keys(plan) if plan.shard is not None else None,
+            expected_keys=run_keys(plan) if plan.shard is not None else None,
         )
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4
         run.storage_fault = str(exc)

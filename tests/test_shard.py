@@ -76,6 +76,18 @@ def test_shards_split_the_items_and_each_writes_its_own_run(
         assert not any((r, 0) in items and (r, 1) in items for r in range(10))
 
 
+def test_a_shard_with_items_left_is_not_finished(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    result = _run_shard(pytester, "1/2", "-k", "row_0_ or row_1_ or row_2_")
+    run_dir = pytester.path / EVALS / "ci-shard-1-of-2"
+    assert 0 < len(_items(run_dir)) < 10, result.stdout.str()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "incomplete"
+    _run_shard(pytester, "1/2")  # the rest of the shard: now it is finished
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "finished"
+
+
 def test_a_shard_keeps_its_rows_when_rows_are_added_elsewhere(
     pytester: pytest.Pytester,
 ) -> None:

@@ -260,10 +260,14 @@ class Journal:
         A failed write (a full disk) is cut back off, so the journal holds exactly the
         records acknowledged before it and the next session resumes after the last one.
         """
+        self.extend([record])
+
+    def extend(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Durably append normalized records with one ``fsync`` (all of them, or none)."""
         if self._fd is None:
             raise RunDirectoryError(f"{self.path}: the journal is closed")
         self.ensure_in_place()
-        line = journal_line(record)
+        line = b"".join(journal_line(record) for record in records)
         view = memoryview(line)
         try:
             while view:

@@ -223,11 +223,11 @@ def _write(rundir: RunDirectory, shards: Sequence[ShardRun], n: int) -> None:
     owner = {key: run for run in shards for key in run.records}
     for key in sorted(owner):
         run = owner[key]
-        record = run.records[key]
-        trial = run.path / TRIALS_DIRNAME / record["rollout_id"]
+        rollout_id = run.records[key]["rollout_id"]
+        trial = run.path / TRIALS_DIRNAME / rollout_id
         if trial.is_dir():
-            shutil.copytree(trial, rundir.trials_dir / record["rollout_id"], symlinks=True)
-        rundir.append(record)
+            shutil.copytree(trial, rundir.trials_dir / rollout_id, symlinks=True)
+    rundir.extend([owner[key].records[key] for key in sorted(owner)])
     with open(rundir.logs_path, "ab") as logs:
         for run in shards:
             if (run.path / LOGS_FILENAME).is_file():

@@ -461,20 +461,25 @@ class RunDirectory:
         Only the journal fields are kept (contract §7.2); extra keys are dropped.
         Returns the normalized record.
         """
-        normalized = normalize_record(record, where="work result")
-        key = (normalized["row_index"], normalized["run_index"])
+        return self.extend([record])[0]
+
+    def extend(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Journal several work results with one fsync (a merge of shards, a reuse)."""
+        normalized = [normalize_record(record, where="work result") for record in records]
         with self._mutex:
             try:
-                self._journal.append(normalized)
+                self._journal.extend(normalized)
             except OSError as exc:
                 raise RunDirectoryError(
                     f"cannot append to {self.path / JOURNAL_FILENAME}: {exc}"
                 ) from exc
-            self.records[key] = normalized
-            self._carried.discard(key)
-            self._executed.add(key)
-            self._lines.pop(key, None)
-            self._dirty.add(key)
+            for record in normalized:
+                key = (record["row_index"], record["run_index"])
+                self.records[key] = record
+                self._carried.discard(key)
+                self._executed.add(key)
+                self._lines.pop(key, None)
+                self._dirty.add(key)
         return normalized
 
     def settle(self, key: WorkKey) -> None:
@@ -566,7 +571,7 @@ class RunDirectory:
         rollout_name: str | None = None,
         duration_ms: float | None = None,
         project_all: bool = False,
-        keys: Iterable[WorkKey] | None = None,
+        expected_keys: Iterable[WorkKey] | None = None,
     ) -> dict[str, Any]:
         """Rewrite projections (changed items only), index, summary, progress, metrics.
 
@@ -574,8 +579,8 @@ class RunDirectory:
         to the time since ``started_at``). ``finished`` is written only when every
         work item ``(r < sampled_rows, i < n)`` has a record; otherwise it becomes
         ``incomplete``. *n*, *model_path* and *rollout_name* default to the
-        manifest's inputs. *keys* narrows the work items a finished run must have recorded
-        (a shard's share, shard.py). Returns the ``metrics.json`` document.
+        manifest's inputs. *expected_keys* narrows the work items a finished run must have
+        recorded (a shard's share, shard.py). Returns the ``metrics.json`` document.
         """
         inputs = self.manifest["inputs"]
         n_runs = max(1, int(inputs["n"] if n is None else n))
@@ -603,8 +608,8 @@ class RunDirectory:
                 )
                 expected = (
                     ((r, i) for r in range(sampled_rows) for i in range(n_runs))
-                    if keys is None
-                    else keys
+                    if expected_keys is None
+                    else expected_keys
                 )
                 complete = all(key in self.records for key in expected)
                 final_status = "incomplete" if status == "finished" and not complete else status
