@@ -364,7 +364,7 @@ class Controller:
             row_pass=row_pass,
             costs=costs,
         )
-        if run.executed:
+        if run.executed or run.reused:
             try:
                 write_row_metrics(plan.run_dir, doc)
             except OSError as exc:
@@ -537,6 +537,11 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             started_at=run.started_at,
             expected_keys=run_keys(plan) if plan.shard is not None else None,
         )
+        from pytest_osmosis.results.reuse import ROWS_FILENAME, write_row_digests
+
+        # Once per run directory: what a later --osmosis-reuse finds its rows by.
+        if not (plan.run_dir / ROWS_FILENAME).is_file():
+            write_row_digests(plan.run_dir, plan.row_digests())
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4
         run.storage_fault = str(exc)
         result = {}

@@ -225,6 +225,15 @@ OPTIONS = (
         "K/N",
         override=False,
     ),
+    _Option(
+        "reuse",
+        "--osmosis-reuse",
+        "record from finished run RUN (a name under the output root, or a path) every work "
+        "item whose rollout, model, settings, budgets, row content and attempt are unchanged, "
+        "without running it; the rest runs",
+        "RUN",
+        override=False,
+    ),
     # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
     _Option(
         "github",
@@ -660,6 +669,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         plan=bool(plain("plan")),
         confirm=bool(plain("confirm")),
         shard=_shard(values["shard"]),
+        reuse=plain("reuse"),
     )
     named_configs = any(is_eval_config(p) for p in _named_paths(config))
     session = EvalSession(

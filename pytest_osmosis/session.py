@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
     from pytest_osmosis.results.regrade import SourceRun
+    from pytest_osmosis.results.reuse import ReuseSource
     from pytest_osmosis.shard import Shard
 
 
@@ -99,6 +100,8 @@ class SessionOptions:
     server_start_timeout: float = 90.0
     shard: Shard | None = None
     """``--osmosis-shard K/N``: run that share of every config's work items (shard.py)."""
+    reuse: str | None = None
+    """``--osmosis-reuse RUN``: record unchanged items from that run (results/reuse.py)."""
     retry_below_threshold: bool = False
     """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
 
@@ -143,6 +146,10 @@ class ControllerRun:
     """``osmosis_metrics.json`` as written at the end (results/row_metrics.py)."""
     execution: str = ""
     """How its rows run, and why (``EvalSession.execution_text``)."""
+    reused: int = 0
+    """Work items ``--osmosis-reuse`` recorded from another run in this session..."""
+    reuse_note: str = ""
+    """...and what to say about it (the run, or why nothing was reused)."""
 
 
 class EvalSession:
@@ -274,6 +281,7 @@ class EvalSession:
                 # A rollout that cannot be imported must fail before its run directory exists.
                 with self.phase(f"importing rollout {plan.rollout_dir.name}"):
                     self.load_rollout(plan)
+                reuse = self._reuse_source(plan, inputs)
             except (RunDirectoryError, MissingSecretsError, SecretsFileError, RegradeError):
                 raise
             except OsmosisError as exc:
@@ -304,6 +312,7 @@ class EvalSession:
             box.append(log)
             for message in early:
                 log.warning("results", message)
+            reused, reuse_note = self._reuse(plan, rundir, reuse, log)
             keys = plan.work_keys()
             pending = len(rundir.pending(keys))
             log.write(
@@ -319,12 +328,58 @@ class EvalSession:
                 pending_at_start=pending,
                 created=created,
                 execution=self._shown_execution(plan),
+                reused=reused,
+                reuse_note=reuse_note,
             )
             names[str(path)] = plan.run_name
             if pending:
                 self._start_early(plan)
         self._record_killed_rows()
         return names
+
+    def _reuse_source(self, plan: EvalPlan, inputs: dict[str, Any]) -> ReuseSource | None:
+        """``--osmosis-reuse RUN``, read before the run directory is made (one line if bad)."""
+        if not self.options.reuse:
+            return None
+        from pytest_osmosis.results.reuse import open_reuse_source
+        from pytest_osmosis.results.runs import resolve_run
+
+        path = resolve_run(self.options.reuse, plan.output_root)
+        if path.resolve() == plan.run_dir.resolve():
+            raise RunDirectoryError(
+                f"--osmosis-reuse {self.options.reuse}: is this run ({plan.run_name}) itself"
+            )
+        return open_reuse_source(
+            path,
+            inputs,
+            plan.dataset.sha256,
+            plan.row_digests(),
+            plan.dataset.selected_source_rows,
+        )
+
+    def _reuse(
+        self, plan: EvalPlan, rundir: RunDirectory, source: ReuseSource | None, log: RunLog
+    ) -> tuple[int, str]:
+        """Record the pending items ``source`` has unchanged; (how many, what to say)."""
+        if source is None:
+            return 0, ""
+        from pytest_osmosis.results.reuse import reuse_into, take
+
+        if source.differs:
+            note = f"nothing reused from run {source.name!r}: {', '.join(source.differs)} differ"
+            log.warning("reuse", note)
+            return 0, note
+        records = take(
+            source,
+            sorted(rundir.pending(plan.work_keys())),
+            plan.row_digests(),
+            plan.dataset.selected_source_rows,
+            retry_failed=self.options.retry_failed,
+        )
+        reuse_into(source, rundir.path, records)
+        rundir.extend(records, reused=True)
+        log.write("info", "reuse", f"{len(records)} work items reused from run {source.name!r}")
+        return len(records), f"from run {source.name!r}"
 
     def _record_killed_rows(self) -> None:
         """A row whose code called ``os._exit`` in the previous single-process session is

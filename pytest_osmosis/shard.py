@@ -81,11 +81,11 @@ def row_digests(dataset: SelectedDataset) -> list[str]:
     return [row_digest(dataset.row(position)) for position in range(len(dataset))]
 
 
-def shard_keys(dataset: SelectedDataset, n: int, shard: Shard) -> list[tuple[int, int]]:
-    """The ``(row_index, run_index)`` work items of ``shard``, in run order."""
+def shard_keys(digests: list[str], n: int, shard: Shard) -> list[tuple[int, int]]:
+    """The ``(row_index, run_index)`` work items of ``shard`` (rows by content *digests*)."""
     return [
         (position, attempt)
-        for position, digest in enumerate(row_digests(dataset))
+        for position, digest in enumerate(digests)
         for attempt in range(n)
         if shard.owns(digest, attempt)
     ]

@@ -18,7 +18,14 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
             continue
         shard = f" ({run.plan.shard})" if run.plan.shard is not None else ""
         terminal.write_sep("=", f"osmosis: {run.plan.run_name}{shard}")
-        if run.pending_at_start == 0 and run.executed == 0:
+        if run.reuse_note:
+            ran = run.executed
+            terminal.write_line(
+                f"reuse      {run.reused} reused, {ran} run ({run.reuse_note})"
+                if run.reused or not run.reuse_note.startswith("nothing")
+                else f"reuse      {run.reuse_note}"
+            )
+        if run.pending_at_start == 0 and run.executed == 0 and not run.reused:
             from pytest_osmosis.next_steps import nothing_retried
 
             terminal.write_line(

@@ -247,6 +247,8 @@ class RunDirectory:
         #: Keys whose record came from an earlier invocation (index ``resumed``).
         self._carried: set[WorkKey] = set(records)
         self._executed: set[WorkKey] = set()
+        #: Keys recorded from another run in this invocation (index ``reused``).
+        self._reused: set[WorkKey] = set()
         self._lines: dict[WorkKey, bytes] = {}
         self._rows: dict[WorkKey, dict[str, Any]] = {}
         self._verdicts: dict[str, _Verdict] = {}
@@ -463,8 +465,13 @@ class RunDirectory:
         """
         return self.extend([record])[0]
 
-    def extend(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Journal several work results with one fsync (a merge of shards, a reuse)."""
+    def extend(
+        self, records: Sequence[Mapping[str, Any]], *, reused: bool = False
+    ) -> list[dict[str, Any]]:
+        """Journal several work results with one fsync (a merge of shards, a reuse).
+
+        ``reused``: recorded from another run without running (the index row says so).
+        """
         normalized = [normalize_record(record, where="work result") for record in records]
         with self._mutex:
             try:
@@ -480,6 +487,10 @@ class RunDirectory:
                 self._executed.add(key)
                 self._lines.pop(key, None)
                 self._dirty.add(key)
+                if reused:
+                    self._reused.add(key)
+                else:
+                    self._reused.discard(key)
         return normalized
 
     def settle(self, key: WorkKey) -> None:
@@ -544,6 +555,7 @@ class RunDirectory:
             trajectory_filename=CANONICAL_TRAJECTORY_FILENAME if has_trajectory else None,
             tokens=tokens,
             resumed=key in self._carried,
+            reused=key in self._reused,
         )
         line = render_index_line(row)
         self._rows[key] = row

@@ -18,7 +18,7 @@ from typing import Any
 from pytest_osmosis import __version__
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
 from pytest_osmosis.errors import ConfigError, DatasetError
-from pytest_osmosis.shard import Shard, shard_keys
+from pytest_osmosis.shard import Shard, row_digests, shard_keys
 from pytest_osmosis.workspace.config import (
     MAX_ITEMS,
     EvalConfig,
@@ -49,6 +49,7 @@ class EvalPlan:
     #: ``--osmosis-shard K/N``: this session runs (and its run directory holds) that shard.
     shard: Shard | None = None
     _keys: list[tuple[int, int]] | None = field(default=None, repr=False, compare=False)
+    _digests: list[str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def run_dir(self) -> Path:
@@ -62,9 +63,15 @@ class EvalPlan:
             self._keys = (
                 [(r, i) for r in range(len(self.dataset)) for i in range(n)]
                 if self.shard is None
-                else shard_keys(self.dataset, n, self.shard)
+                else shard_keys(self.row_digests(), n, self.shard)
             )
         return self._keys
+
+    def row_digests(self) -> list[str]:
+        """Each selected row's content digest, by row index (computed once; shard.py)."""
+        if self._digests is None:
+            self._digests = row_digests(self.dataset)
+        return self._digests
 
     @property
     def total_items(self) -> int:
