@@ -119,3 +119,18 @@ def test_a_bad_reuse_run_is_one_line(pytester: pytest.Pytester, model_env) -> No
     err = result.stderr.str()
     assert "main" in err and "Traceback" not in err + result.stdout.str()
     assert not (pytester.path / EVALS / "pr").exists()
+
+
+def test_reuse_under_xdist(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    _main_run(pytester)
+    (pytester.path / "data" / "calc.jsonl").open("a").write(
+        json.dumps({"user_prompt": "What is 6 + 6?", "ground_truth": "12"}) + "\n"
+    )
+    result = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-name", "pr", "--osmosis-reuse", "main", "-n", "2", *PLAIN
+    )
+    out = result.stdout.str()
+    assert "reuse      20 reused, 2 run (from run 'main')" in out, out
+    index = read_index(pytester.path / EVALS / "pr")
+    assert [r["row_index"] for r in index if not r.get("reused")] == [10, 10]
+    assert sdk_judge(pytester.path / EVALS / "pr")["accepted"]

@@ -219,7 +219,7 @@ def test_merge_refuses_what_cannot_be_one_run(pytester: pytest.Pytester, model_e
     err = _refusal(str(one), "--output", out)
     missing = sorted(set(_items(two)))
     assert f"{len(missing)} items are in no shard (shard 2 of 2 not given): " in err
-    assert f"row_{missing[0][0]}_run_{missing[0][1]}" in err
+    assert f"row {missing[0][0]} run {missing[0][1]}" in err
     # The same shard twice.
     assert "shard given twice" in _refusal(str(one), str(one), "--output", out)
     # Shards of another count.
@@ -251,7 +251,7 @@ def test_merge_refuses_what_cannot_be_one_run(pytester: pytest.Pytester, model_e
         journal.write(stolen + "\n")
     err = _refusal(str(one), str(overlap), "--output", out)
     record = json.loads(stolen)
-    assert f"items are in more than one shard: row_{record['source_row_index']}_run_" in err
+    assert f"items are in more than one shard: row {record['source_row_index']} run " in err
     assert "(shards 1, 2)" in err
     # Nothing was written by any refusal; an existing target is not overwritten.
     assert not (pytester.path / "merged").exists()
@@ -269,3 +269,18 @@ def test_a_merged_run_of_a_sample_keeps_the_selection(pytester: pytest.Pytester,
     merged = pytester.path / "m" / "x"
     assert _comparable(merged) == _comparable(pytester.path / EVALS / "whole")
     assert sdk_judge(merged)["accepted"]
+
+
+def test_a_shard_under_xdist_runs_the_same_items(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    _run_shard(pytester, "2/3")
+    alone = _items(pytester.path / EVALS / "ci-shard-2-of-3")
+    result = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-name", "x", "--osmosis-shard", "2/3", "-n", "2", *PLAIN
+    )
+    assert "shard 2 of 3" in result.stdout.str()
+    run_dir = pytester.path / EVALS / "x-shard-2-of-3"
+    assert _items(run_dir) == alone
+    assert json.loads((run_dir / "metrics.json").read_text())["eval_run"]["status"] == "finished"

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.errors import RunDirectoryError
-from pytest_osmosis.results.index import METRICS_FILENAME, PROGRESS_FILENAME, TRIALS_DIRNAME
+from pytest_osmosis.results.index import METRICS_FILENAME, PROGRESS_FILENAME
 from pytest_osmosis.results.journal import JOURNAL_FILENAME, WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
+from pytest_osmosis.results.reuse import copy_trial
 from pytest_osmosis.results.row_metrics import (
     attempts_by_row,
     cost_of,
@@ -111,6 +112,11 @@ def _compared(run: ShardRun) -> dict[str, Any]:
     }
 
 
+def _item(source_row: int, attempt: int) -> str:
+    """An item as the results table and the annotations name it: the dataset's own row."""
+    return f"row {source_row} run {attempt}"
+
+
 def _listed(names: Sequence[str]) -> str:
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return ", ".join(names[:SHOWN]) + more
@@ -130,8 +136,6 @@ def _source_rows(inputs: Mapping[str, Any], sampled: int) -> list[int]:
 
 def check_shards(shards: Sequence[ShardRun]) -> tuple[list[int], int]:
     """Refuse what cannot be one run; returns the selection's source rows and ``n``."""
-    from pytest_osmosis.collect import item_name
-
     first = shards[0]
     counts = {run.count for run in shards}
     if len(counts) > 1:
@@ -171,7 +175,7 @@ def check_shards(shards: Sequence[ShardRun]) -> tuple[list[int], int]:
     overlap = sorted(key for key, found in owners.items() if len(found) > 1)
     if overlap:
         names = [
-            f"{item_name(sources[r], i)} (shards {', '.join(map(str, owners[(r, i)]))})"
+            f"{_item(sources[r], i)} (shards {', '.join(map(str, owners[(r, i)]))})"
             for r, i in overlap
         ]
         raise MergeError(f"{len(overlap)} items are in more than one shard: {_listed(names)}")
@@ -182,7 +186,7 @@ def check_shards(shards: Sequence[ShardRun]) -> tuple[list[int], int]:
             if missing_shards
             else ""
         )
-        names = [item_name(sources[r], i) for r, i in missing]
+        names = [_item(sources[r], i) for r, i in missing]
         raise MergeError(f"{len(missing)} items are in no shard{lacking}: {_listed(names)}")
     return sources, n
 
@@ -224,9 +228,7 @@ def _write(rundir: RunDirectory, shards: Sequence[ShardRun], n: int) -> None:
     for key in sorted(owner):
         run = owner[key]
         rollout_id = run.records[key]["rollout_id"]
-        trial = run.path / TRIALS_DIRNAME / rollout_id
-        if trial.is_dir():
-            shutil.copytree(trial, rundir.trials_dir / rollout_id, symlinks=True)
+        copy_trial(run.path, rundir.path, rollout_id)
     rundir.extend([owner[key].records[key] for key in sorted(owner)])
     with open(rundir.logs_path, "ab") as logs:
         for run in shards:
