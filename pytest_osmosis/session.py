@@ -375,6 +375,7 @@ class EvalSession:
             plan.row_digests(),
             plan.dataset.selected_source_rows,
             retry_failed=self.options.retry_failed,
+            recorded={record["rollout_id"] for record in rundir.records.values()},
         )
         reuse_into(source, rundir.path, records)
         rundir.extend(records, reused=True)

@@ -25,7 +25,8 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
                 if run.reused or not run.reuse_note.startswith("nothing")
                 else f"reuse      {run.reuse_note}"
             )
-        if run.pending_at_start == 0 and run.executed == 0 and not run.reused:
+        ran_before = run.pending_at_start == 0 and run.executed == 0 and run.rundir.records
+        if ran_before and not run.reused:
             from pytest_osmosis.next_steps import nothing_retried
 
             terminal.write_line(

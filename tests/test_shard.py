@@ -284,3 +284,21 @@ def test_a_shard_under_xdist_runs_the_same_items(
     run_dir = pytester.path / EVALS / "x-shard-2-of-3"
     assert _items(run_dir) == alone
     assert json.loads((run_dir / "metrics.json").read_text())["eval_run"]["status"] == "finished"
+
+
+def test_an_empty_shard_is_a_finished_run_and_merges(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path, ROWS[:2], n=1)
+    shards = []
+    for k in range(1, 6):  # five shards of two items: three of them have none
+        result = _run_shard(pytester, f"{k}/5")
+        assert result.ret in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED), result.outlines
+        shards.append(pytester.path / EVALS / f"ci-shard-{k}-of-5")
+        status = json.loads((shards[-1] / "metrics.json").read_text())["eval_run"]["status"]
+        assert status == "finished"
+    sizes = sorted(len(_items(s)) for s in shards)
+    assert sum(sizes) == 2 and sizes[:3] == [0, 0, 0], sizes
+    code, _, err = _merge(*map(str, shards), "--output", str(pytester.path / "m"))
+    assert code == 0, err
+    assert sdk_judge(pytester.path / "m" / "ci")["accepted"]

@@ -139,12 +139,13 @@ def take(
     sources: Sequence[int],
     *,
     retry_failed: bool,
+    recorded: set[str] | frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The records of RUN this run's pending *keys* reuse, re-keyed to this run's rows.
 
-    Each recorded attempt is used once (two equal rows take two of RUN's); an attempt
-    that errored on infrastructure runs again, as does any failure under
-    ``--osmosis-retry-failed``.
+    Each recorded attempt is used once (two equal rows take two of RUN's), and never one
+    whose rollout id this run has *recorded* already; an attempt that errored on
+    infrastructure runs again, as does any failure under ``--osmosis-retry-failed``.
     """
     from pytest_osmosis.outcome import is_infrastructure, is_retried
 
@@ -153,6 +154,8 @@ def take(
         candidates = source.by_content.get((digests[row], attempt))
         while candidates:
             record = candidates.pop(0)
+            if record["rollout_id"] in recorded:
+                continue
             if is_infrastructure(record) or (retry_failed and is_retried(record)):
                 continue
             taken.append(
