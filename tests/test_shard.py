@@ -193,6 +193,7 @@ def test_merged_shards_equal_the_unsharded_run(pytester: pytest.Pytester, model_
             assert (merged / "trajectories" / stem).read_bytes() == (
                 merged / trial / "trajectory.json"
             ).read_bytes()
+    assert (merged / "osmosis_rows.json").read_bytes() == (whole / "osmosis_rows.json").read_bytes()
     verdict = sdk_judge(merged)
     assert verdict["accepted"], verdict
     # The unsharded command finds the merged run finished: nothing runs again.
@@ -271,9 +272,7 @@ def test_a_merged_run_of_a_sample_keeps_the_selection(pytester: pytest.Pytester,
     assert sdk_judge(merged)["accepted"]
 
 
-def test_a_shard_under_xdist_runs_the_same_items(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_shard_under_xdist_runs_the_same_items(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     _workspace(pytester.path)
     _run_shard(pytester, "2/3")
     alone = _items(pytester.path / EVALS / "ci-shard-2-of-3")
@@ -286,9 +285,7 @@ def test_a_shard_under_xdist_runs_the_same_items(
     assert json.loads((run_dir / "metrics.json").read_text())["eval_run"]["status"] == "finished"
 
 
-def test_an_empty_shard_is_a_finished_run_and_merges(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+def test_an_empty_shard_is_a_finished_run_and_merges(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     _workspace(pytester.path, ROWS[:2], n=1)
     shards = []
     for k in range(1, 6):  # five shards of two items: three of them have none

@@ -26,7 +26,7 @@ from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.results.index import METRICS_FILENAME, PROGRESS_FILENAME
 from pytest_osmosis.results.journal import JOURNAL_FILENAME, WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
-from pytest_osmosis.results.reuse import copy_trial
+from pytest_osmosis.results.reuse import ROWS_FILENAME, copy_trial
 from pytest_osmosis.results.row_metrics import (
     attempts_by_row,
     cost_of,
@@ -230,6 +230,9 @@ def _write(rundir: RunDirectory, shards: Sequence[ShardRun], n: int) -> None:
         rollout_id = run.records[key]["rollout_id"]
         copy_trial(run.path, rundir.path, rollout_id)
     rundir.extend([owner[key].records[key] for key in sorted(owner)])
+    digests = shards[0].path / ROWS_FILENAME  # every shard names the whole selection's rows
+    if digests.is_file():
+        shutil.copyfile(digests, rundir.path / ROWS_FILENAME)
     with open(rundir.logs_path, "ab") as logs:
         for run in shards:
             if (run.path / LOGS_FILENAME).is_file():
