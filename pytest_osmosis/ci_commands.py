@@ -57,6 +57,37 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- upload -----------------------------------------------------------------------------
+
+
+def add_upload_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "upload",
+        help="hand a finished run to the SDK's osmosis eval upload",
+        allow_abbrev=False,
+        description="Upload a finished run with the Osmosis SDK's own `osmosis eval upload` "
+        "(run from the current directory, the workspace's Git checkout); a run that is not "
+        "finished is refused.",
+    )
+    parser.add_argument("run", metavar="NAME|PATH", help="run name under the root, or its path")
+    parser.add_argument(
+        "--output",
+        metavar="ROOT",
+        help="root of run directories (default: .osmosis/evals of the nearest workspace)",
+    )
+    parser.set_defaults(handler=cmd_upload)
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    from pytest_osmosis.results.runs import resolve_run
+    from pytest_osmosis.upload import upload_run
+
+    root = Path(args.output).expanduser().resolve() if args.output else None
+    result = upload_run(resolve_run(args.run, root), Path.cwd())
+    (sys.stdout if result.uploaded else sys.stderr).write(result.line + "\n")
+    return EXIT_OK if result.uploaded else EXIT_FAILED
+
+
 # -- gate -------------------------------------------------------------------------------
 
 

@@ -333,6 +333,7 @@ class Controller:
             if self.session.options.report:
                 self._write_reports()
             self._gate(session)
+            self._upload(session)
         finally:
             self.session.close()
         if self.stopped is not None:
@@ -476,6 +477,31 @@ class Controller:
             verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
         self.session.verdict = verdict
         session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
+
+    def _upload(self, session: pytest.Session) -> None:
+        """``--osmosis-upload``: after the gate, the SDK's upload of each finished run.
+
+        ``on-pass`` uploads only when the session passes; a run not finished is never
+        uploaded; an upload that fails is one line and exit 1.
+        """
+        mode = self.session.options.upload
+        if mode is None:
+            return
+        from pytest_osmosis.upload import upload_run
+
+        status = session.exitstatus
+        for run in self.session.runs.values():
+            if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+                run.upload_line = "not uploaded: the session did not end normally"
+            elif mode == "on-pass" and status != pytest.ExitCode.OK:
+                run.upload_line = (
+                    "not uploaded: the session did not pass (--osmosis-upload on-pass)"
+                )
+            else:
+                result = upload_run(run.plan.run_dir, run.plan.workspace)
+                run.upload_line = result.line
+                if not result.uploaded and not result.line.startswith("not uploaded"):
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def progress_option(config: pytest.Config) -> str:

@@ -234,6 +234,14 @@ OPTIONS = (
         "RUN",
         override=False,
     ),
+    _Option(
+        "upload",
+        "--osmosis-upload",
+        "after the gate, hand each finished run to the SDK's `osmosis eval upload`: on-pass "
+        "(only when the session passes) or always",
+        "on-pass|always",
+        override=False,
+    ),
     # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
     _Option(
         "github",
@@ -670,6 +678,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         confirm=bool(plain("confirm")),
         shard=_shard(values["shard"]),
         reuse=plain("reuse"),
+        upload=_upload_mode(values["upload"]),
     )
     named_configs = any(is_eval_config(p) for p in _named_paths(config))
     session = EvalSession(
@@ -780,6 +789,18 @@ def _shard(given: tuple[Any, str] | None) -> Any:
     try:
         return parse_shard(str(given[0]), given[1])
     except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _upload_mode(given: tuple[Any, str] | None) -> str | None:
+    """``--osmosis-upload on-pass|always`` (or its ini twin): a bad value is one line."""
+    if given is None:
+        return None
+    from pytest_osmosis.upload import parse_mode
+
+    try:
+        return parse_mode(str(given[0]), given[1])
+    except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
 
 

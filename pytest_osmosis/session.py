@@ -102,6 +102,8 @@ class SessionOptions:
     """``--osmosis-shard K/N``: run that share of every config's work items (shard.py)."""
     reuse: str | None = None
     """``--osmosis-reuse RUN``: record unchanged items from that run (results/reuse.py)."""
+    upload: str | None = None
+    """``--osmosis-upload``: on-pass or always, after the gate (upload.py)."""
     retry_below_threshold: bool = False
     """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
 
@@ -150,6 +152,8 @@ class ControllerRun:
     """Work items ``--osmosis-reuse`` recorded from another run in this session..."""
     reuse_note: str = ""
     """...and what to say about it (the run, or why nothing was reused)."""
+    upload_line: str = ""
+    """What ``--osmosis-upload`` did with the run, in one line."""
 
 
 class EvalSession:

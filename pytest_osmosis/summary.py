@@ -37,6 +37,8 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
             )
         for line in summary_lines(run):
             terminal.write_line(line)
+        if run.upload_line:
+            terminal.write_line(f"upload     {run.upload_line}")
     verdict = session.verdict
     if verdict is not None:
         word = "PASSED" if verdict.passed else "FAILED"

@@ -68,6 +68,7 @@ SPACE_VALUES = {
     "--osmosis-server-python": "python3",
     "--osmosis-shard": "1/1",
     "--osmosis-reuse": "../elsewhere/finished",
+    "--osmosis-upload": "on-pass",
 }
 
 
