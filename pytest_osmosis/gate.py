@@ -14,7 +14,7 @@ without a check is a setting: rules read it (``--osmosis-gate-bound``,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,6 +344,22 @@ def decide(
             verdict.reasons.append(f"{name}: {what}")
             verdict.passed = verdict.passed and ok
     return verdict
+
+
+def judge_runs(
+    options: GateOptions,
+    runs: list[tuple[str, dict[str, Any], Sequence[Mapping[str, Any]], float, Path]],
+) -> Verdict:
+    """The gate's verdict on finished runs: (name, ``metrics.json``, journal records, pass
+    threshold, run directory) each. What the session's controller and ``pytest-osmosis
+    gate`` both call, so a run is judged the same wherever it was gated."""
+    from pytest_osmosis.results.row_metrics import attempts_by_row
+
+    details = {
+        name: RunDetail(attempts_by_row(records, threshold), run_dir)
+        for name, _, records, threshold, run_dir in runs
+    }
+    return decide(options, [(name, metrics) for name, metrics, *_ in runs], details)
 
 
 def check_runs(options: GateOptions, runs: list[tuple[str, Path, Mapping[str, Any]]]) -> None:

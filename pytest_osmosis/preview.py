@@ -161,7 +161,10 @@ def plan_config(
     rows.append(("dataset", f"{experiment.dataset} ({_shown(dataset.path, base)})"))
     rows.append(("rows", f"{len(dataset)} of {dataset.total_dataset_rows} ({dataset.selector})"))
     rows.append(("attempts (n)", str(settings.n)))
-    rows.append(("work items", f"{plan.total_items} ({pending} to run)"))
+    items = f"{plan.total_items}"
+    if plan.shard is not None:
+        items = f"{len(plan.work_keys())} of {plan.total_items}, {plan.shard}"
+    rows.append(("work items", f"{items} ({pending} to run)"))
     rows.append(("concurrency", str(session.total_concurrency())))
     rows.append(("execution", session.execution_text(plan)))
     rows.append(

@@ -66,6 +66,9 @@ SPACE_VALUES = {
     "--osmosis-rollout-dir": "../elsewhere/rollout",
     "--osmosis-execution": "in-process",
     "--osmosis-server-python": "python3",
+    "--osmosis-shard": "1/1",
+    "--osmosis-reuse": "../elsewhere/finished",
+    "--osmosis-upload": "on-pass",
 }
 
 
