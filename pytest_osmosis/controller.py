@@ -159,14 +159,21 @@ class Controller:
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""
-        from pytest_osmosis.gate import GateOptionError, check_runs
+        from pytest_osmosis.baseline import CurrentRun
+        from pytest_osmosis.gate import GateOptionError, check_runs, detection_lines
 
         gate = self.session.options.gate
         try:
             check_runs(
                 gate,
                 [
-                    (run.plan.run_name, run.plan.run_dir, run.rundir.manifest["inputs"])
+                    CurrentRun(
+                        run.plan.run_name,
+                        run.plan.run_dir,
+                        run.rundir.manifest["inputs"],
+                        run.plan.settings.pass_threshold,
+                        run.plan.dataset,
+                    )
                     for run in self.session.runs.values()
                 ],
             )
@@ -184,6 +191,16 @@ class Controller:
             self.session.abandon_runs()
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
+        reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if gate.values.get("max_regression") is None or reporter is None:
+            return
+        for name, baseline in gate.baselines.items():  # what the gate can tell, before any row
+            reporter.write_line(
+                f"osmosis gate: {name} against baseline {baseline.run['name']}: "
+                f"{baseline.match.text()}"
+            )
+            for line in detection_lines(gate.values, baseline):
+                reporter.write_line(f"osmosis gate: {line}")
 
     def keep_recorded(self, entries: list[RecordedEntry]) -> None:
         """Note the recorded items a finished run deselected: --junitxml still lists them."""
@@ -433,6 +450,11 @@ class Controller:
             row_pass=row_pass,
             costs=costs,
         )
+        from pytest_osmosis.baseline import DIGESTS_KEY
+
+        # Rows by content, so a later run can use this one as its baseline (baseline.py).
+        digests = plan.dataset.row_digests(sorted({row for row, _ in run.rundir.records}))
+        doc[DIGESTS_KEY] = {str(row): digest for row, digest in sorted(digests.items())}
         if run.executed:
             try:
                 write_row_metrics(plan.run_dir, doc)
@@ -514,6 +536,23 @@ class Controller:
             for run in runs:
                 run.index_path = index
 
+    def _regressions(self, gate: Any) -> list[dict[str, Any]] | None:
+        """Rows worse than in the baseline, for the step summary (None without one)."""
+        if gate.values.get("max_regression") is None or not gate.baselines:
+            return None
+        from pytest_osmosis.gate import compare_with_baseline, regressions
+
+        found: list[dict[str, Any]] = []
+        for run in self.session.runs.values():
+            baseline = gate.baselines.get(run.plan.run_name)
+            if baseline is None:
+                continue
+            comparison = compare_with_baseline(run.plan.run_dir, baseline)
+            found += [
+                {"run": run.plan.run_name, **row} for row in regressions(comparison["regressed"])
+            ]
+        return found
+
     def _gate(self, session: pytest.Session) -> None:
         from pytest_osmosis.gate import Verdict, decide
 
@@ -534,6 +573,7 @@ class Controller:
             for run in self.session.runs.values()
         }
         verdict = decide(gate, runs, details)
+        verdict.regressions = self._regressions(gate)
         override = session.config.hook.pytest_osmosis_gate(
             config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
         )

@@ -94,3 +94,102 @@ def quantile(values: list[float], q: float) -> float:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+#: The gate's significance level (two-sided) and the power its "can detect" line promises.
+ALPHA = 0.05
+POWER = 0.8
+
+
+def sign_test(down: int, up: int) -> float:
+    """Two-sided exact sign test: the p-value of *down* rows worse and *up* better.
+
+    Under no change a row that changed is as likely to go either way, so the smaller
+    count is binomial(down + up, 1/2): p = 2 * P(X <= min). For one attempt per row this is
+    the exact McNemar test on the rows whose verdict flipped. Computed in integers (exact).
+    """
+    changed = down + up
+    if changed == 0:
+        return 1.0
+    tail = sum(math.comb(changed, k) for k in range(min(down, up) + 1))
+    return min(1.0, 2 * tail / (1 << changed))
+
+
+def fewest_flips(alpha: float = ALPHA) -> int:
+    """The fewest rows, all worse and none better, the sign test calls significant (6 at 5%)."""
+    flips = 1
+    while sign_test(flips, 0) >= alpha:
+        flips += 1
+    return flips
+
+
+def binomial_at_least(k: int, trials: int, p: float) -> float:
+    """P(X >= k) for X ~ binomial(trials, p)."""
+    if k <= 0:
+        return 1.0
+    if k > trials or p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    below = sum(
+        math.exp(math.lgamma(trials + 1) - math.lgamma(i + 1) - math.lgamma(trials - i + 1))
+        * p**i
+        * (1 - p) ** (trials - i)
+        for i in range(k)
+    )
+    return max(0.0, 1.0 - below)
+
+
+def paired_power(rows: int, drop: float, margin: float = 0.0, alpha: float = ALPHA) -> float:
+    """The paired gate's power at best: each row fails with probability *drop*, none improves.
+
+    The gate then fails when at least :func:`fewest_flips` rows got worse and more than
+    ``margin * rows`` did (the drop exceeds ``--osmosis-max-regression``). Rows that change
+    both ways (a flaky rollout) only lower it, so this is an upper bound on the power.
+    """
+    need = max(fewest_flips(alpha), math.floor(margin * rows + 1e-9) + 1)
+    return binomial_at_least(need, rows, drop)
+
+
+def unpaired_power(
+    attempts: int, rate: float, drop: float, margin: float = 0.0, z: float = Z95
+) -> float:
+    """The unpaired (Newcombe) gate's power, normal approximation: *attempts* per side at
+    pass rate *rate* (the baseline's), a true drop of *drop*, failing when the interval's
+    upper end is below ``-margin``."""
+    spread = rate * (1 - rate) + (rate - drop) * (1 - rate + drop)
+    if attempts <= 0 or spread <= 0:
+        return 1.0 if drop > margin else 0.0
+    shift = (drop - margin) / math.sqrt(spread / attempts) - z
+    return 0.5 * math.erfc(-shift / math.sqrt(2))
+
+
+def smallest_drop(power: Callable[[float], float], target: float = POWER) -> float | None:
+    """The smallest true drop in (0, 1] detected with *target* power (None: not even 1)."""
+    if power(1.0) < target:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        if power(middle) >= target:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def size_needed(power: Callable[[int], float], target: float = POWER) -> int:
+    """The smallest size (rows or attempts) whose *power* reaches *target* (power grows with it)."""
+    high = 1
+    while power(high) < target:
+        high *= 2
+        if high > 1 << 40:
+            return high
+    low = high // 2
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if power(middle) >= target:
+            high = middle
+        else:
+            low = middle
+    return high
