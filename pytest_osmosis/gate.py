@@ -231,12 +231,8 @@ def _max_regression(
     common, paired = comparison["common"], comparison["paired"]
     change = comparison["pass_rate_change"]
     drop = f"a drop of more than {maximum * 100:.1f} pp"
-    paired_fails = (
-        paired["p_value"] < ALPHA
-        and paired["worse"] > paired["better"]
-        and -paired["change"] > maximum
-    )
-    unpaired_fails = change["ci95_high"] < -maximum
+    paired_fails = shows_regression("paired", paired, change, maximum)
+    unpaired_fails = shows_regression("unpaired", paired, change, maximum)
     rule = f"fails when p < {ALPHA:g}, more rows are worse than better and the drop exceeds"
     paired_says = (
         f"paired test: {paired_text(paired)}; {drop} is "
@@ -285,6 +281,24 @@ def _max_regression(
         lines.append("  differs from the baseline: " + "; ".join(baseline.differences))
     lines += ["  " + line for line in detection_lines(options, baseline)]
     return not (paired_fails if paired_test else unpaired_fails), lines
+
+
+def shows_regression(
+    test: str, paired: Mapping[str, Any], unpaired: Mapping[str, Any], maximum: float
+) -> bool:
+    """The regression rule (``bench/gate_power.py`` measures it): paired, the exact sign test
+    shows a drop (p < ALPHA, more rows worse than better) larger than *maximum*; unpaired,
+    Newcombe's 95% interval lies below ``-maximum``. Inputs: ``report.compare``'s
+    ``paired_test`` and ``pass_rate_change``."""
+    from pytest_osmosis.report.stats import ALPHA
+
+    if test == "unpaired":
+        return bool(unpaired["ci95_high"] < -maximum)
+    return bool(
+        paired["p_value"] < ALPHA
+        and paired["worse"] > paired["better"]
+        and -paired["change"] > maximum
+    )
 
 
 def compare_with_baseline(run_dir: Path, baseline: Baseline) -> dict[str, Any]:

@@ -150,14 +150,7 @@ def compare_runs(
             "current": {"passed": totals[0], "attempts": totals[1]},
             "baseline": {"passed": totals[2], "attempts": totals[3]},
         },
-        "paired": {
-            "method": paired_method(single),
-            "rows": len(changes),
-            "worse": len(regressed),
-            "better": len(improved),
-            "change": math.fsum(changes) / len(changes) if changes else 0.0,
-            "p_value": sign_test(len(regressed), len(improved)),
-        },
+        "paired": paired_test(changes, single),
         "pass_rate_change": {
             "difference": difference,
             "ci95_low": low,
@@ -171,6 +164,21 @@ def compare_runs(
         "only_in_current": sorted(match.added + match.changed),
         "only_in_baseline": sorted(match.removed + match.changed),
         "warnings": warnings,
+    }
+
+
+def paired_test(changes: Sequence[float], single: bool) -> dict[str, Any]:
+    """The paired test over the rows both runs scored, from each row's change in its share
+    of passing attempts (current - baseline); *single*: one attempt a row on both sides."""
+    worse = sum(1 for change in changes if change < 0)
+    better = sum(1 for change in changes if change > 0)
+    return {
+        "method": paired_method(single),
+        "rows": len(changes),
+        "worse": worse,
+        "better": better,
+        "change": math.fsum(changes) / len(changes) if changes else 0.0,
+        "p_value": sign_test(worse, better),
     }
 
 
