@@ -358,7 +358,8 @@ def power_lines(options: Mapping[str, Any], rows: int, n: int, rate: float) -> l
         ]
     if needed is not None and maximum:
         lines.append(
-            f"warning: --osmosis-max-regression {maximum * 100:.1f} pp is smaller than that; "
+            f"warning: --osmosis-max-regression {maximum * 100:.1f} pp is below what {rows} "
+            "rows can detect; "
             f"catching a drop of {maximum * 100:.1f} pp with {POWER:.0%} power takes at least "
             f"{needed} rows" + (f" ({needed * n} attempts at n = {n})" if n > 1 else "")
         )

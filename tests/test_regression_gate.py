@@ -193,8 +193,8 @@ def test_seven_flips_in_thirty_rows_fail_the_paired_gate_and_pass_the_unpaired_o
         if paired
         else "*can detect: a drop of 33.2 pp or more with 80% power at 30 rows "
         "(unpaired test, 30 attempts a side at a pass rate of 56%)",
-        "*warning: --osmosis-max-regression 5.0 pp is smaller than that; catching a drop of "
-        f"5.0 pp with 80% power takes at least {157 if paired else 1560} rows",
+        "*warning: --osmosis-max-regression 5.0 pp is below what 30 rows can detect; "
+        f"catching a drop of 5.0 pp with 80% power takes at least {157 if paired else 1560} rows",
     ]
     result.stdout.fnmatch_lines(
         [
@@ -311,7 +311,8 @@ def test_the_plan_says_what_the_gate_can_detect(served: pytest.Pytester) -> None
         [
             "  gate  * can detect: a drop of 25.1 pp or more with 80% power at 30 rows "
             "(paired test, at best: no row gets better)",
-            "  gate  * warning: --osmosis-max-regression 10.0 pp is smaller than that; "
+            "  gate  * warning: --osmosis-max-regression 10.0 pp is below what 30 rows can "
+            "detect; "
             "catching a drop of 10.0 pp with 80% power takes at least 78 rows",
         ]
     )

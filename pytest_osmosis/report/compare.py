@@ -191,8 +191,9 @@ def paired_method(single: bool) -> str:
 
 def paired_text(paired: Mapping[str, Any]) -> str:
     """``7 rows worse, 0 better of 27, two-sided p = 0.016 (exact McNemar ...)``."""
+    worse = f"{paired['worse']} row{'' if paired['worse'] == 1 else 's'}"
     return (
-        f"{paired['worse']} rows worse, {paired['better']} better of {paired['rows']}, "
+        f"{worse} worse, {paired['better']} better of {paired['rows']}, "
         f"two-sided p = {p_text(paired['p_value'])} ({paired['method']})"
     )
 
@@ -268,7 +269,8 @@ def comparison_markdown(comparison: Mapping[str, Any], *, max_rows: int = 50) ->
     lines = [
         f"### Osmosis eval: {escape_markdown(a['name'])} vs {escape_markdown(b['name'])}",
         "",
-        f"**Pass rate {percent(a['pass_rate'])}** (was {percent(b['pass_rate'])}).",
+        f"**Pass rate {percent(a['pass_rate'])}** (was {percent(b['pass_rate'])}): "
+        f"**{points(float(a['pass_rate']) - float(b['pass_rate']))}**.",
         "",
         f"- **Paired** ({paired['rows']} rows both runs scored): "
         f"**{points(paired['change'])}**; {escape_markdown(paired_text(paired))}: "
