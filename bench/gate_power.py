@@ -24,6 +24,7 @@ import argparse
 import random
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,12 +43,12 @@ def one_pair(rng: random.Random, rows: int, n: int, drop: float) -> tuple[bool, 
     q = [rng.betavariate(0.5, 0.5) for _ in range(rows)]
     mean = sum(q) / rows
     scale = max(0.0, 1.0 - drop / mean) if mean > 0 else 1.0
-    changes: list[float] = []
+    changes: list[Fraction] = []
     totals = [0, 0, 0, 0]  # current passes, attempts; baseline passes, attempts
     for p in q:
         before = sum(rng.random() < p for _ in range(n))
         after = sum(rng.random() < p * scale for _ in range(n))
-        changes.append((after - before) / n)
+        changes.append(Fraction(after - before, n))
         totals[0] += after
         totals[1] += n
         totals[2] += before

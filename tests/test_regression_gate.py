@@ -2,14 +2,17 @@
 
 A baseline must be whole and mean the same by "passed" (else one line, exit 4); both sides
 are counted from their journals; rows are matched by content; the gate is paired (the
-exact McNemar / sign test on the rows that changed) unless ``--osmosis-gate-test
+exact McNemar test on the rows that flipped, an exact paired permutation test for n > 1) unless ``--osmosis-gate-test
 unpaired``; and it says, before the first row and in the verdict, what it can detect.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import signal
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -164,8 +167,8 @@ def test_a_metrics_json_that_disagrees_with_its_journal_is_refused(
 # The deciding line and the other test's line, in the order the verdict prints them.
 PAIRED = (
     "paired test: 7 rows worse, 0 better of 27, two-sided p = 0.016 (exact McNemar test on "
-    "the rows whose verdict flipped); a drop of more than 5.0 pp is shown (fails when p < 0.05, "
-    "more rows are worse than better and the drop exceeds 5.0 pp)"
+    "the rows whose verdict flipped); a drop of more than 5.0 pp is shown (fails when p < 0.05 "
+    "and the drop exceeds 5.0 pp)"
 )
 UNPAIRED = (
     "unpaired test: 95% CI -47.7 pp to +0.3 pp (Newcombe, as if the runs were independent "
@@ -318,21 +321,51 @@ def test_the_plan_says_what_the_gate_can_detect(served: pytest.Pytester) -> None
     )
 
 
-def test_the_paired_test_and_its_power_by_hand() -> None:
+def _flips(worse: int, better: int, same: int = 0) -> list[Fraction]:
+    """One attempt a row: -1 a row that now fails, +1 one that now passes, 0 the rest."""
+    return [Fraction(-1)] * worse + [Fraction(1)] * better + [Fraction(0)] * same
+
+
+def _by_enumeration(changes: list[Fraction]) -> float:
+    """The permutation test's p by listing every sign flip (small m only)."""
+    moved = [abs(c) for c in changes if c]
+    observed = abs(sum(changes))
+    flips = list(itertools.product((-1, 1), repeat=len(moved)))
+    totals = [abs(sum(s * c for s, c in zip(signs, moved, strict=True))) for signs in flips]
+    extreme = sum(1 for total in totals if total >= observed)
+    return extreme / len(flips)
+
+
+def test_the_paired_test_and_its_power_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     from pytest_osmosis.baseline import match_rows
+    from pytest_osmosis.report import stats
     from pytest_osmosis.report.stats import (
         fewest_flips,
         paired_power,
-        sign_test,
+        permutation_test,
         size_needed,
         smallest_drop,
     )
 
-    assert sign_test(7, 0) == pytest.approx(0.015625)  # 2 / 2**7: the issue's p
-    assert sign_test(0, 7) == sign_test(7, 0)
-    assert sign_test(3, 3) == 1.0 and sign_test(0, 0) == 1.0
-    assert sign_test(10, 2) == pytest.approx(2 * (1 + 12 + 66) / 4096)
-    assert sign_test(1200, 1100) < 0.05  # exact for thousands of rows (no float overflow)
+    # One attempt a row: the exact McNemar test, 2 * P(binomial(b + c, 1/2) <= min(b, c)).
+    assert permutation_test(_flips(7, 0, 20)) == 0.015625  # 2 / 2**7: the issue's p
+    assert permutation_test(_flips(0, 7)) == permutation_test(_flips(7, 0))
+    assert permutation_test(_flips(3, 3)) == 1.0 and permutation_test([]) == 1.0
+    assert permutation_test(_flips(10, 2)) == pytest.approx(2 * (1 + 12 + 66) / 4096)
+    assert permutation_test(_flips(1200, 1100)) < 0.05  # exact at thousands of rows
+    # More attempts a row (and uneven ones, after skips): every sign flip, counted.
+    rng = random.Random(25)
+    for _ in range(20):
+        changes = [
+            Fraction(rng.randint(0, 3), 3) - Fraction(rng.randint(0, 2), rng.choice((2, 3)))
+            for _ in range(rng.randint(1, 12))
+        ]
+        assert permutation_test(changes) == pytest.approx(_by_enumeration(changes))
+    # Past EXACT_BITS the normal approximation stands in, close to the exact value.
+    many = [Fraction(rng.randint(0, 3) - rng.randint(0, 3), 3) for _ in range(400)]
+    exact = permutation_test(many)
+    monkeypatch.setattr(stats, "EXACT_BITS", 8)
+    assert permutation_test(many) == pytest.approx(exact, abs=0.01)
     assert fewest_flips() == 6  # 2 / 64 < 0.05 <= 2 / 32
     assert paired_power(30, 1.0) == 1.0 and paired_power(5, 1.0) == 0.0
     drop = smallest_drop(lambda d: paired_power(30, d))
@@ -344,3 +377,27 @@ def test_the_paired_test_and_its_power_by_hand() -> None:
     assert (match.added, match.removed, match.changed) == ([2], [1], [])
     moved = match_rows({0: "a", 1: "z"}, {0: "a", 1: "b"})
     assert (moved.added, moved.removed, moved.changed) == ([], [], [1])
+
+
+def test_the_report_puts_a_moved_row_beside_its_baseline_row() -> None:
+    from pytest_osmosis.report.compare import side_by_side
+
+    # A row inserted at the top: the baseline's rows 0 and 1 are the current 1 and 2, and the
+    # baseline's row 9 is gone (the current file may hold another question at row 9).
+    comparison = {
+        "regressed": [],
+        "improved": [],
+        "only_in_current": [0, 9],
+        "only_in_baseline": [9],
+        "rows": {"moved": [[1, 0], [2, 1]], "removed": [9], "changed": []},
+    }
+    current = [{"r": r, "n": 0, "in": f"now {r}", "outcome": "passed"} for r in (0, 1, 2, 9)]
+    baseline = [{"r": r, "n": 0, "in": f"then {r}", "outcome": "passed"} for r in (0, 1, 9)]
+    rows = side_by_side(comparison, current, baseline)
+    assert [(p["r"], p["change"], p["in"], len(p["a"]), len(p["b"])) for p in rows] == [
+        (0, "only_current", "now 0", 1, 0),
+        (1, "unchanged", "now 1", 1, 1),
+        (2, "unchanged", "now 2", 1, 1),
+        (9, "only_current", "now 9", 1, 0),
+        ("9 (baseline)", "only_baseline", "then 9", 0, 1),
+    ]

@@ -3,12 +3,17 @@ the pass rate moved, with a 95% interval so a reviewer can tell noise from chang
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.report.stats import ALPHA, newcombe_difference, per_row_passes, sign_test
+from pytest_osmosis.report.stats import (
+    ALPHA,
+    newcombe_difference,
+    per_row_passes,
+    permutation_test,
+)
 from pytest_osmosis.results.runs import dataset_row
 from pytest_osmosis.words import (
     ERRORED,
@@ -67,8 +72,8 @@ def compare_runs(
     Rows are matched by content (``baseline.match_rows``; *digests* are each run's, else
     read with ``baseline.run_row_digests``), by dataset row when a run's content is not
     known. A row regressed when its share of passing attempts fell, improved when it rose.
-    Over the rows both runs scored: ``paired`` is the exact sign test on the rows that
-    changed (exact McNemar for n = 1), ``pass_rate_change`` Newcombe's hybrid score interval,
+    Over the rows both runs scored: ``paired`` is the exact paired permutation test of the
+    rows' changes (exact McNemar for n = 1), ``pass_rate_change`` Newcombe's hybrid score interval,
     which treats the two runs as independent samples (they are not: the same rows).
     """
     from pytest_osmosis.baseline import match_rows, run_row_digests
@@ -108,14 +113,14 @@ def compare_runs(
     improved: list[dict[str, Any]] = []
     unchanged = 0
     totals = [0, 0, 0, 0]  # passes and attempts: current, baseline
-    changes: list[float] = []
+    changes: list[Fraction] = []
     for mine, theirs in match.pairs:
         (pa, na), (pb, nb) = passes_a[mine], passes_b[theirs]
         if na == 0 or nb == 0:
             continue
         for at, value in enumerate((pa, na, pb, nb)):
             totals[at] += value
-        changes.append(pa / na - pb / nb)
+        changes.append(Fraction(pa, na) - Fraction(pb, nb))
         entry = {
             "source_row_index": mine,
             "baseline_row_index": theirs,
@@ -144,6 +149,8 @@ def compare_runs(
             "added": match.added,
             "removed": match.removed,
             "changed": match.changed,
+            # [current row, baseline row] of the rows matched at another place in the file.
+            "moved": [[mine, theirs] for mine, theirs in match.pairs if mine != theirs],
             "text": match.text() if matched_by == "content" else None,
         },
         "common": {
@@ -167,18 +174,16 @@ def compare_runs(
     }
 
 
-def paired_test(changes: Sequence[float], single: bool) -> dict[str, Any]:
+def paired_test(changes: Sequence[Fraction], single: bool) -> dict[str, Any]:
     """The paired test over the rows both runs scored, from each row's change in its share
     of passing attempts (current - baseline); *single*: one attempt a row on both sides."""
-    worse = sum(1 for change in changes if change < 0)
-    better = sum(1 for change in changes if change > 0)
     return {
         "method": paired_method(single),
         "rows": len(changes),
-        "worse": worse,
-        "better": better,
-        "change": math.fsum(changes) / len(changes) if changes else 0.0,
-        "p_value": sign_test(worse, better),
+        "worse": sum(1 for change in changes if change < 0),
+        "better": sum(1 for change in changes if change > 0),
+        "change": float(sum(changes, Fraction(0)) / len(changes)) if changes else 0.0,
+        "p_value": permutation_test(changes),
     }
 
 
@@ -186,7 +191,7 @@ def paired_method(single: bool) -> str:
     """How the paired test is named wherever it is shown (one attempt per row, or more)."""
     if single:
         return "exact McNemar test on the rows whose verdict flipped"
-    return "exact sign test on the rows whose share of passing attempts changed"
+    return "exact paired permutation test on the rows' change in passing attempts"
 
 
 def paired_text(paired: Mapping[str, Any]) -> str:
@@ -216,27 +221,43 @@ def side_by_side(
     Regressed rows come first, then improved ones, then the rest by row; ``change`` is
     ``regressed``, ``improved``, ``unchanged``, ``only_current`` or ``only_baseline``.
     """
-    change: dict[int, str] = {}
+    matched = comparison.get("rows") or {}
+    moved = {theirs: mine for mine, theirs in matched.get("moved", [])}
+    # A baseline row no current row matches is shown on its own (another question may sit
+    # at its place in the current file): "9 (baseline)".
+    alone = set(matched.get("removed", [])) | set(matched.get("changed", []))
+    change: dict[int | str, str] = {}
     for key in ("regressed", "improved"):
         for entry in comparison[key]:
             change[entry["source_row_index"]] = key
-    for key in ("only_in_current", "only_in_baseline"):
-        for row in comparison[key]:
-            change[row] = key.replace("_in_", "_")
-    sides: dict[int, dict[str, Any]] = {}
+    for added in comparison["only_in_current"]:
+        change[added] = "only_current"
+    for gone in alone:
+        change[_baseline_only(gone)] = "only_baseline"
+    sides: dict[int | str, dict[str, Any]] = {}
     for side, records in (("a", current), ("b", baseline)):
         for record in records:
-            entry = sides.setdefault(
-                record["r"], {"r": record["r"], "in": [], "lab": "", "a": [], "b": []}
-            )
+            row: int | str = record["r"]
+            if side == "b":
+                row = _baseline_only(record["r"]) if row in alone else moved.get(record["r"], row)
+            entry = sides.setdefault(row, {"r": row, "in": [], "lab": "", "a": [], "b": []})
             entry[side].append({k: record[k] for k in _ATTEMPT_FIELDS if k in record})
             if not entry["in"] and record.get("in"):
                 entry["in"] = record["in"]
             if not entry["lab"] and record.get("lab"):
                 entry["lab"] = record["lab"]
     rank = {"regressed": 0, "improved": 1}
-    ordered = sorted(sides, key=lambda row: (rank.get(change.get(row, ""), 2), row))
-    return [{**sides[row], "change": change.get(row, "unchanged")} for row in ordered]
+
+    def order(row: int | str) -> tuple[int, int, bool]:
+        return rank.get(change.get(row, ""), 2), int(str(row).split()[0]), isinstance(row, str)
+
+    return [
+        {**sides[row], "change": change.get(row, "unchanged")} for row in sorted(sides, key=order)
+    ]
+
+
+def _baseline_only(row: int) -> str:
+    return f"{row} (baseline)"
 
 
 def _num(value: Any) -> str:

@@ -439,7 +439,7 @@ def _comparison(comparison: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]
             "Paired change",
             f"{paired['change'] * 100:+.1f} pp",
             f"{paired['worse']} rows worse, {paired['better']} better of {paired['rows']}: "
-            f"p = {p_text(paired['p_value'])} (exact sign test / McNemar; "
+            f"p = {p_text(paired['p_value'])} (exact paired test / McNemar; "
             f"{'significant' if paired['p_value'] < ALPHA else 'within noise'} at {ALPHA:g})",
             cls,
         )

@@ -6,7 +6,8 @@ Kept dependency-free (no scipy): a report must render wherever the plugin runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 from pytest_osmosis.outcome import PASSED, SKIPPED
@@ -101,24 +102,10 @@ ALPHA = 0.05
 POWER = 0.8
 
 
-def sign_test(down: int, up: int) -> float:
-    """Two-sided exact sign test: the p-value of *down* rows worse and *up* better.
-
-    Under no change a row that changed is as likely to go either way, so the smaller
-    count is binomial(down + up, 1/2): p = 2 * P(X <= min). For one attempt per row this is
-    the exact McNemar test on the rows whose verdict flipped. Computed in integers (exact).
-    """
-    changed = down + up
-    if changed == 0:
-        return 1.0
-    tail = sum(math.comb(changed, k) for k in range(min(down, up) + 1))
-    return min(1.0, 2 * tail / (1 << changed))
-
-
 def fewest_flips(alpha: float = ALPHA) -> int:
-    """The fewest rows, all worse and none better, the sign test calls significant (6 at 5%)."""
+    """The fewest rows, all worse and none better, the paired test calls significant (6 at 5%)."""
     flips = 1
-    while sign_test(flips, 0) >= alpha:
+    while permutation_test([Fraction(-1)] * flips) >= alpha:
         flips += 1
     return flips
 
@@ -146,6 +133,8 @@ def paired_power(rows: int, drop: float, margin: float = 0.0, alpha: float = ALP
     The gate then fails when at least :func:`fewest_flips` rows got worse and more than
     ``margin * rows`` did (the drop exceeds ``--osmosis-max-regression``). Rows that change
     both ways (a flaky rollout) only lower it, so this is an upper bound on the power.
+    With one attempt a row the test is exact McNemar; with more, a row that only gets worse
+    loses all its attempts here, so the bound holds for any n.
     """
     need = max(fewest_flips(alpha), math.floor(margin * rows + 1e-9) + 1)
     return binomial_at_least(need, rows, drop)
@@ -193,3 +182,44 @@ def size_needed(power: Callable[[int], float], target: float = POWER) -> int:
         else:
             low = middle
     return high
+
+
+#: Above this many bits the permutation test's exact distribution gives way to the normal one.
+EXACT_BITS = 1 << 26
+
+
+def permutation_test(changes: Sequence[Fraction]) -> float:
+    """Two-sided exact paired permutation (sign-flip) test of the rows' changes.
+
+    Under no change each row's change is as likely to have either sign, so the p-value is
+    the share of the 2^m sign flips whose total is at least as far from 0 as the observed
+    one. Rows that did not change drop out. With one attempt a row every change is +-1 and
+    this is the exact McNemar test (the two-sided binomial test on the rows that flipped).
+    Computed exactly from the subset sums of the integer-scaled changes (Python integers as
+    polynomials); past ``EXACT_BITS`` (rows of many attempts with uneven skips) from the
+    normal approximation with continuity correction.
+    """
+    moved = [abs(change) for change in changes if change != 0]
+    if not moved:
+        return 1.0
+    scale = math.lcm(*(change.denominator for change in moved))
+    scores = [int(change * scale) for change in moved]
+    total = sum(scores)
+    observed = abs(int(sum(changes) * scale))
+    width = (len(scores) + 8) // 8 * 8  # bits a count needs (at most 2^m), in whole bytes
+    if (total + 1) * width > EXACT_BITS:
+        spread = math.sqrt(sum(score * score for score in scores))
+        z = (observed - (1 if observed else 0)) / spread
+        return min(1.0, math.erfc(z / math.sqrt(2)))
+    counts = 1  # coefficient k: the sign flips whose positive scores sum to k
+    for score in scores:
+        counts += counts << (score * width)
+    raw = counts.to_bytes((total + 1) * width // 8, "little")
+    step = width // 8
+    # The total of a flip is 2k - total; it is as extreme as observed when |2k - total| >= it.
+    extreme = sum(
+        int.from_bytes(raw[k * step : (k + 1) * step], "little")
+        for k in range(total + 1)
+        if abs(2 * k - total) >= observed
+    )
+    return min(1.0, extreme / (1 << len(scores)))
