@@ -578,7 +578,11 @@ class Controller:
             config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
         )
         if override is not None:
-            verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
+            verdict = Verdict(
+                bool(override),
+                [*verdict.reasons, "decided by pytest_osmosis_gate"],
+                verdict.regressions,
+            )
         self.session.verdict = verdict
         session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
 
