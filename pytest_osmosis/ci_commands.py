@@ -122,6 +122,7 @@ def add_gate_parser(subparsers: Any) -> None:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    from pytest_osmosis.baseline import CurrentRun
     from pytest_osmosis.gate import GateOptionError, check_runs, gate_options, judge_runs
     from pytest_osmosis.results import read_journal
     from pytest_osmosis.results.runs import load_run, resolve_run
@@ -142,11 +143,11 @@ def cmd_gate(args: argparse.Namespace) -> int:
         options = gate_options(lambda dest: getattr(args, dest, None))
         if not options.active:
             raise GateOptionError("no gate rule given (e.g. --osmosis-min-pass-rate 0.8)")
-        check_runs(options, [(name, run_dir, inputs)])
+        threshold = float((metrics.get("summary") or {}).get("pass_threshold", 1.0))
+        check_runs(options, [CurrentRun(name, run_dir, inputs, threshold, None)])
     except GateOptionError as exc:
         raise ConfigError(str(exc)) from None
     records = list(read_journal(run_dir).values())
-    threshold = float((metrics.get("summary") or {}).get("pass_threshold", 1.0))
     verdict = judge_runs(options, [(name, metrics, records, threshold, run_dir)])
     word = "PASSED" if verdict.passed else "FAILED"
     sys.stdout.write(f"osmosis gate {word}\n" + "".join(f"{r}\n" for r in verdict.reasons))

@@ -159,14 +159,21 @@ class Controller:
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""
-        from pytest_osmosis.gate import GateOptionError, check_runs
+        from pytest_osmosis.baseline import CurrentRun
+        from pytest_osmosis.gate import GateOptionError, check_runs, detection_lines
 
         gate = self.session.options.gate
         try:
             check_runs(
                 gate,
                 [
-                    (run.plan.run_name, run.plan.run_dir, run.rundir.manifest["inputs"])
+                    CurrentRun(
+                        run.plan.run_name,
+                        run.plan.run_dir,
+                        run.rundir.manifest["inputs"],
+                        run.plan.settings.pass_threshold,
+                        run.plan.dataset,
+                    )
                     for run in self.session.runs.values()
                 ],
             )
@@ -184,6 +191,16 @@ class Controller:
             self.session.abandon_runs()
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
+        reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if gate.values.get("max_regression") is None or reporter is None:
+            return
+        for name, baseline in gate.baselines.items():  # what the gate can tell, before any row
+            reporter.write_line(
+                f"osmosis gate: {name} against baseline {baseline.run['name']}: "
+                f"{baseline.match.text()}"
+            )
+            for line in detection_lines(gate.values, baseline):
+                reporter.write_line(f"osmosis gate: {line}")
 
     def keep_recorded(self, entries: list[RecordedEntry]) -> None:
         """Note the recorded items a finished run deselected: --junitxml still lists them."""
@@ -434,6 +451,11 @@ class Controller:
             row_pass=row_pass,
             costs=costs,
         )
+        from pytest_osmosis.baseline import DIGESTS_KEY
+
+        # Rows by content, so a later run can use this one as its baseline (baseline.py).
+        digests = plan.dataset.row_digests(sorted({row for row, _ in run.rundir.records}))
+        doc[DIGESTS_KEY] = {str(row): digest for row, digest in sorted(digests.items())}
         if run.executed or run.reused:
             try:
                 write_row_metrics(plan.run_dir, doc)
@@ -543,7 +565,11 @@ class Controller:
             config=session.config, metrics=[run.metrics for run in runs], verdict=verdict.as_dict()
         )
         if override is not None:
-            verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
+            verdict = Verdict(
+                bool(override),
+                [*verdict.reasons, "decided by pytest_osmosis_gate"],
+                verdict.regressions,
+            )
         self.session.verdict = verdict
         session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
 

@@ -175,6 +175,13 @@ def plan_config(
         )
     )
     rows.append(("pass threshold", f"{settings.pass_threshold:g}"))
+    gate = session.options.gate.values
+    if gate.get("max_regression") is not None:
+        from pytest_osmosis.gate import power_lines
+
+        # Before the baseline is read: its rows in common are at most this run's.
+        for line in power_lines(gate, len(dataset), settings.n, 0.5):
+            rows.append(("gate", line))
     cache = _cache_mode(config)
     if cache is not None:
         rows.append(("cache", cache + _expected_hits(session, plan, cache)))

@@ -11,7 +11,6 @@ would have written.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 from pytest_osmosis.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pytest_osmosis.dataset import EvalDatasetRow, SelectedDataset
+    from pytest_osmosis.dataset import SelectedDataset
 
 _SPEC = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 _SUFFIX = re.compile(r"-shard-(\d+)-of-(\d+)$")
@@ -65,20 +64,9 @@ def unsharded_name(run_name: str) -> str:
     return _SUFFIX.sub("", run_name)
 
 
-def row_digest(row: EvalDatasetRow) -> str:
-    """SHA-256 of a row's normalised content (messages, label, metadata), not its position.
-
-    The one rule both sharding and ``--osmosis-reuse`` use to say two rows are the same.
-    """
-    from pytest_osmosis.results.atomic import canonical_json
-
-    content = {"messages": row.initial_messages, "label": row.label, "metadata": row.metadata}
-    return hashlib.sha256(canonical_json(content).encode("utf-8")).hexdigest()
-
-
 def row_digests(dataset: SelectedDataset) -> list[str]:
     """Every selected row's content digest, by selection position."""
-    return [row_digest(dataset.row(position)) for position in range(len(dataset))]
+    return list(dataset.row_digests().values())
 
 
 def shard_keys(digests: list[str], n: int, shard: Shard) -> list[tuple[int, int]]:
