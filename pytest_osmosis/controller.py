@@ -17,6 +17,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pytest
 
+# Imported with the controller, not by the first result: a module first imported on the main
+# thread while rows run is parsed there (pytest rewrites a plugin's asserts), which
+# EvalItem._repr_failure_py keeps the main thread from doing (CPython gh-106905 on 3.11).
+from pytest_osmosis.results.row_metrics import cost_of
+from pytest_osmosis.words import dollars
+
 if TYPE_CHECKING:
     from pytest_osmosis.progress import Progress
     from pytest_osmosis.session import ControllerRun, EvalSession
@@ -274,9 +280,6 @@ class Controller:
 
     def _spend(self, run: ControllerRun, result: dict[str, Any]) -> None:
         """Count what the row spent; once a budget is spent no new row starts."""
-        from pytest_osmosis.results.row_metrics import cost_of
-        from pytest_osmosis.words import dollars
-
         cost = cost_of(result.get("cost_usd"))
         run.costs[str(result["rollout_id"])] = cost
         self.spent_tokens += int(result.get("tokens") or 0)

@@ -636,6 +636,16 @@ def test_ctrl_c_during_an_append_lands_after_the_record_is_whole(
 ) -> None:
     """A Ctrl-C between the journal's fsync and the records update once left the index one
     row short: the interrupt is held until both are done, then raised as usual."""
+    # Python's own Ctrl-C handler, as in a pytest session (an xdist worker runs with SIGINT's
+    # default action, which would end the worker rather than raise).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_during_an_append(tmp_path, monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_during_an_append(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run = open_run(tmp_path)
     real_fsync = os.fsync
 
