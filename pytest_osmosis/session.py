@@ -54,6 +54,7 @@ from pytest_osmosis.workspace.plan import (
     run_inputs,
     run_provenance,
     utc_now,
+    workspace_warnings,
 )
 
 if TYPE_CHECKING:
@@ -161,7 +162,7 @@ class EvalSession:
         self.verdict: Verdict | None = None
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
-        self._fd_capped = False
+        self._warned: set[str] = set()  # the lines warn_once has written
         #: Why no new row may start (a spent budget), set by the controller; an xdist
         #: worker reads it from ``stop_file``, which the controller writes.
         self.stop_line: str | None = None
@@ -364,7 +365,24 @@ class EvalSession:
                 grader_override=self.options.grader_override,
                 main_timeout=self.options.main_timeout,
             )
+            if not self.is_worker:  # the controller loads every rollout too, and says it
+                for line in (
+                    *workspace_warnings(plan.workspace),
+                    *self._rollouts[plan.config_path].warnings,
+                ):
+                    self.warn_once(f"osmosis: warning: {line}")
         return self._rollouts[plan.config_path]
+
+    def warn_once(self, line: str) -> None:
+        """One line on the terminal (stderr without one), once a session."""
+        if line in self._warned:
+            return
+        self._warned.add(line)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line, yellow=True, bold=True)
+        else:
+            print(line, file=sys.stderr)
 
     def journal(self, plan: EvalPlan) -> dict[tuple[int, int], dict[str, Any]]:
         """Results already recorded for this run (read-only on workers)."""
@@ -417,18 +435,11 @@ class EvalSession:
         if room is None or wanted <= room[0]:
             return wanted
         cap, limit = room
-        if not self._fd_capped:
-            self._fd_capped = True
-            line = (
-                f"osmosis: warning: {wanted} rows in flight need more file descriptors than "
-                f"the open-files limit of {limit} allows (about {FDS_PER_ROW} a row): "
-                f"running at most {cap} at once (raise `ulimit -Hn` for more)"
-            )
-            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-            if reporter is not None:
-                reporter.write_line(line, yellow=True, bold=True)
-            else:
-                print(line, file=sys.stderr)
+        self.warn_once(
+            f"osmosis: warning: {wanted} rows in flight need more file descriptors than "
+            f"the open-files limit of {limit} allows (about {FDS_PER_ROW} a row): "
+            f"running at most {cap} at once (raise `ulimit -Hn` for more)"
+        )
         return cap
 
     def total_concurrency(self) -> int:
