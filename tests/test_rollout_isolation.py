@@ -292,8 +292,9 @@ def test_a_backend_that_is_not_local_is_refused_at_collection(
     result.stdout.fnmatch_lines(
         [
             "*main.py: it builds SandboxBackend (*), an ExecutionBackend that is not a "
-            "LocalBackend; pytest-osmosis runs only LocalBackend rollouts, in process: run "
-            "this one with `osmosis eval run`*"
+            "LocalBackend at *main.py:*; in process pytest-osmosis runs only LocalBackend "
+            "rollouts: run it as the SDK does, with `--osmosis-execution server` or "
+            "`osmosis eval run`"
         ]
     )
     assert "Traceback" not in result.stdout.str()
@@ -345,7 +346,13 @@ def test_main_starting_a_loopback_server_is_refused(
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=120)
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*main.py: it starts a server (binds 127.0.0.1:0)*eval run*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*main.py: main() listens on 127.0.0.1:* at *main.py:* before building its "
+            "LocalBackend; build the LocalBackend first*"
+        ]
+    )
+    assert "eval run" not in result.stdout.str()  # a LocalBackend rollout: no SDK advice
 
 
 def test_main_calling_uvicorn_run_is_refused(
@@ -364,7 +371,12 @@ def test_main_calling_uvicorn_run_is_refused(
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=120)
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*main.py: it starts a server (uvicorn.run)*osmosis eval run*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*main.py: main() starts a server (uvicorn.run) at *r/main.py:* before building "
+            "its LocalBackend; build the LocalBackend first*"
+        ]
+    )
 
 
 def test_sdk_execution_backend_subclass_is_refused(
@@ -397,7 +409,7 @@ def test_harbor_backend_is_refused(pytester: pytest.Pytester, model_env: ModelSe
 
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
-        ["*it builds HarborBackend (*)*run this one with `osmosis eval run`*"]
+        ["*it builds HarborBackend (*)*`--osmosis-execution server` or `osmosis eval run`"]
     )
 
 
@@ -412,11 +424,11 @@ def test_non_loopback_bind_in_any_thread_is_refused_while_a_rollout_loads() -> N
             except BaseException as exc:  # the guard's refusal is a BaseException
                 caught.append(exc)
 
-    with loader._guard.watch() as refusals:
+    with loader._guard.watch() as load:
         thread = threading.Thread(target=other_thread)
         thread.start()
         thread.join()
-    assert refusals == ["it binds 0.0.0.0:0"]
+    assert [refusal.what for refusal in load.refusals] == ["binds 0.0.0.0:0"]
     assert len(caught) == 1
     with socket.socket() as sock:  # idle again: a loopback bind outside a load is normal
         sock.bind(("127.0.0.1", 0))

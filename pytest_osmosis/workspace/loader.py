@@ -191,22 +191,22 @@ def _rollout_port() -> Iterator[int]:
 
 def _refusal_line(entrypoint: Path, refusal: _Refusal) -> str:
     """The load's one-line error: what was seen, where, and what to do in this case."""
+    seen = f"{refusal.what} at {refusal.where}"
     if refusal.backend:
         return (
-            f"{entrypoint}: it {refusal.what} ({refusal.where}); in process pytest-osmosis runs "
-            "only LocalBackend rollouts: run it as the SDK does, with "
-            "`--osmosis-execution server` or `osmosis eval run`"
+            f"{entrypoint}: it {seen}; in process pytest-osmosis runs only LocalBackend "
+            "rollouts: run it as the SDK does, with `--osmosis-execution server` or "
+            "`osmosis eval run`"
         )
     if refusal.in_main:
         return (
-            f"{entrypoint}: main() {refusal.what} before building its LocalBackend "
-            f"({refusal.where}); build the LocalBackend first: pytest-osmosis runs main() "
-            "only until it starts serving"
+            f"{entrypoint}: main() {seen} before building its LocalBackend; build the "
+            "LocalBackend first: pytest-osmosis runs main() only until it starts serving"
         )
     return (
-        f"{entrypoint}: it {refusal.what} while being imported ({refusal.where}); "
-        "pytest-osmosis imports the rollout, as `osmosis eval submit` does, and nothing may "
-        'serve then: start the server in main() or under `if __name__ == "__main__":`'
+        f"{entrypoint}: it {seen} while being imported; pytest-osmosis imports the rollout, "
+        "as `osmosis eval submit` does, and nothing may serve then: start the server in "
+        'main() or under `if __name__ == "__main__":`'
     )
 
 
