@@ -335,7 +335,7 @@ def _call_main(
         if exc.port == port:
             return []
         return [
-            f"{entrypoint}: main() {exc} on port {exc.port}, not on the port "
+            f"{entrypoint}: main() serves on port {exc.port}, not on the one "
             f"{ROLLOUT_PORT_VARIABLE} names: {unreachable} (serve on "
             f'int(os.environ["{ROLLOUT_PORT_VARIABLE}"]))'
         ]
