@@ -256,6 +256,7 @@ class EvalSession:
                 # A rollout that cannot be imported must fail before its run directory exists.
                 with self.phase(f"importing rollout {plan.rollout_dir.name}"):
                     self.load_rollout(plan)
+                self.warn_loaded(plan)
             except (RunDirectoryError, MissingSecretsError, SecretsFileError, RegradeError):
                 raise
             except OsmosisError as exc:
@@ -365,13 +366,16 @@ class EvalSession:
                 grader_override=self.options.grader_override,
                 main_timeout=self.options.main_timeout,
             )
-            if not self.is_worker:  # the controller loads every rollout too, and says it
-                for line in (
-                    *workspace_warnings(plan.workspace),
-                    *self._rollouts[plan.config_path].warnings,
-                ):
-                    self.warn_once(f"osmosis: warning: {line}")
         return self._rollouts[plan.config_path]
+
+    def warn_loaded(self, plan: EvalPlan) -> None:
+        """What would keep ``osmosis eval run`` from running this config although we can:
+        one line each, after the start-up phase whose line it would break."""
+        if self.is_worker:  # the controller loads every rollout too, and says it
+            return
+        loaded = self._rollouts.get(plan.config_path)
+        for line in (*workspace_warnings(plan.workspace), *(loaded.warnings if loaded else ())):
+            self.warn_once(f"osmosis: warning: {line}")
 
     def warn_once(self, line: str) -> None:
         """One line on the terminal (stderr without one), once a session."""
