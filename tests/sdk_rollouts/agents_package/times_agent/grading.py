@@ -10,7 +10,9 @@ class ProductGrader(Grader):
     async def grade(self, ctx: GraderContext) -> None:
         assert ctx.sample is not None
         items = list(ctx.sample.messages)
-        called = any(i.get("type") == "function_call" and i.get("name") == "multiply" for i in items)
+        called = any(
+            i.get("type") == "function_call" and i.get("name") == "multiply" for i in items
+        )
         finals = [i for i in items if i.get("role") == "assistant" and i.get("type") == "message"]
         answer = ""
         if finals:
