@@ -41,6 +41,7 @@ from pytest_osmosis.words import (
     ATTEMPTS,
     BELOW_THRESHOLD,
     ERRORED,
+    NO_RATE,
     SKIPPED,
     outcomes_text,
     pass_rate_text,
@@ -141,7 +142,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             str(item["model"] or "–"),
             str(item["dataset"] or "–"),
             f"{item['rows_done']}/{item['rows_total'] if item['rows_total'] is not None else '?'}",
-            percent(item["pass_rate"]) if item["completed_samples"] else "–",
+            percent(item["pass_rate"]) if item["completed_samples"] else NO_RATE,
             _when(item["started_at"]),
             format_duration(item["duration_ms"]),
         ]
@@ -293,7 +294,13 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             ("Error types", ", ".join(f"{k} x{v}" for k, v in info["error_types"].items())),
         ],
     )
-    for word, key in ((ERRORED, "failed_rows"), (SKIPPED, "skipped_rows")):
+    # Every attempt that did not pass, by outcome: what pytest calls failed is both of the
+    # first two (an error, a reward below the threshold).
+    for word, key in (
+        (ERRORED, "failed_rows"),
+        (BELOW_THRESHOLD, "below_threshold_rows"),
+        (SKIPPED, "skipped_rows"),
+    ):
         entries = info[key]
         if not entries:
             continue
@@ -302,6 +309,9 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             text = f"  row {dataset_row(entry)} run {entry['run_index']}"
             if key == "failed_rows":
                 text += f": error_type={entry.get('error_type') or 'unknown'}"
+            reward = entry.get("reward")
+            if key == "below_threshold_rows" and isinstance(reward, (int, float)):
+                text += f": reward {reward:.2f} < {float(config['pass_threshold'])!r}"
             if entry.get("rollout_id"):
                 text += f" -> rollout_trials/{entry['rollout_id']}"
             if entry.get("error_message"):
@@ -309,15 +319,6 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
             lines.append(text)
         if len(entries) > 50:
             lines.append(f"  ... and {len(entries) - 50} more (--json lists all)")
-    below = info["below_threshold_rows"]
-    if below:
-        lines.extend(
-            [
-                "",
-                f"{BELOW_THRESHOLD.capitalize()}: {len(below)} attempt(s) with a reward under "
-                f"{float(config['pass_threshold'])!r}",
-            ]
-        )
     for warning in info["warnings"]:
         lines.append(f"\nWarning: {warning}")
     return lines
@@ -395,6 +396,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(f"{path}\n")
     return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``compare RUN BASELINE``: the obvious name for ``report RUN --compare BASELINE``."""
+    args.compare, args.index = args.baseline, False
+    return cmd_report(args)
 
 
 def _report_index(args: argparse.Namespace, write_index: Callable[..., Path]) -> int:
@@ -523,6 +530,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p_report)
     p_report.set_defaults(handler=cmd_report)
 
+    p_compare = subparsers.add_parser(
+        "compare",
+        help="compare a run with a baseline run (report RUN --compare BASELINE)",
+        allow_abbrev=False,
+        description="Write the comparison of RUN against BASELINE and print its path: the "
+        "pass-rate change with its 95% interval, regressed and improved rows, both runs' "
+        "answers row by row. The same as `report RUN --compare BASELINE`.",
+    )
+    p_compare.add_argument("run", metavar="RUN", help="run name, directory, or `latest`")
+    p_compare.add_argument("baseline", metavar="BASELINE", help="the run to compare against")
+    p_compare.add_argument("--dataset", metavar="FILE", help="RUN's dataset file (as report's)")
+    p_compare.add_argument(
+        "-o",
+        "--out",
+        metavar="FILE",
+        help="where to write (default: inside RUN's directory; Markdown goes to stdout)",
+    )
+    p_compare.add_argument("--format", choices=("html", "markdown"), default="html")
+    _add_common(p_compare)
+    p_compare.set_defaults(handler=cmd_compare)
+
     _register_extensions(subparsers)
     return parser
 
@@ -543,13 +571,35 @@ def _fail(args: argparse.Namespace | None, code: str, message: str, exit_code: i
     return exit_code
 
 
+def _split_passed_on(
+    parser: argparse.ArgumentParser, words: list[str]
+) -> tuple[list[str], list[str] | None]:
+    """``(our words, pytest's)``: for a subcommand that passes arguments on to pytest (its
+    parser defaults ``pytest_args``), everything after the first ``--`` is pytest's, exactly
+    as given. argparse cannot be left to it: it drops a ``--`` that follows a positional
+    (Python 3.10-3.13), so pytest's arguments would be read as ours."""
+    if "--" not in words:
+        return words, None
+    cut = words.index("--")
+    command = next((word for word in words[:cut] if not word.startswith("-")), None)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            if action.choices[command].get_default("pytest_args") is not None:
+                return words[:cut], words[cut + 1 :]
+    return words, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 2 usage/not found, 1 error)."""
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    words, passed_on = _split_passed_on(parser, words)
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parser.parse_args(words)
     except SystemExit as exc:  # argparse: --help, --version, or a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if passed_on is not None:
+        args.pytest_args = passed_on
     handler: Handler | None = getattr(args, "handler", None) or getattr(args, "func", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -76,10 +76,11 @@ class EvalConfigFile(pytest.File):
         session: EvalSession = self.config.stash[SESSION_KEY]
         try:
             plan = session.plan_for(self.path)
-            session.load_rollout(plan)
+            session.ready_rollout(plan)
         except OsmosisError as exc:
-            hint = _how_to_run_the_others(self.config, self.path)
-            raise self.CollectError(f"{exc}{hint}") from None
+            raise self.CollectError(
+                with_hint(str(exc), _how_to_run_the_others(self.config, self.path))
+            ) from None
         self.plan = plan
         experiment = plan.config.experiment
         self.add_marker(
@@ -247,9 +248,17 @@ def _how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
     shown = [str(p.relative_to(base)) if p.is_relative_to(base) else str(p) for p in others]
     more = f" (and {len(shown) - 3} more)" if len(shown) > 3 else ""
     return (
-        f"; to run the other configs, add --continue-on-collection-errors "
+        f"to run the other configs, add --continue-on-collection-errors "
         f"or name them: pytest {' '.join(shown[:3])}{more}"
     )
+
+
+def with_hint(message: str, hint: str) -> str:
+    """``message; hint``, or the hint on a line of its own after a message of several lines
+    (a traceback's last line is its source line: a hint there reads as code)."""
+    if not hint:
+        return message
+    return f"{message.rstrip()}\n{hint}" if "\n" in message.strip() else f"{message}; {hint}"
 
 
 def pytest_verdict(

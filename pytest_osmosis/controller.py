@@ -44,6 +44,9 @@ class Controller:
         #: A result's "config" string -> its Path, made once (a Path's str and hash are
         #: computed once per object: a new one per row cost more than the lookup).
         self._config_paths: dict[str, Path] = {}
+        #: The line and exit status a session ends with before any row (the plan alone, a
+        #: declined prompt): nothing is collected or run, and the line is printed once.
+        self.stopped: tuple[str, int] | None = None
 
     # -- before any row -------------------------------------------------------------
 
@@ -77,7 +80,9 @@ class Controller:
             if options.plan or session.config.option.collectonly:
                 from pytest_osmosis.preview import show_plan
 
-                show_plan(self.session, session.config, configs)  # --osmosis-plan exits here
+                line = show_plan(self.session, session.config, configs)
+                if line is not None:  # --osmosis-plan: the plan alone
+                    self.stopped = (line, pytest.ExitCode.OK)
                 return
             self.session.open_runs(configs)
         except OsmosisError as exc:
@@ -85,7 +90,10 @@ class Controller:
         if options.confirm:
             from pytest_osmosis.preview import confirm
 
-            confirm(self.session, session.config)
+            line = confirm(self.session, session.config)
+            if line is not None:  # declined: as an interrupt before any row
+                self.stopped = (line, pytest.ExitCode.INTERRUPTED)
+                return
         models = [
             run.plan.settings.model_path
             for run in self.session.runs.values()
@@ -94,18 +102,37 @@ class Controller:
         self._check_gate(models)
         if not models:
             milestones.finish()
+            self._announce(session.config)
             return
         # xdist's controller runs no rows (no LiteLLM here): its workers start once the
         # model is known good, and each imports LiteLLM before its first row.
         controller = session.config.pluginmanager.has_plugin("dsession")
         try:
-            self.session.preflight(models, in_process=not controller)
+            # The model-call cache is opened here first: a bad one stops the session.
+            checked = [
+                model
+                for run in self.session.runs.values()
+                if run.rundir.pending(run_keys(run.plan))
+                for model in self.session.models_to_check(run)
+            ]
+            self.session.preflight(checked, in_process=not controller)
         except OsmosisError as exc:
             # pytest_sessionfinish does not run after a usage error: nothing is recorded.
             self.session.abandon_runs()
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
         milestones.finish()
+        self._announce(session.config)
+
+    def _announce(self, config: pytest.Config) -> None:
+        """What is about to run, before the first row (next_steps.py)."""
+        from pytest_osmosis.next_steps import start_lines
+
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:  # -p no:terminal
+            return
+        for line in start_lines(self.session, config):
+            reporter.write_line(line)
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""
@@ -308,6 +335,8 @@ class Controller:
             self._gate(session)
         finally:
             self.session.close()
+        if self.stopped is not None:
+            session.exitstatus = self.stopped[1]
 
     def _row_metrics(self, run: ControllerRun) -> dict[str, Any]:
         """Write ``osmosis_metrics.json`` beside ``metrics.json`` (a run that ran nothing
@@ -342,10 +371,15 @@ class Controller:
                 run.storage_fault = f"cannot write {plan.run_dir}: {exc}"
         return doc
 
-    def summary(self, terminalreporter: Any) -> None:
+    def summary(self, terminalreporter: Any, exitstatus: int = 0) -> None:
+        from pytest_osmosis.next_steps import write_next_steps
         from pytest_osmosis.summary import write_summary
 
+        if self.stopped is not None:
+            terminalreporter.write_line(self.stopped[0])
+            return
         write_summary(terminalreporter, self.session)
+        write_next_steps(terminalreporter, self.session, exitstatus)
 
     def _recorded_to_junit(self, config: pytest.Config) -> None:
         """--junitxml lists a finished run's rows with their recorded outcome and duration.

@@ -19,6 +19,11 @@ class RolloutLoadError(OsmosisError):
     """The rollout entrypoint cannot be imported or its workflow/grader not found."""
 
 
+class NeedsServerError(RolloutLoadError):
+    """The rollout cannot run in process faithfully (it serves, or builds a non-local
+    backend, while loading); ``--osmosis-execution auto`` runs it on its server instead."""
+
+
 class ModelPreflightError(OsmosisError):
     """The configured model cannot be reached; the session stops before any row."""
 

@@ -61,6 +61,8 @@ def row_passes(passes: int, attempts: int, need: int | None) -> bool:
     """A row's verdict: at least ``need`` passing attempts (``--osmosis-row-pass k/n``),
     every attempt when no k is given."""
     return attempts > 0 and passes >= (attempts if need is None else need)
+
+
 #: Error types of what a row ran on rather than of its code: a budget or a client's own
 #: timeout, the backstop, the process that died under it.
 INFRASTRUCTURE_ERRORS = frozenset(
@@ -81,9 +83,13 @@ def is_infrastructure(row: Mapping[str, Any]) -> bool:
     return row.get("error_type") in INFRASTRUCTURE_ERRORS or bool(row.get("provider_errors"))
 
 
-def is_retried(row: Mapping[str, Any]) -> bool:
-    """What ``--osmosis-retry-failed`` runs again: errored and skipped attempts."""
-    return row.get("status") in (FAILED, SKIPPED)
+def is_retried(row: Mapping[str, Any], below_threshold: float | None = None) -> bool:
+    """What ``--osmosis-retry-failed`` runs again: errored and skipped attempts (what the
+    SDK's ``--retry-failed`` runs again); given ``--osmosis-retry-below-threshold``'s
+    threshold, attempts whose reward is below it too (what pytest calls failed)."""
+    if row.get("status") in (FAILED, SKIPPED):
+        return True
+    return below_threshold is not None and classify(row, below_threshold) == BELOW_THRESHOLD
 
 
 @dataclass

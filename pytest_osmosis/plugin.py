@@ -96,7 +96,8 @@ OPTIONS = (
     _Option(
         "name",
         "--osmosis-name",
-        "stable run name: running it again resumes",
+        "stable run name: running it again resumes; with several configs each config's "
+        "run is NAME-<config stem>",
         "NAME",
         override=False,
     ),
@@ -110,7 +111,16 @@ OPTIONS = (
     _Option(
         "retry_failed",
         "--osmosis-retry-failed",
-        "re-run failed and skipped items of a named run, keeping successes",
+        "re-run the errored and skipped attempts of a named run (as the SDK's "
+        "--retry-failed), keeping passed and below-threshold ones",
+        is_flag=True,
+        override=False,
+    ),
+    _Option(
+        "retry_below_threshold",
+        "--osmosis-retry-below-threshold",
+        "re-run the attempts of a named run whose reward was below pass_threshold (what "
+        "pytest calls failed), besides errored and skipped ones; implies --osmosis-retry-failed",
         is_flag=True,
         override=False,
     ),
@@ -185,6 +195,24 @@ OPTIONS = (
         "--osmosis-confirm",
         "print the plan and ask before the first model call (skipped when stdin is not a terminal)",
         is_flag=True,
+        override=False,
+    ),
+    # How rollouts run (execution/dispatch.py, issue 24).
+    _Option(
+        "execution",
+        "--osmosis-execution",
+        "how rollouts run: in-process (imported, on our event loop), server (its own "
+        "environment and server over the rollout protocol, as `osmosis eval run` does) or "
+        "auto (default: in process where that is faithful, else server)",
+        "in-process|server|auto",
+        override=False,
+    ),
+    _Option(
+        "server_python",
+        "--osmosis-server-python",
+        "server mode: run rollout servers on this Python (with osmosis-ai installed) "
+        "instead of syncing each rollout's environment with uv",
+        "PYTHON",
         override=False,
     ),
     # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
@@ -299,6 +327,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="30",
     )
     parser.addini(
+        "osmosis_server_start_timeout",
+        "seconds a rollout server may take to answer /health (the SDK waits 90)",
+        default="90",
+    )
+    parser.addini(
         "osmosis_workflow",
         "workflow class as 'module:Class' when the entrypoint has none or several",
         default="",
@@ -409,6 +442,40 @@ def _main_timeout(config: pytest.Config) -> float:
     return value
 
 
+def _execution_options(config: pytest.Config, plain: Any) -> dict[str, Any]:
+    """``--osmosis-execution``, ``--osmosis-server-python`` and the server start-up timeout."""
+    from pytest_osmosis.execution.dispatch import AUTO, MODES
+
+    mode = plain("execution") or AUTO
+    if mode not in MODES:
+        raise pytest.UsageError(
+            f"--osmosis-execution: must be one of {', '.join(MODES)}, got {mode!r}"
+        )
+    raw = str(config.getini("osmosis_server_start_timeout")).strip()
+    try:
+        start_timeout = float(raw)
+        if not 0 < start_timeout < float("inf"):
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(
+            f"osmosis_server_start_timeout: must be a positive number of seconds, got {raw!r}"
+        ) from None
+    python = plain("server_python")
+    if python is not None:
+        import shutil
+
+        given = str(python)
+        if os.sep in given:
+            candidate = os.path.abspath(config.invocation_params.dir / given)
+            found = candidate if os.access(candidate, os.X_OK) else None
+        else:
+            found = shutil.which(given)
+        if found is None or not os.path.isfile(found):
+            raise pytest.UsageError(f"--osmosis-server-python: no executable Python at {given!r}")
+        python = found
+    return {"execution": mode, "server_python": python, "server_start_timeout": start_timeout}
+
+
 def keep_at_file(args: list[str]) -> None:
     """Join ``--osmosis-rubric-text`` and its ``@FILE`` value (in place) before pytest parses."""
     flag = "--osmosis-rubric-text"
@@ -478,6 +545,30 @@ def _enabled(config: pytest.Config) -> bool:
     return any(is_eval_config(p) for p in _named_paths(config))
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Nothing collected where eval configs are, the plugin off: say how to turn it on."""
+    if exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED or _enabled(config):
+        return
+    found = unused_eval_configs(config)
+    if found:
+        terminalreporter.write_line(
+            f"osmosis: {found} is an eval config, but pytest-osmosis is not enabled: run "
+            "pytest --osmosis-eval, or add `osmosis_eval = true` under [pytest] in pytest.ini"
+        )
+
+
+def unused_eval_configs(config: pytest.Config) -> str | None:
+    """The first ``configs/eval/*.toml`` in (or one level below) a directory pytest was given."""
+    base = config.invocation_params.dir
+    for directory in _named_paths(config):
+        if not directory.is_dir():
+            continue
+        for pattern in ("configs/eval/*.toml", "*/configs/eval/*.toml"):
+            for path in sorted(directory.glob(pattern)):
+                return str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
+    return None
+
+
 def _named_paths(config: pytest.Config) -> list[Path]:
     base = config.invocation_params.dir
     return [(base / arg.split("::", 1)[0]).resolve() for arg in config.args]
@@ -543,11 +634,13 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         output=(config.invocation_params.dir / output) if output else None,
         name=plain("name"),
         fresh=bool(plain("fresh")),
-        retry_failed=bool(plain("retry_failed")),
+        retry_failed=bool(plain("retry_failed") or plain("retry_below_threshold")),
+        retry_below_threshold=bool(plain("retry_below_threshold")),
         concurrency=concurrency_value,
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
         main_timeout=_main_timeout(config),
+        **_execution_options(config, plain),
         gate=gate,
         report=bool(plain("report")),
         secrets_file=plain("secrets_file"),
@@ -619,6 +712,11 @@ def register_roles(config: pytest.Config, session: EvalSession) -> None:
 
         controller = Controller(session)
         keep = controller.keep_recorded
+        if session.options.plan:  # the plan alone starts no xdist worker
+            for name in ("dsession", "terminaldistreporter"):
+                plugin = config.pluginmanager.get_plugin(name)
+                if plugin is not None:
+                    config.pluginmanager.unregister(plugin)
         config.pluginmanager.register(ControllerHooks(controller), "osmosis-controller")
         if config.pluginmanager.hasplugin("xdist"):
             xdist_hooks = XdistControllerHooks(session, controller)
@@ -820,6 +918,15 @@ class ControllerHooks:
         self.controller.start(session)
 
     @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session: pytest.Session) -> bool | None:
+        """A session stopped before any row (``--osmosis-plan``, a "no") collects nothing."""
+        return True if self.controller.stopped is not None else None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool | None:
+        return True if self.controller.stopped is not None else None
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.controller.record(report)
 
@@ -847,7 +954,7 @@ class ControllerHooks:
     def pytest_terminal_summary(
         self, terminalreporter: Any, exitstatus: int, config: pytest.Config
     ) -> None:
-        self.controller.summary(terminalreporter)
+        self.controller.summary(terminalreporter, exitstatus)
 
 
 class WorkerHooks:

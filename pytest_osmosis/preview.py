@@ -75,11 +75,16 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
             0,
         )
     retry = session.options.retry_failed
-    pending = [key for key in keys if key not in records or (retry and is_retried(records[key]))]
+    below = session.options.retry_below(plan)
+    pending = [
+        key for key in keys if key not in records or (retry and is_retried(records[key], below))
+    ]
     recorded = len(keys) - len(pending) if not retry else len(records)
     if not pending:
         return f"finished earlier: all {len(keys)} recorded, nothing runs", 0
-    return f"resumes: {recorded} recorded, {len(pending)} to run", len(pending)
+    retried = sum(1 for key in pending if key in records)
+    again = f" ({retried} retried)" if retried else ""
+    return f"resumes: {recorded} recorded, {len(pending)} to run{again}", len(pending)
 
 
 def _cache_mode(config: pytest.Config) -> str | None:
@@ -115,7 +120,12 @@ def plan_config(
     session: EvalSession, config: pytest.Config, path: Path, several: bool
 ) -> ConfigPlan:
     """The rows of one config's plan; an error becomes the plan's one line."""
-    from pytest_osmosis.workspace.plan import choose_run_name, run_inputs, utc_now
+    from pytest_osmosis.workspace.plan import (
+        choose_run_name,
+        other_named_run,
+        run_inputs,
+        utc_now,
+    )
 
     base = config.invocation_params.dir
     shown = ConfigPlan(_shown(path, base))
@@ -154,6 +164,7 @@ def plan_config(
     rows.append(("attempts (n)", str(settings.n)))
     rows.append(("work items", f"{plan.total_items} ({pending} to run)"))
     rows.append(("concurrency", str(session.total_concurrency())))
+    rows.append(("execution", session.execution_text(plan)))
     rows.append(
         (
             "budgets",
@@ -165,7 +176,8 @@ def plan_config(
     cache = _cache_mode(config)
     if cache is not None:
         rows.append(("cache", cache + _expected_hits(session, plan, cache)))
-    rows.append(("run", f"{plan.run_name} ({state})"))
+    note = other_named_run(plan, session.options.name, several)
+    rows.append(("run", f"{plan.run_name} ({state}{'; ' + note if note else ''})"))
     rows.append(("output", _shown(plan.run_dir, base)))
     if session.regrade is not None:
         rows.append(
@@ -188,43 +200,39 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
             print(line)
 
 
-def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> None:
-    """Print every config's plan; ``--osmosis-plan`` then ends the session: exit 0, or 4
-    when a config cannot run (its plan says why)."""
+def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> str | None:
+    """Print every config's plan. Under ``--osmosis-plan`` the line the session then stops
+    with, nothing run (exit 0); a config that cannot run is a usage error (exit 4)."""
     if not session.options.plan and config.option.verbose < -1:
-        return  # `--co -qq`: the bare list of node ids tools read, nothing else
+        return None  # `--co -qq`: the bare list of node ids tools read, nothing else
     several = len(configs) > 1
     plans = [plan_config(session, config, path.resolve(), several) for path in configs]
     _write(config, plans)
     if not session.options.plan:
-        return
+        return None
     broken = sum(1 for shown in plans if any(label == "error" for label, _ in shown.rows))
     if broken:
-        pytest.exit(
-            f"osmosis: --osmosis-plan: {broken} of {len(plans)} config(s) cannot run "
-            "(the error is in their plan); nothing ran",
-            returncode=pytest.ExitCode.USAGE_ERROR,
+        raise pytest.UsageError(
+            f"--osmosis-plan: {broken} of {len(plans)} config(s) cannot run "
+            "(the error is in their plan); nothing ran"
         )
-    pytest.exit(
-        "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)",
-        returncode=pytest.ExitCode.OK,
-    )
+    return "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)"
 
 
-def confirm(session: EvalSession, config: pytest.Config) -> None:
+def confirm(session: EvalSession, config: pytest.Config) -> str | None:
     """``--osmosis-confirm``: show the plan and ask before the first model call.
 
     Asked only when stdin is a terminal (a CI job or a pipe goes on, as with
-    ``--yes``). Declining removes the run directories this session created and exits 2,
-    as an interrupt before any row does.
+    ``--yes``). Declining removes the run directories this session created; the line
+    returned is what the session stops with (exit 2, as an interrupt before any row).
     """
     runs = list(session.runs.values())
     pending = sum(run.pending_at_start for run in runs)
     if not runs or pending == 0:
-        return
+        return None
     with _terminal(config) as interactive:
         if not interactive:
-            return
+            return None
         paths = [run.plan.config_path for run in runs]
         _write(config, [plan_config(session, config, path, len(paths) > 1) for path in paths])
         models = sorted({run.plan.settings.model_path for run in runs})
@@ -236,10 +244,10 @@ def confirm(session: EvalSession, config: pytest.Config) -> None:
         except (OSError, KeyboardInterrupt):
             answer = ""
     if answer.strip().lower() in ("y", "yes"):
-        return
+        return None
     session.abandon_runs()
     session.close()
-    pytest.exit("osmosis: not started (declined at the prompt)", returncode=2)
+    return "osmosis: not started (declined at the prompt)"
 
 
 @contextlib.contextmanager

@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, OUTCOMES, PASSED, SKIPPED, classify
-from pytest_osmosis.words import ATTEMPTS, OUTCOME_WORDS, outcomes_text
+from pytest_osmosis.words import (
+    ATTEMPTS,
+    OUTCOME_WORDS,
+    outcomes_text,
+    rate_text,
+    short_dollars,
+)
 
 #: What ``--osmosis-progress`` accepts: ``auto`` draws the status line on a terminal that can
 #: redraw it and writes log lines elsewhere; ``line`` and ``log`` force one; ``off`` is silent.
@@ -132,7 +138,7 @@ def status_line(snap: Snapshot, width: int = MAX_WIDTH) -> str:
         tail.append((f"{snap.in_flight} in flight", 3))
     tail.append((f"{compact(snap.tokens)} tokens", 1))
     if snap.cost is not None:
-        tail.append((f"${snap.cost:.2f}", 4))
+        tail.append((short_dollars(snap.cost), 4))
     tail.append((f"{clock_text(snap.elapsed)} elapsed", 2))
     if snap.eta is not None:
         tail.append((f"ETA {clock_text(snap.eta)}", 5))
@@ -298,9 +304,9 @@ class Progress:
         """The running totals a log line ends with (no width limit: logs wrap)."""
         snap = self.snapshot(now)
         counted = self.done - self.counts[SKIPPED]
-        rate = f"{self.counts[PASSED] / counted:.1%}" if counted else "-"
+        rate = rate_text(self.counts[PASSED], counted)
         eta = f", ETA {_duration(snap.eta)}" if snap.eta is not None else ""
-        cost = f"; ${snap.cost:.2f}" if snap.cost is not None else ""
+        cost = f"; {short_dollars(snap.cost)}" if snap.cost is not None else ""
         earlier = f" ({self.recorded} recorded earlier)" if self.recorded else ""
         return (
             f"{self.done}/{self.total} {ATTEMPTS} done{earlier}: {outcomes_text(self.counts)}; "

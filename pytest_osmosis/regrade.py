@@ -170,7 +170,25 @@ def regrade_steps(
 # ----------------------------------------------------------------------------- the command
 
 
-def _own_options(parser: argparse.ArgumentParser) -> None:
+def add_regrade_parser(subparsers: Any) -> None:
+    """``pytest-osmosis regrade RUN [--rollout-dir DIR] [-- PYTEST ARGS]`` (cli.EXTENSIONS).
+
+    What follows ``--`` goes to pytest untouched: ``cli.main`` hands it over as
+    ``args.pytest_args`` (argparse itself drops a ``--`` that follows a positional).
+    """
+    parser = subparsers.add_parser(
+        "regrade",
+        help="grade a finished run's recorded samples again with the current grader",
+        allow_abbrev=False,
+        usage="%(prog)s NAME|PATH [--rollout-dir DIR] [--output ROOT] [-- PYTEST ARGS]",
+        description="Run pytest with --osmosis-regrade RUN on the config the run was made "
+        "from: only the grader runs, over the run's recorded samples, into a new run "
+        "directory. Exits with pytest's status.",
+        epilog="Arguments after -- go to pytest, e.g. -- -n 2 --osmosis-name regraded",
+    )
+    parser.add_argument(
+        "run", metavar="NAME|PATH", help="run name under the root, or its directory"
+    )
     parser.add_argument(
         "--rollout-dir",
         metavar="DIR",
@@ -182,41 +200,13 @@ def _own_options(parser: argparse.ArgumentParser) -> None:
         metavar="ROOT",
         help="root of run directories (default: .osmosis/evals of the nearest workspace)",
     )
-
-
-def add_regrade_parser(subparsers: Any) -> None:
-    """``pytest-osmosis regrade RUN [--rollout-dir DIR] [-- PYTEST ARGS]`` (cli.EXTENSIONS)."""
-    parser = subparsers.add_parser(
-        "regrade",
-        help="grade a finished run's recorded samples again with the current grader",
-        allow_abbrev=False,
-        description="Run pytest with --osmosis-regrade RUN on the config the run was made "
-        "from: only the grader runs, over the run's recorded samples, into a new run "
-        "directory. Exits with pytest's status.",
-    )
-    parser.add_argument(
-        "run", metavar="NAME|PATH", help="run name under the root, or its directory"
-    )
-    _own_options(parser)
-    parser.add_argument(
-        "rest",
-        nargs=argparse.REMAINDER,
-        metavar="-- PYTEST ARGS",
-        help="more pytest arguments, e.g. -- -n 2 --osmosis-name regraded",
-    )
-    parser.set_defaults(handler=run_regrade_command)
+    parser.set_defaults(handler=run_regrade_command, pytest_args=[])
 
 
 def run_regrade_command(args: argparse.Namespace) -> int:
     """Find the run and its config, then pytest in this process; pytest's exit status."""
     import pytest
 
-    # argparse hands everything after RUN to `rest`: our options before `--`, pytest's after.
-    rest = list(args.rest)
-    cut = rest.index("--") if "--" in rest else len(rest)
-    own = argparse.ArgumentParser(prog="pytest-osmosis regrade", add_help=False)
-    _own_options(own)
-    own.parse_args(rest[:cut], namespace=args)
     root = Path(args.output).expanduser().resolve() if args.output else None
     source = open_source_run(args.run, root, Path.cwd())
     config = workspace_config(source)
@@ -226,4 +216,4 @@ def run_regrade_command(args: argparse.Namespace) -> int:
         argv += ["--osmosis-rollout-dir", str(Path(args.rollout_dir).expanduser().resolve())]
     if root is not None:
         argv += ["--osmosis-output", str(root)]
-    return int(pytest.main([*argv, *rest[cut + 1 :]]))
+    return int(pytest.main([*argv, *args.pytest_args]))

@@ -31,18 +31,19 @@ from pytest_osmosis.errors import (
     SessionFaultError,
 )
 from pytest_osmosis.execution import blame
+from pytest_osmosis.execution.dispatch import AUTO, IN_PROCESS, SERVER, Dispatch, InProcess
 from pytest_osmosis.execution.executor import (
     FDS_PER_ROW,
     BackstopExpired,
     Executor,
+    arm_backstop,
     fd_capacity,
     raise_fd_limit,
 )
-from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem, execute
+from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
-    LoadedRollout,
     forget_loaded,
     load_rollout,
 )
@@ -91,6 +92,17 @@ class SessionOptions:
     rollout_dir: Path | None = None
     plan: bool = False
     confirm: bool = False
+    # How rollouts run (execution/dispatch.py): in-process, server or auto.
+    execution: str = AUTO
+    server_python: str | None = None
+    """Run rollout servers on this interpreter instead of a synced environment."""
+    server_start_timeout: float = 90.0
+    retry_below_threshold: bool = False
+    """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
+
+    def retry_below(self, plan: EvalPlan) -> float | None:
+        """The threshold below which a recorded attempt is retried; None: low rewards stay."""
+        return plan.settings.pass_threshold if self.retry_below_threshold else None
 
 
 @dataclass
@@ -127,6 +139,8 @@ class ControllerRun:
     """Rollout id -> dollars, of the attempts this session recorded (None: no price)."""
     row_metrics: dict[str, Any] = field(default_factory=dict)
     """``osmosis_metrics.json`` as written at the end (results/row_metrics.py)."""
+    execution: str = ""
+    """How its rows run, and why (``EvalSession.execution_text``)."""
 
 
 class EvalSession:
@@ -144,7 +158,7 @@ class EvalSession:
         self._errors: dict[Path, OsmosisError] = {}
         self._run_names: dict[str, str] = {}
         self._journals: dict[Path, dict[tuple[int, int], dict[str, Any]]] = {}
-        self._rollouts: dict[Path, LoadedRollout] = {}
+        self._rollouts: dict[Path, Dispatch] = {}
         self._executor: Executor | None = None
         self._bridges: dict[str, Bridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
@@ -279,6 +293,7 @@ class EvalSession:
                 run_provenance(plan),
                 fresh=self.options.fresh,
                 retry_failed=self.options.retry_failed,
+                retry_below=self.options.retry_below(plan),
                 warn=warn,
                 sources=plan.dataset.selected_source_rows,
             )
@@ -300,8 +315,11 @@ class EvalSession:
                 started_at=now,
                 pending_at_start=pending,
                 created=created,
+                execution=self._shown_execution(plan),
             )
             names[str(path)] = plan.run_name
+            if pending:
+                self._start_early(plan)
         self._record_killed_rows()
         return names
 
@@ -355,26 +373,116 @@ class EvalSession:
             return contextlib.nullcontext()
         return self.milestones.phase(doing)
 
-    def load_rollout(self, plan: EvalPlan) -> LoadedRollout:
+    def load_rollout(self, plan: EvalPlan) -> Dispatch:
+        """How this config's rows run (``--osmosis-execution``), decided once per process.
+
+        ``auto`` runs a rollout in process when that is faithful, and on its own server as
+        ``osmosis eval run`` does when it is not: its ``pyproject.toml`` needs what this
+        environment lacks, or it serves (or builds a non-local backend) while loading.
+        """
         if plan.config_path not in self._rollouts:
             for key, value in plan.config.env.items():
                 os.environ[key] = value
-            self._rollouts[plan.config_path] = load_rollout(
+            self._rollouts[plan.config_path] = self._dispatch_for(plan)
+        return self._rollouts[plan.config_path]
+
+    def _dispatch_for(self, plan: EvalPlan) -> Dispatch:
+        from pytest_osmosis.errors import ConfigError, NeedsServerError
+        from pytest_osmosis.workspace.environment import unmet_requirements
+
+        mode = self.options.execution
+        if mode == SERVER:
+            if self.regrade is not None:
+                raise ConfigError(
+                    "--osmosis-regrade grades recorded samples in process; it cannot run with "
+                    "--osmosis-execution server"
+                )
+            return self._server(plan, "--osmosis-execution server")
+        if mode == AUTO and self.regrade is None:
+            unmet = unmet_requirements(plan.rollout_dir)
+            if unmet:
+                why = f"its pyproject.toml needs {', '.join(unmet[:3])}"
+                return self._server(plan, why)
+        try:
+            loaded = load_rollout(
                 plan.rollout_dir,
                 plan.entrypoint,
                 workflow_override=self.options.workflow_override,
                 grader_override=self.options.grader_override,
                 main_timeout=self.options.main_timeout,
             )
-        return self._rollouts[plan.config_path]
+        except NeedsServerError as exc:
+            if mode != AUTO or self.regrade is not None:
+                raise
+            return self._server(plan, one_line(str(exc).partition("; ")[0], 200))
+        if mode == IN_PROCESS:
+            return InProcess(loaded, "--osmosis-execution in-process")
+        return InProcess(loaded, "a LocalBackend rollout this environment satisfies")
+
+    def _server(self, plan: EvalPlan, why: str) -> Dispatch:
+        from pytest_osmosis.execution.server import RolloutServer
+        from pytest_osmosis.secrets import log_redactor_for, redactor_for
+
+        # [env]/[secrets] cannot name _OSMOSIS_* variables (workspace/config.py refuses them),
+        # so the server's own variables are always the supervisor's, as in the SDK.
+        return RolloutServer(
+            rollout_dir=plan.rollout_dir,
+            entrypoint=plan.entrypoint,
+            run_dir=plan.run_dir,
+            log_redactor=log_redactor_for(self.config),
+            redactor=redactor_for(self.config),
+            interpreter=self.options.server_python,
+            start_timeout=self.options.server_start_timeout,
+            why=why,
+        )
+
+    def execution_text(self, plan: EvalPlan) -> str:
+        """How a config's rows run and why, as the plan and the results table say it."""
+        dispatch = self.load_rollout(plan)
+        text = f"{dispatch.mode} ({dispatch.why})"
+        workers = getattr(self.config.option, "numprocesses", None)
+        if dispatch.mode == SERVER and workers and not self.is_worker:
+            text += "; each xdist worker starts its own server"
+        return text
+
+    def _shown_execution(self, plan: EvalPlan) -> str:
+        """The results table's execution line: where auto did not simply run in process."""
+        if self.options.execution == AUTO and self.load_rollout(plan).mode == IN_PROCESS:
+            return ""
+        return self.execution_text(plan)
+
+    def _start_early(self, plan: EvalPlan) -> None:
+        """A single process starts a rollout's server as soon as its run directory exists,
+        so ``uv sync`` and the server's imports overlap the model check; collection waits
+        for it (:meth:`ready_rollout`). An xdist controller runs no rows: each worker
+        starts its own."""
+        dispatch = self._rollouts.get(plan.config_path)
+        if dispatch is None or dispatch.mode != SERVER:
+            return
+        if self.config.pluginmanager.has_plugin("dsession"):
+            return
+        asyncio.run_coroutine_threadsafe(dispatch.start(), self.executor.loop)
+
+    def ready_rollout(self, plan: EvalPlan) -> None:
+        """Collection, in a process that runs rows: start the rollout's server, if it has one.
+
+        After the session's checks (the preflight passed, the run directory exists), as
+        ``osmosis eval run`` starts its server; one that cannot start is the config's error.
+        """
+        dispatch = self.load_rollout(plan)
+        if dispatch.mode == SERVER and not self.config.option.collectonly:
+            with self.phase(f"starting the rollout server of {plan.rollout_dir.name}"):
+                self.executor.call(dispatch.start())
 
     def warn_loaded(self, plan: EvalPlan) -> None:
         """What would keep ``osmosis eval run`` from running this config although we can:
         one line each, after the start-up phase whose line it would break."""
         if self.is_worker:  # the controller loads every rollout too, and says it
             return
-        loaded = self._rollouts.get(plan.config_path)
-        for line in (*workspace_warnings(plan.workspace), *(loaded.warnings if loaded else ())):
+        dispatch = self._rollouts.get(plan.config_path)
+        # A rollout on its own server is started as osmosis eval run starts it: no guesses.
+        loaded = dispatch.rollout.warnings if isinstance(dispatch, InProcess) else ()
+        for line in (*workspace_warnings(plan.workspace), *loaded):
             self.warn_once(f"osmosis: warning: {line}")
 
     def warn_once(self, line: str) -> None:
@@ -401,7 +509,8 @@ class EvalSession:
         record = self.journal(item.parent.plan).get(item.key)
         if record is None:
             return None
-        if self.options.retry_failed and outcome.is_retried(record):
+        retry_below = self.options.retry_below(item.parent.plan)
+        if self.options.retry_failed and outcome.is_retried(record, retry_below):
             return None
         return record
 
@@ -456,7 +565,8 @@ class EvalSession:
             return self.options.concurrency
         best = 1
         for plan in self._plans.values():
-            capacity = _advertised_capacity(self._rollouts.get(plan.config_path))
+            dispatch = self._rollouts.get(plan.config_path)
+            capacity = dispatch.capacity if dispatch is not None else _DEFAULT_CAPACITY
             wanted = plan.settings.concurrency
             value = (min(wanted, capacity) if capacity else wanted) if wanted else capacity
             best = max(best, value or 1)
@@ -529,7 +639,10 @@ class EvalSession:
             return resumed_result(record, plan)
         factory = lambda: self._execute(item)  # noqa: E731
         try:
-            return dict(self.executor.result(item.nodeid, factory))
+            try:
+                return dict(self.executor.result(item.nodeid, factory))
+            except BackstopExpired as exc:
+                return self._past_backstop(item, factory, exc)
         except SessionFaultError as exc:  # nothing can be trusted now: stop, rows pending
             line = f"osmosis: {exc}"
             if self.is_worker:
@@ -538,21 +651,48 @@ class EvalSession:
                 item.session.shouldstop = line
                 return self._session_fault_result(item, line)
             pytest.exit(line, returncode=pytest.ExitCode.USAGE_ERROR)
-        except BackstopExpired as exc:
-            blocker = self.executor.blocker()
-            if blocker is None and self.executor.responsive():
-                # Nothing blocks the loop: the row runs on under its own budgets.
+
+    def _past_backstop(
+        self, item: EvalItem, factory: Callable[[], Any], expired: BackstopExpired
+    ) -> dict[str, Any]:
+        """The backstop fired while ``item`` waited: only the row whose code blocks the loop fails.
+
+        Nothing blocks the loop: the row runs on under its own budgets. This row's code (its
+        workflow, grader, or a task either started) blocks it: this row fails. Another row's
+        blocks it: that row is the one that fails when its turn comes, and this one waits one
+        more backstop; held by the same row then, or by code that is no row's, the loop will
+        not come back in time, and the session stops with the rows in flight left pending.
+        """
+        waited_on: str | None = None
+        while True:
+            if self.executor.responsive():
                 return dict(self.executor.result(item.nodeid, factory))
-            if blocker is not None and (blocker[1].row_index, blocker[1].run_index) != item.key:
-                # Another row blocks the loop; it is the one that fails. This one waits on.
-                warnings.warn(
-                    f"{item.nodeid} waits past its backstop: {blocker[0]}",
-                    pytest.PytestWarning,
-                    stacklevel=1,
+            found = self.executor.blocker()
+            nodeid, where, seconds = found if found is not None else (None, "?", 0.0)
+            if nodeid is None or nodeid == waited_on:
+                who = "code that is not a row's" if nodeid is None else _row_words(nodeid)
+                raise SessionFaultError(
+                    f"the event loop has been blocked for {seconds:.0f} s by {who} (at {where}); "
+                    "rows in flight were not recorded"
                 )
+            blocking = f"{_row_words(nodeid)} is blocking the event loop at {where}"
+            if nodeid == item.nodeid:
+                self.executor.abandon(item.nodeid)
+                return self._backstop_result(item, expired, blocking)
+            waited_on = nodeid
+            warnings.warn(
+                f"{item.nodeid} waits past its backstop: {blocking}",
+                pytest.PytestWarning,
+                stacklevel=1,
+            )
+            cancel = arm_backstop(expired.seconds)
+            try:
                 return dict(self.executor.result(item.nodeid, factory))
-            self.executor.abandon(item.nodeid)
-            return self._backstop_result(item, exc, blocker[0] if blocker else None)
+            except BackstopExpired as again:
+                expired = again
+            finally:
+                if cancel is not None:
+                    cancel()
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
@@ -644,7 +784,7 @@ class EvalSession:
         )
 
     def _backstop_result(
-        self, item: EvalItem, expired: BackstopExpired, blocker: str | None
+        self, item: EvalItem, expired: BackstopExpired, blocker: str
     ) -> dict[str, Any]:
         """The backstop fired while this item waited: its own code blocked the event loop."""
         return outcome.failure(
@@ -653,7 +793,7 @@ class EvalSession:
             source_row_index=item.source_row_index,
             pass_threshold=item.parent.plan.settings.pass_threshold,
             error_type="backstop_timeout",
-            message=f"{expired}: {blocker or 'the event loop did not answer'}",
+            message=f"{expired}: {blocker}",
         )
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
@@ -678,7 +818,7 @@ class EvalSession:
         redactor = redactor_for(self.config)
 
         plan = item.parent.plan
-        rollout = self._rollouts[plan.config_path]
+        dispatch = self._rollouts[plan.config_path]
         row = plan.dataset.row(item.row_index)
         work = WorkItem(
             row_index=item.row_index,
@@ -689,7 +829,7 @@ class EvalSession:
             metadata=row.metadata,
         )
         bridge = await self.bridge(plan.settings.model_path)
-        bridge.allow_judge_models(self._judge_models(rollout))
+        bridge.allow_judge_models(self._judge_models(dispatch))
         cache = self.call_cache(plan.output_root)
         cached = (
             cache.attempt(plan.config.experiment.dataset, row.source_row_index, item.run_index)
@@ -733,9 +873,8 @@ class EvalSession:
             from pytest_osmosis.regrade import regrade_steps
 
             recorded, prepare, writer = regrade_steps(self.regrade, item, redactor, storage_faults)
-        result = await execute(
+        result = await dispatch.run(
             work,
-            rollout,
             bridge=bridge,
             budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
             pass_threshold=plan.settings.pass_threshold,
@@ -748,11 +887,9 @@ class EvalSession:
             result = {**result, "storage_fault": storage_faults[0]}
         return result
 
-    def _judge_models(self, rollout: LoadedRollout) -> list[str]:
+    def _judge_models(self, dispatch: Dispatch) -> list[str]:
         """Judge models a rollout's calls may name: its grader's, ini osmosis_judge_models."""
-        from pytest_osmosis.rubric.grader import declared_judge_model
-
-        declared = declared_judge_model(rollout.grader_cls, rollout.grader_config)
+        declared = dispatch.judge_model
         listed = [str(model) for model in self.config.getini("osmosis_judge_models")]
         return listed + ([declared] if declared else [])
 
@@ -803,23 +940,29 @@ class EvalSession:
             self._caches[output_root] = cache
         return cache
 
+    def models_to_check(self, run: ControllerRun) -> list[str]:
+        """The models a run's rows may call, which the preflight checks before any row.
+
+        The run's model; none under ``--osmosis-cache replay`` (no call reaches a model;
+        ``use`` may call one for a request it has not seen, so its model is checked); under
+        a regrade only the judge models its grader declares (the workflow does not run).
+        """
+        cache = self.call_cache(run.plan.output_root)
+        if cache is not None and cache.replay:
+            return []
+        if self.regrade is None:
+            return [run.plan.settings.model_path]
+        rollout = self._rollouts.get(run.plan.config_path)
+        return [] if rollout is None else self._judge_models(rollout)
+
     def preflight(self, model_paths: list[str], *, in_process: bool) -> None:
-        """Check each model before any row starts; raises :class:`ModelPreflightError`.
+        """Check each model before any row starts (:meth:`models_to_check`); raises
+        :class:`ModelPreflightError`.
 
         ``in_process`` (a process that runs rows) imports LiteLLM here, on a thread of its own
         while the models are checked, unless no row needs it; an xdist controller checks
         OpenAI-compatible routes directly and others in a child process (model/preflight.py).
-        The model-call cache is opened first (a bad one stops the session here, in one line);
-        ``--osmosis-cache replay`` calls no model, so the cache existing is its whole check,
-        and ``use`` does not check a model the cache already holds answers of.
         """
-        answered = set()
-        for run in self.runs.values():
-            cache = self.call_cache(run.plan.output_root)
-            model = run.plan.settings.model_path
-            if cache is not None and (cache.replay or (cache.mode == "use" and cache.knows(model))):
-                answered.add(model)
-        model_paths = [model for model in model_paths if model not in answered]
         if not model_paths:
             return
         # Imported here first, so the check never waits for LiteLLM's thread to finish
@@ -900,15 +1043,27 @@ class EvalSession:
         as it was (nothing was appended, its metrics are not rewritten).
         """
         runs, self.runs = list(self.runs.values()), {}
+        self._stop_rollouts()  # before their run directories go
         for run in runs:
             run.log.close()
             run.rundir.close()
             if run.created:
                 shutil.rmtree(run.rundir.path, ignore_errors=True)
 
+    def _stop_rollouts(self) -> None:
+        """Stop every rollout server of this process (their whole process groups)."""
+        if self._executor is None:
+            return
+        for dispatch in self._rollouts.values():
+            try:
+                self._executor.call(dispatch.stop(), timeout=15)
+            except Exception:  # noqa: BLE001 - shutting down; the lifeline ends them too
+                pass
+
     def close(self) -> None:
         if self._executor is not None:
             executor = self._executor
+            self._stop_rollouts()
             clients = sys.modules.get("pytest_osmosis.model.client")
             if clients is not None:  # some rollout used bridge_client(): close its pool
                 try:
@@ -937,20 +1092,15 @@ def _exit_witness(plan: EvalPlan) -> str:
     return str(plan.output_root / LOCKS_DIRNAME / f"{plan.run_name}.exited")
 
 
-_DEFAULT_CAPACITY = 4  # what a LocalBackend without a workflow_config advertises on /health
+_DEFAULT_CAPACITY = 4  # a LocalBackend without a workflow_config advertises 4 on /health
 
 
-def _advertised_capacity(rollout: LoadedRollout | None) -> int | None:
-    """The in-flight cap the rollout's ``LocalBackend`` advertises on ``/health``; None: no cap.
+def _row_words(nodeid: str) -> str:
+    """``row <source row> run <n>``: how a line names an eval item (else its node id)."""
+    from pytest_osmosis.collect import split_item_nodeid
 
-    Without a workflow_config it is 4; with one, its ``concurrency.max_concurrent``, which
-    is unset (no cap) unless the author wrote it.
-    """
-    if rollout is None or rollout.workflow_config is None:
-        return _DEFAULT_CAPACITY
-    concurrency = getattr(rollout.workflow_config, "concurrency", None)
-    limit = getattr(concurrency, "max_concurrent", None)
-    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    parts = split_item_nodeid(nodeid)
+    return nodeid if parts is None else f"row {parts[1]} run {parts[2]}"
 
 
 _FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT})

@@ -18,9 +18,13 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
             continue
         terminal.write_sep("=", f"osmosis: {run.plan.run_name}")
         if run.pending_at_start == 0 and run.executed == 0:
+            from pytest_osmosis.next_steps import nothing_retried
+
             terminal.write_line(
-                "already finished: every row is recorded, none ran again "
-                "(--osmosis-retry-failed re-runs failures, --osmosis-fresh starts anew)"
+                nothing_retried(session, run)
+                or "already finished: every row is recorded, none ran again "
+                "(--osmosis-retry-failed re-runs errored and skipped attempts, "
+                "--osmosis-retry-below-threshold low rewards too; --osmosis-fresh starts anew)"
             )
         for line in summary_lines(run):
             terminal.write_line(line)
@@ -48,6 +52,7 @@ def summary_lines(run: ControllerRun) -> list[str]:
     lines = [
         f"rollout {eval_run.get('rollout_name')}  model {eval_run.get('model_name')}  "
         f"dataset {eval_run.get('dataset_name')}  status {eval_run.get('status')}",
+        *([f"execution  {run.execution}"] if run.execution else []),
         "outcomes   "
         + outcomes_text(summary_counts(summary), int(summary.get("total_samples", 0))),
         "pass rate  "

@@ -50,10 +50,18 @@ def pass_rate_basis(passed: int, counted: int) -> str:
     return f"{passed} {PASSED} / {counted} {PASS_RATE_BASIS}"
 
 
+#: A rate of nothing (0 of 0 attempts): not 0.0%, which reads as "every attempt failed".
+NO_RATE = "n/a"
+
+
+def rate_text(passed: int, counted: int) -> str:
+    """``62.5%``; ``n/a`` when nothing was counted."""
+    return f"{passed / counted:.1%}" if counted else NO_RATE
+
+
 def pass_rate_text(passed: int, counted: int) -> str:
-    """``62.5% (5 passed / 8 attempts not skipped)``."""
-    rate = passed / counted if counted else 0.0
-    return f"{rate:.1%} ({pass_rate_basis(passed, counted)})"
+    """``62.5% (5 passed / 8 attempts not skipped)``; ``n/a (0 passed / 0 ...)``."""
+    return f"{rate_text(passed, counted)} ({pass_rate_basis(passed, counted)})"
 
 
 def percent(value: Any) -> str:
@@ -74,6 +82,12 @@ def dollars(cost: Any) -> str:
     if isinstance(cost, (int, float)) and not isinstance(cost, bool):
         return f"${float(cost):.6f}"
     return "unknown"
+
+
+def short_dollars(cost: float) -> str:
+    """A running cost in a few characters: ``$0.04``; ``<$0.01`` rather than a ``$0.00`` that
+    reads as free (a small model's rows cost millionths of a dollar)."""
+    return f"${cost:.2f}" if cost >= 0.005 or cost == 0 else "<$0.01"
 
 
 def one_line(text: str, limit: int | None = None) -> str:

@@ -706,3 +706,83 @@ def test_bad_package_init_is_refused_before_the_run_starts(
 
 def test_catalogue_has_at_least_40_distinct_cases() -> None:
     assert len({case.id for case in ALL_CASES}) == len(ALL_CASES) >= 40
+
+
+# --------------------------------------------------------------------------- #
+# Stored inputs: what an earlier session left, damaged
+# --------------------------------------------------------------------------- #
+
+#: A recorded answer with its usage made negative (as a hand edit or a bad provider would).
+NEGATIVE_USAGE = {
+    "id": "x",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": -5000000},
+}
+
+#: (id, the entry's stored answer, the words its row's error line must hold)
+DAMAGED_CACHE_ENTRIES = [
+    ("not-json", "{not json", "not JSON"),
+    ("a-list", "[]", "not a JSON object but list"),
+    ("empty-object", "{}", "no choices"),
+    ("choice-without-message", '{"choices": [{"index": 0}]}', "choice 0 has no message object"),
+    (
+        "negative-usage",
+        json.dumps(NEGATIVE_USAGE),
+        "usage.total_tokens is -5000000, not a non-negative integer",
+    ),
+    (
+        "usage-as-text",
+        json.dumps({**NEGATIVE_USAGE, "usage": {"prompt_tokens": "5"}}),
+        "usage.prompt_tokens is '5', not a non-negative integer",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("stored", "words"),
+    [pytest.param(stored, words, id=case) for case, stored, words in DAMAGED_CACHE_ENTRIES],
+)
+def test_a_damaged_cache_entry_fails_its_row_under_replay_naming_file_and_key(
+    pytester: pytest.Pytester,
+    model_env: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    stored: str,
+    words: str,
+) -> None:
+    """Never served: the row is ``cache_corrupt``, its line names the cache file and the key."""
+    import sqlite3
+
+    from pytest_osmosis.model.cache import cache_path
+
+    write_workspace(pytester.path, rows=calc_rows([("What is 2 + 2?", "4")]))
+    recorded = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "record", "--osmosis-name", "first",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+    recorded.assert_outcomes(passed=1)
+    cache = cache_path(pytester.path / ".osmosis" / "evals")
+    with sqlite3.connect(cache) as conn:
+        ((key,),) = conn.execute("SELECT key FROM calls").fetchall()
+        conn.execute("UPDATE calls SET response = ? WHERE key = ?", (stored, key))
+    for name in ("OPENAI_API_BASE", "OPENAI_BASE_URL"):
+        monkeypatch.setenv(name, DEAD_ENDPOINT)  # replay calls no model
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "replay", "--osmosis-name", "second",
+        "-p", "no:cacheprovider",
+    )  # fmt: skip
+
+    output = "\n".join([*result.outlines, *result.errlines])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, output
+    result.assert_outcomes(errors=1)
+    expected = (
+        "cache_corrupt: model-call cache ",
+        str(cache),
+        f"entry {bytes(key).hex()} is damaged: {words}",
+        "(row 0, run 0)",
+    )
+    assert any(all(word in line for word in expected) for line in output.splitlines()), output
+    assert "INTERNALERROR" not in output and "Traceback" not in output, output
+    index = pytester.path / ".osmosis" / "evals" / "second" / "index.jsonl"
+    (record,) = [json.loads(line) for line in index.read_text().splitlines()]
+    assert (record["status"], record["error_type"]) == ("failed", "cache_corrupt")

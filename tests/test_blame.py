@@ -519,3 +519,170 @@ def test_a_worker_killed_from_outside_blames_no_row(
         (0, "success", None)
     ], out
     result.assert_outcomes(passed=1)
+
+
+# -- a row blocking the loop: only that row is blamed ----------------------------------
+
+#: Row 0 is innocent: it stays in flight (the main thread waits for it) until the blocker
+#: blocks. Row 1 blocks the loop synchronously, where its metadata says, until the test
+#: releases it (the cap only prevents a hang).
+LOOP_BLOCKER = r"""
+import asyncio
+import os
+import time
+
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+
+
+def _block():
+    open("blocking", "w").close()
+    cap = time.monotonic() + 240
+    while not os.path.exists("released") and time.monotonic() < cap:
+        time.sleep(0.05)
+
+
+class Workflow(AgentWorkflow):
+    async def run(self, ctx):
+        where = ctx.metadata["block"]
+        if where == "":
+            while not os.path.exists("blocking"):
+                await asyncio.sleep(0.05)
+        elif where == "subtask":  # as agent frameworks run tools
+
+            async def blk():
+                _block()
+
+            await asyncio.create_task(blk())
+        elif where == "callback":  # no row's code: a plain loop callback
+            asyncio.get_running_loop().call_soon(_block)
+            await asyncio.sleep(0.5)
+        return [*ctx.prompt, {"role": "assistant", "content": "ok"}]
+
+
+class Always(Grader):
+    async def grade(self, ctx):
+        if ctx.metadata["block"] == "grader":
+            _block()
+        ctx.set_reward(1.0)
+
+
+backend = LocalBackend(workflow=Workflow, grader=Always)
+"""
+
+#: Released when a row waits past its backstop naming the blocker, or when any row fails
+#: (so a run that blames the wrong row ends too).
+RELEASE_THE_BLOCKER = """
+import warnings
+from pathlib import Path
+
+_warn = warnings.warn
+
+
+def _observed(message, *args, **kwargs):
+    if "waits past its backstop" in str(message):
+        Path("released").touch()
+    return _warn(message, *args, **kwargs)
+
+
+warnings.warn = _observed
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        Path("released").touch()
+"""
+
+
+def _blocking_workspace(
+    pytester: pytest.Pytester, where: str, blocks: tuple[str, ...] = ("", "{where}")
+) -> None:
+    rows = [
+        {"user_prompt": f"q{index}", "ground_truth": "ok", "metadata": {"block": block}}
+        for index, block in enumerate(b.format(where=where) for b in blocks)
+    ]
+    # A backstop of 6 + 3 + 1 s; the innocent row is held in flight by the blocker itself.
+    write_workspace(
+        pytester.path,
+        rows=rows,
+        rollout_source=LOOP_BLOCKER,
+        evaluation={"agent_workflow_timeout_s": 6, "grader_timeout_s": 3, "batch_size": 2},
+    )
+    pytester.makeini("[pytest]\nosmosis_backstop_grace = 1\n")
+    pytester.makeconftest(RELEASE_THE_BLOCKER)
+
+
+@pytest.mark.parametrize(
+    ("where", "error", "frame"),
+    [("grader", "grader_timeout", "_block"), ("subtask", "workflow_timeout", "_block")],
+)
+def test_a_row_blocking_the_loop_in_its_grader_or_a_task_it_started_is_the_only_one_blamed(
+    pytester: pytest.Pytester, model_env: Any, where: str, error: str, frame: str
+) -> None:
+    _blocking_workspace(pytester, where)
+    result = pytester.runpytest_subprocess(
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "blk"
+    )
+    out = result.stdout.str()
+    records = read_index(pytester.path / ".osmosis" / "evals" / "blk")
+    assert [(r["row_index"], r["status"], r.get("error_type")) for r in records] == [
+        (0, "success", None),
+        (1, "failed", error),
+    ], out
+    result.stdout.fnmatch_lines(
+        [
+            f"*row_0_run_0 waits past its backstop: row 1 run 0 is blocking the event loop at *main.py:* in {frame}*"
+        ]
+    )
+    assert result.ret == 1
+
+
+def test_a_loop_blocked_by_no_rows_code_stops_the_session_and_blames_no_row(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:
+    _blocking_workspace(pytester, "callback")
+    result = pytester.runpytest_subprocess(
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "blk"
+    )
+    (pytester.path / "released").touch()
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    result.stdout.fnmatch_lines(
+        [
+            "*osmosis: the event loop has been blocked for * s by code that is not a row's "
+            "(at *main.py:* in _block); rows in flight were not recorded*"
+        ]
+    )
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out
+    run_dir = pytester.path / ".osmosis" / "evals" / "blk"
+    index = run_dir / "index.jsonl"
+    assert not index.exists() or read_index(run_dir) == [], out
+
+
+def test_a_row_still_blocking_the_loop_after_its_own_backstop_stops_the_session(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:
+    """Row 0's grader never returns (until the test ends): row 0 fails at its backstop; row 1,
+    which could not start, waits one more backstop, then the session stops in one line and
+    row 1 stays pending. Nothing releases the blocker during the run."""
+    _blocking_workspace(pytester, "grader", blocks=("{where}", ""))
+    pytester.makeconftest("")
+    try:
+        result = pytester.runpytest_subprocess(
+            "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "blk"
+        )
+    finally:
+        (pytester.path / "released").touch()
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    result.stdout.fnmatch_lines(
+        [
+            "*row_1_run_0 waits past its backstop: row 0 run 0 is blocking the event loop*",
+            "*osmosis: the event loop has been blocked for * s by row 0 run 0 "
+            "(at *main.py:* in _block); rows in flight were not recorded*",
+        ]
+    )
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out
+    records = read_index(pytester.path / ".osmosis" / "evals" / "blk")
+    assert [(r["row_index"], r["status"], r.get("error_type")) for r in records] == [
+        (0, "failed", "backstop_timeout")
+    ], out

@@ -65,7 +65,7 @@ def test_a_second_run_with_use_calls_no_model_and_gives_the_same_results(
         "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
     )
     second.assert_outcomes(passed=6)
-    assert model_env.requests_total == 0
+    assert model_env.requests_total == 1  # the preflight's: any row may still call the model
     second.stdout.fnmatch_lines(
         [f"cache      6 of 6 model calls answered from {_cache_file(pytester.path)}"]
     )
@@ -416,7 +416,8 @@ def test_entries_older_than_the_max_age_are_called_again(
     ).assert_outcomes(passed=2)
 
     assert [m[-1]["content"] for m in (b["messages"] for b in model_env.bodies)] == [
-        "What is 2 + 2?"
+        "hi",  # the preflight's
+        "What is 2 + 2?",
     ]
     assert len(_entries(path)) == 2  # the old entry was replaced, not duplicated
 
@@ -484,7 +485,8 @@ def test_xdist_workers_share_the_cache_and_a_killed_worker_tears_nothing(
     model_env.reset()
     second = pytester.runpytest_subprocess(*common, "use", "--osmosis-name", "second")
     second.assert_outcomes(passed=8)
-    assert model_env.requests_total == 8 - len(answers)  # only what the kill lost is called
+    # The preflight, and only what the kill lost.
+    assert model_env.requests_total == 1 + 8 - len(answers)
     model_env.reset()
     third = pytester.runpytest_subprocess(*common, "replay", "--osmosis-name", "third")
     third.assert_outcomes(passed=8)
@@ -722,3 +724,181 @@ def test_the_plan_counts_the_work_items_the_cache_will_answer(
         "--osmosis-eval", "--osmosis-plan", "--osmosis-cache", "record", "-p", "no:cacheprovider"
     )
     record.stdout.fnmatch_lines(["  cache * record"])
+
+
+RETRY_ROLLOUT = r'''
+import httpx
+
+from pytest_osmosis.rollout import (
+    AgentWorkflow, AgentWorkflowOutput, Grader, get_rollout_context,
+)
+
+
+class AskUntilAnswered(AgentWorkflow):
+    """Retries a call the provider failed (as the openai client does on a 5xx)."""
+
+    async def run(self, ctx):
+        rollout = get_rollout_context()
+        async with httpx.AsyncClient(timeout=120) as client:
+            for _ in range(3):
+                response = await client.post(
+                    rollout.chat_completions_url + "/chat/completions",
+                    headers={"Authorization": f"Bearer {rollout.api_key}"},
+                    json={"model": "m", "messages": ctx.prompt},
+                )
+                if response.status_code < 500:
+                    break
+            response.raise_for_status()
+            answer = response.json()["choices"][0]["message"]["content"]
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": answer}])
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(float(ctx.sample.messages[-1]["content"].strip() == ctx.label))
+'''
+
+
+def test_a_call_retried_after_a_provider_failure_replays(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """The failed call got no answer, so it holds no repeat number: the retry's answer is
+    stored as the call's first, and replay finds it there (it was stored as the second)."""
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:2]), rollout_source=RETRY_ROLLOUT)
+    # Three 500s: the bridge's own two retries fail too, so the rollout sees the failure.
+    model_env.fail_on = {QUESTIONS[0][0]: (500, 3)}
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=2)
+    assert model_env.requests_total == 1 + 3 + 2  # the preflight, the failed call, its retry
+    _fresh_runs(pytester.path)
+    model_env.reset()
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider"
+    )
+
+    result.assert_outcomes(passed=2)
+    assert model_env.requests_total == 0
+
+
+def test_concurrent_repeats_keep_their_numbers_and_a_failed_one_gives_its_back(
+    tmp_path: Path,
+) -> None:
+    """Two identical calls in flight hold repeats 0 and 1; the first fails, so its retry is
+    repeat 0 again, and a replay of the attempt answers both calls."""
+    import asyncio
+
+    from pytest_osmosis.model.cache import CacheMiss, CallCache
+
+    path = tmp_path / CACHE_FILENAME
+    body = {"model": "m", "messages": [{"role": "user", "content": "same"}]}
+
+    def answer(text: str) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+
+    async def record() -> list[str]:
+        cache = CallCache(path, "use").open()
+        attempt = cache.attempt("d", 0, 0)
+        first_may_fail = asyncio.Event()
+        served: list[str] = []
+
+        async def failing() -> Any:
+            await first_may_fail.wait()
+            raise RuntimeError("provider failed")
+
+        async def second() -> Any:
+            first_may_fail.set()
+            return answer("second")
+
+        async def first_then_retry() -> None:
+            try:
+                await attempt.serve("m", body, failing)
+            except RuntimeError:
+                response, _ = await attempt.serve("m", body, lambda: _ready(answer("retry")))
+                served.append(response["choices"][0]["message"]["content"])
+
+        first = asyncio.ensure_future(first_then_retry())
+        await asyncio.sleep(0)  # the first call holds repeat 0 before the second asks
+        response, _ = await attempt.serve("m", body, second)
+        served.append(response["choices"][0]["message"]["content"])
+        await first
+        cache.close()
+        return served
+
+    async def _ready(value: Any) -> Any:
+        return value
+
+    async def replay() -> list[str]:
+        cache = CallCache(path, "replay").open()
+        attempt = cache.attempt("d", 0, 0)
+
+        async def never() -> Any:
+            raise AssertionError("replay called the model")
+
+        try:
+            answers = [await attempt.serve("m", body, never) for _ in range(2)]
+        except CacheMiss as miss:
+            raise AssertionError(str(miss)) from None
+        finally:
+            cache.close()
+        return [response["choices"][0]["message"]["content"] for response, hit in answers if hit]
+
+    assert asyncio.run(record()) == ["second", "retry"]
+    assert asyncio.run(replay()) == ["retry", "second"]  # repeat 0, then repeat 1
+
+
+def _damage(root: Path, response: str) -> str:
+    """Replace the cache's only entry's answer; returns its key (hex)."""
+    with sqlite3.connect(_cache_file(root)) as conn:
+        ((key,),) = conn.execute("SELECT key FROM calls").fetchall()
+        conn.execute("UPDATE calls SET response = ? WHERE key = ?", (response, key))
+    return bytes(key).hex()
+
+
+def test_use_calls_the_model_again_for_a_damaged_entry_and_records_it_over(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]))
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=1)
+    recorded = _results(pytester.path)
+    key = _damage(pytester.path, "[]")
+    _fresh_runs(pytester.path)
+    model_env.reset()
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    )
+
+    result.assert_outcomes(passed=1)
+    assert model_env.requests_total == 2  # the preflight, and the damaged entry's call
+    assert _results(pytester.path) == recorded
+    ((stored_key, _, response, _),) = _entries(_cache_file(pytester.path))
+    assert bytes(stored_key).hex() == key
+    assert json.loads(response)["choices"][0]["message"]["content"] == "4"
+
+
+def test_use_checks_the_model_before_any_row_even_when_the_cache_knows_it(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A row the cache cannot answer would call a dead endpoint: one line, exit 4, nothing
+    recorded (not the row's agent_error)."""
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]))
+    pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    ).assert_outcomes(passed=1)
+    write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:2]))  # row 1: no answer recorded
+    _fresh_runs(pytester.path)
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9/v1")  # nothing listens there
+
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
+    )
+
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["ERROR: model preflight failed for 'openai/test-model': *"])
+    runs = (pytester.path / ".osmosis" / "evals").iterdir()
+    assert not [run for run in runs if not run.name.startswith(".")]  # only .cache, .locks

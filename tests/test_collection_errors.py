@@ -96,3 +96,21 @@ def test_continue_on_collection_errors_runs_the_good_configs(
         assert metrics["eval_run"]["status"] == "finished", metrics
         assert metrics["eval_run"]["dataset_name"] == stem, metrics
         assert metrics["summary"]["passed"] == rows, metrics
+
+
+def test_the_hint_after_a_traceback_is_a_line_of_its_own(pytester: pytest.Pytester) -> None:
+    """A rollout that raises at import ends its message with the traceback's source line:
+    the hint goes on the next line, not glued to the code."""
+    write_workspace(pytester.path)
+    write_workspace(pytester.path, name="boom", rollout="boom", dataset="calc")
+    (pytester.path / "rollouts" / "boom" / "main.py").write_text(
+        'raise RuntimeError("broken at import")\n'
+    )
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "--collect-only")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    lines = result.stdout.lines  # the collection error (after the plan, which names it too)
+    source = len(lines) - 1 - lines[::-1].index('    raise RuntimeError("broken at import")')
+    assert lines[source + 1] == (
+        "to run the other configs, add --continue-on-collection-errors or name them: "
+        "pytest configs/eval/calc.toml"
+    )

@@ -67,13 +67,16 @@ def test_plan_prints_and_spends_nothing(
         "attempts (n)": "2",
         "work items": "4 (4 to run)",
         "concurrency": "3",
+        "execution": "in-process (a LocalBackend rollout this environment satisfies)",
         "budgets": "workflow 60 s, grader 30 s",
         "pass threshold": "0.5",
         "cache": "off",
         "run": "nightly (new run)",
         "output": ".osmosis/evals/nightly",
     }
-    assert "--osmosis-plan: nothing ran (no model call, no run directory)" in out
+    # Said once, in our words: not again as pytest's `_pytest.outcomes.Exit` (nor on stderr).
+    assert out.count("--osmosis-plan: nothing ran (no model call, no run directory)") == 1
+    assert "Exit" not in out + result.stderr.str()
     assert model_env.requests_total == 0
     assert not (pytester.path / ".osmosis").exists()
 
@@ -122,7 +125,12 @@ def test_a_broken_config_is_one_line_of_the_plan(pytester: pytest.Pytester) -> N
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     plan = _plan_lines(result.stdout.str())
     assert list(plan) == ["error"] and "missing" in plan["error"]
-    assert "1 of 1 config(s) cannot run (the error is in their plan)" in result.stdout.str()
+    assert result.stderr.lines == [
+        "ERROR: --osmosis-plan: 1 of 1 config(s) cannot run (the error is in their plan); "
+        "nothing ran",
+        "",
+    ]
+    assert "Exit" not in result.stdout.str()
 
 
 def test_confirm_is_skipped_without_a_terminal(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
@@ -174,7 +182,8 @@ def test_confirm_declined_makes_no_model_call_and_no_run(
     )
     assert "osmosis plan: configs/eval/calc.toml" in out
     assert "osmosis: run 4 work items with openai/test-model? [y/N]" in out
-    assert "not started (declined at the prompt)" in out
+    assert out.count("not started (declined at the prompt)") == 1
+    assert "Exit" not in out
     assert status == 2
     assert model_env.requests_total == 0
     assert not (pytester.path / ".osmosis" / "evals" / "x").exists()

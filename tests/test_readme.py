@@ -51,6 +51,7 @@ def test_every_python_block_of_the_guide_is_a_marked_file() -> None:
 def test_the_rollout_guide_runs_as_printed(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     files = _guide_files()
     assert {
+        "pytest.ini",
         "data/arith.jsonl",
         "configs/eval/arith.toml",
         "rollouts/arith/main.py",
@@ -66,7 +67,8 @@ def test_the_rollout_guide_runs_as_printed(pytester: pytest.Pytester, model_env)
     assert count == 1
     (pytester.path / "configs/eval/arith-openai.toml").write_text(second, encoding="utf-8")
 
-    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-v")
+    # Plain `pytest`, as the layout says: the guide's pytest.ini enables the plugin.
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v")
 
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.assert_outcomes(passed=6, skipped=2)
@@ -145,12 +147,14 @@ def _argument_values(
 
 def produced_error_types() -> set[str]:
     """Every ``error_type`` the package writes: ``"error_type": ...`` in a result dict, the
-    ``error_type`` argument of a class constructed with one (``_PhaseFailed``), or the
-    ``error_type=`` keyword of a result builder (``outcome.failure``)."""
+    ``error_type`` argument of a class constructed with one (``_PhaseFailed``), the
+    ``error_type=`` keyword of a result builder (``outcome.failure``), or an exception
+    class's ``error_type = "..."`` (``model/cache.py::CacheMiss``)."""
     trees = list(_modules())
     functions: dict[str, _Function] = {}
     calls: list[ast.Call] = []
     carriers: dict[str, int] = {}  # class name -> position of its error_type argument
+    found: set[str] = set()
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -163,7 +167,12 @@ def produced_error_types() -> set[str]:
                         params = [a.arg for a in item.args.args][1:]
                         if "error_type" in params:
                             carriers[node.name] = params.index("error_type")
-    found: set[str] = set()
+                    elif (
+                        isinstance(item, ast.Assign)
+                        and [getattr(t, "id", None) for t in item.targets] == ["error_type"]
+                        and isinstance(item.value, ast.Constant)
+                    ):
+                        found.add(str(item.value.value))
     for tree in trees:
         for node in ast.walk(tree):
             if isinstance(node, ast.Dict):

@@ -121,7 +121,9 @@ def run_both(
     ours_root = tmp_path / "ours"
     workspace(ours_root, rollouts, rows)
     done = subprocess.run(
-        [str(python), "-m", "pytest", "--osmosis-eval", "-p", "no:cacheprovider"],
+        # In process: this file is about importing rollouts (server mode has its own tests).
+        [str(python), "-m", "pytest", "--osmosis-eval", "--osmosis-execution", "in-process"]
+        + ["-p", "no:cacheprovider"],
         cwd=ours_root,
         env=env,
         capture_output=True,

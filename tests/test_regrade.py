@@ -143,8 +143,9 @@ def test_regrade_grades_recorded_samples_with_the_current_grader(
     result.assert_outcomes(passed=2, failed=1, errors=1)
     out = result.stdout.str()
     assert "workflow exploded on purpose (recorded in run 'first')" in out
-    # Three judge calls (one per regraded row) and the model check, all through the bridge.
-    assert model_env.requests_total - requests == 3 + 1
+    # Three judge calls (one per regraded row), through the bridge; no model check (the
+    # grader declares no judge model, and the workflow does not run).
+    assert model_env.requests_total - requests == 3
     judged = [
         body
         for path, body in model_env.requests
@@ -217,6 +218,12 @@ def test_regrade_resumes_and_runs_nothing_twice(
             "--osmosis-name",
         ),
         (
+            "journal-cut",
+            "--osmosis-regrade: run 'first' (*) has no record of 1 of its 4 attempts in "
+            "events.jsonl (first: row 3 run 0): its journal was cut or edited after it "
+            "finished, so it cannot be regraded",
+        ),
+        (
             "plain-resume",
             "*run 'first' * was created with different resolved inputs (changed: regraded_from)*",
         ),
@@ -244,6 +251,11 @@ def test_regrade_refuses_bad_input_in_one_line(
         other = config.parent / "other.toml"
         other.write_text(config.read_text())
         args = [str(other), "--osmosis-regrade", "first"]
+    elif case == "journal-cut":
+        journal = pytester.path / ".osmosis" / "evals" / "first" / "events.jsonl"
+        lines = journal.read_bytes().splitlines(keepends=True)
+        journal.write_bytes(b"".join(line for line in lines if b'"row_index":3,' not in line))
+        assert len(journal.read_bytes().splitlines()) == len(lines) - 1
     elif case == "rows":
         args += ["--osmosis-rows", "0-1"]
     elif case == "into-itself":
@@ -348,3 +360,88 @@ def test_trajectory_messages_give_back_what_the_trajectory_was_built_from() -> N
         {"role": "user", "content": "Weather in Paris?"},
         *messages[2:],
     ]
+
+
+def _model_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_BASE"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9/v1")  # nothing listens there
+
+
+def test_a_regrade_whose_grader_calls_no_model_needs_none(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The model is down: nothing checks it, and the exact-match grader grades again, with
+    --osmosis-regrade and with the command (pytest's arguments right after ``--``)."""
+    first = _first_run(pytester, monkeypatch)
+    _model_down(monkeypatch)
+    result = pytester.runpytest("--osmosis-regrade", "first", "--osmosis-name", "second", *PLAIN)
+    result.assert_outcomes(passed=1, failed=1, errors=2)
+    command = pytester.run(
+        sys.executable, "-m", "pytest_osmosis", "regrade", str(first),
+        "--", "--osmosis-name", "third", *PLAIN,
+        timeout=300,
+    )  # fmt: skip
+    assert command.ret == pytest.ExitCode.TESTS_FAILED, command.stdout.str() + command.stderr.str()
+    command.assert_outcomes(passed=1, failed=1, errors=2)
+    for name in ("second", "third"):
+        new = _by_row(pytester.path / ".osmosis" / "evals" / name)
+        assert [new[i]["status"] for i in range(4)] == ["success", "success", "failed", "failed"]
+    assert _workflow_runs(pytester.path) == 4
+
+
+def test_a_regrade_checks_the_judge_model_its_grader_declares(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    _first_run(pytester, monkeypatch)
+    main = pytester.path / "rollouts" / "calc" / "main.py"
+    source = main.read_text()
+    main.write_text(
+        "from pytest_osmosis.rubric.grader import RubricGrader\n"
+        + source.replace(
+            "grader=ExactGrader",
+            'grader=RubricGrader.configured(rubric="right?", judge_model="openai/judge")',
+        )
+    )
+    _model_down(monkeypatch)
+    result = pytester.runpytest("--osmosis-regrade", "first", "--osmosis-name", "second", *PLAIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stderr.fnmatch_lines(["ERROR: model preflight failed for 'openai/judge': *"])
+    assert not (pytester.path / ".osmosis" / "evals" / "second").exists()
+
+
+def test_trajectories_swapped_between_rows_are_named(
+    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    first = _first_run(pytester, monkeypatch)
+    old = _by_row(first)
+    trials = first / "rollout_trials"
+    a, b = (trials / old[i]["rollout_id"] / "trajectory.json" for i in (0, 1))
+    a_text, b_text = a.read_bytes(), b.read_bytes()
+    a.write_bytes(b_text)
+    b.write_bytes(a_text)
+    result = pytester.runpytest("--osmosis-regrade", "first", "--osmosis-name", "second", *PLAIN)
+    result.assert_outcomes(errors=4)
+    result.stdout.fnmatch_lines(
+        [
+            f"*rollout_failed: the trajectory of row 1 run 0 was found under row 0 run 0 ({a}), "
+            "so there is no sample to regrade*",
+            f"*rollout_failed: the trajectory of row 0 run 0 was found under row 1 run 0 ({b}), "
+            "so there is no sample to regrade*",
+        ]
+    )
+
+
+def test_the_command_passes_what_follows_double_dash_to_pytest(pytester: pytest.Pytester) -> None:
+    """``regrade RUN -- -q``, the form --help shows: argparse drops a ``--`` right after a
+    positional, so ``-q`` was taken for the command's own option (unrecognized)."""
+    write_workspace(pytester.path)
+    result = pytester.run(
+        sys.executable, "-m", "pytest_osmosis", "regrade", "nope", "--", "-q", timeout=120
+    )
+    assert result.ret == 2
+    assert result.errlines == [
+        f"pytest-osmosis: error: --osmosis-regrade: run 'nope' not found as a path or under "
+        f"{pytester.path / '.osmosis' / 'evals'}"
+    ]
+    usage = pytester.run(sys.executable, "-m", "pytest_osmosis", "regrade", "--help", timeout=120)
+    assert "[-- PYTEST ARGS]" in usage.stdout.str()

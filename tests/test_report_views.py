@@ -315,3 +315,20 @@ def test_report_latest_opens_the_newest_run(
     assert index == (root / "runs.html").resolve()
     page = watched.open(index)
     assert page.eval_on_selector_all("#runs tbody tr", "trs => trs.length") == 2
+
+
+def test_the_attempts_table_fits_a_1400_px_window(root: Path, browser: Any) -> None:
+    """Every column, the last one included, is visible without scrolling sideways, with
+    the explanation and cost columns both shown (issue 29, point 8)."""
+    watched = Watched(browser, width=1400)
+    try:
+        page = watched.open(write_report_for_run(root / "reference-run"))
+        widths = page.eval_on_selector(
+            "#attempts .tablewrap", "w => [w.scrollWidth, w.clientWidth]"
+        )
+        headers = page.eval_on_selector_all("#rows thead th", "ths => ths.map(t => t.textContent)")
+        assert "grader's explanation" in headers and "cost" in headers
+        assert widths[0] <= widths[1], widths
+        assert watched.problems == []
+    finally:
+        watched.context.close()

@@ -238,6 +238,9 @@ def test_lazy_import_at_run_time_resolves_to_the_importing_rollout(tmp_path: Pat
 
 
 def backend_workspace(root: Path, source: str, ini: str = "") -> None:
+    """A workspace whose rollout ``r`` is ``source``, run in process: these tests are about
+    the loader's own refusals (``auto`` runs a refused rollout on its server instead,
+    tests/test_server_mode.py)."""
     directory = root / "rollouts" / "r"
     directory.mkdir(parents=True)
     (directory / "main.py").write_text(textwrap.dedent(source))
@@ -245,8 +248,7 @@ def backend_workspace(root: Path, source: str, ini: str = "") -> None:
     data = root / "data" / "rows.jsonl"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(json.dumps(ROWS[0]) + "\n")
-    if ini:
-        (root / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
+    (root / "pytest.ini").write_text(f"[pytest]\nosmosis_execution = in-process\n{ini}\n")
 
 
 CLASSES = """

@@ -1,4 +1,5 @@
-"""Which row's code an xdist worker (or a single process, by ``os._exit``) was running when it died.
+"""Which row's code an xdist worker (or a single process, by ``os._exit``) was running when it died,
+and which row's code holds the event loop.
 
 A worker runs its queued rows ahead on one event loop, so when it dies (``os._exit``,
 a segfault, the OOM killer) the item its main thread was waiting for is often not the
@@ -6,6 +7,10 @@ row that killed it. All rollout code runs on that loop's thread, one task step a
 time, so "the row whose step is running" is exact. Each worker keeps it in a tiny
 file-backed shared ``mmap``: the writes cost no syscall, and the page cache keeps them
 after the process is gone, for the controller to read when xdist reports the death.
+
+The same knowledge names the row whose synchronous code holds the loop when a backstop
+fires (:func:`running_row`): each task is known as the row whose task created it, so a
+task a row started, and its grader, are that row's.
 
 Slot layout: a native-endian int64 length at offset 0 (0: no row's code is running),
 then that many bytes of the row's node id (UTF-8). A row is shown with one copy of its
@@ -23,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn, cast
 
@@ -36,6 +42,31 @@ _MAX_BODY = SLOT_SIZE - _HEADER
 _current: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
     "osmosis_blame_row", default=None
 )
+
+
+#: The node id of the row each task runs code for: the task that entered it, and every task
+#: created in a step of a row's task (:func:`adopt`). Read from other threads by
+#: :func:`running_row`, to name the row whose synchronous code holds the loop.
+_TASK_ROWS: weakref.WeakKeyDictionary[asyncio.Future[Any], str] = weakref.WeakKeyDictionary()
+
+
+def adopt(loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> None:
+    """A loop's task factory: ``task``, created in a step of a row's task, is that row's.
+
+    A task created from a plain loop callback (a server accepting a connection, a timer)
+    is no row's, even when the callback inherited a row's context.
+    """
+    parent = asyncio.current_task(loop)
+    if parent is not None:
+        row = _TASK_ROWS.get(parent)
+        if row is not None:
+            _TASK_ROWS[task] = row
+
+
+def running_row(loop: asyncio.AbstractEventLoop) -> str | None:
+    """The node id of the row whose task ``loop`` is stepping now (any thread may ask)."""
+    task = asyncio.current_task(loop)
+    return None if task is None else _TASK_ROWS.get(task)
 
 
 class Slot:
@@ -204,9 +235,13 @@ def enter(nodeid: str) -> None:
     row = record(nodeid)
     _current.set(row)
     try:
-        factory = asyncio.get_running_loop().get_task_factory()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         return
+    task = asyncio.current_task(loop)
+    if task is not None:
+        _TASK_ROWS[task] = nodeid
+    factory = loop.get_task_factory()
     if isinstance(factory, TaskFactory):
         factory.slot.show(row)
 

@@ -22,6 +22,8 @@ import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from pytest_osmosis.execution import blame
+
 CoroFactory = Callable[[], Coroutine[Any, Any, Any]]
 
 logger = logging.getLogger(__name__)
@@ -148,6 +150,7 @@ class LoopWatch:
 
     def _task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
         task = asyncio.Task(coro, loop=loop, **kwargs)
+        blame.adopt(loop, task)
         owner = _OWNER.get()
         if owner is not None:
             self.own(task, owner)
@@ -177,6 +180,11 @@ class LoopWatch:
                     task = asyncio.current_task(self.loop)
                     owner = None if task is None else self._owners.get(task)
                     self._open = (self._last, owner)
+
+    def blocked_for(self) -> float:
+        """Seconds since the loop last ran its heartbeat (about 0 when nothing blocks it)."""
+        with self._lock:
+            return max(0.0, time.monotonic() - self._last)
 
     def stalled_by_others(self, owner: object, since: float) -> float:
         """Seconds since ``since`` that other phases' code held the loop."""
@@ -310,24 +318,19 @@ class Executor:
         if future is not None:
             future.cancel()
 
-    def blocker(self) -> tuple[str, Any] | None:
-        """Where the loop thread is right now, when a synchronous call is blocking it.
+    def blocker(self) -> tuple[str | None, str, float] | None:
+        """Who holds the loop thread right now, when a synchronous call is blocking it.
 
-        Returns a description naming the work item (the runner's ``work`` variable) and the
-        innermost frame, and the work item itself, so a session stalled by one row's
-        ``time.sleep`` says which row it was.
+        ``(node id, where, seconds)``: the row whose task is stepping (also a task the row
+        started, or its grader; None: no row's code, e.g. a plain loop callback), the
+        innermost frame, and how long the loop has not run a callback. None: the loop
+        thread is gone.
         """
         frame = sys._current_frames().get(self._thread.ident or -1)
         if frame is None:
             return None
-        innermost = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        while frame is not None:
-            work = frame.f_locals.get("work")
-            if work is not None and hasattr(work, "run_index"):
-                where = f"row {getattr(work, 'source_row_index', '?')} run {work.run_index}"
-                return f"{where} is blocking the event loop at {innermost}", work
-            frame = frame.f_back
-        return None
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        return blame.running_row(self.loop), where, self.watch.blocked_for()
 
     def responsive(self, within: float = 1.0) -> bool:
         """Whether the loop runs a callback within ``within`` seconds (nothing blocks it)."""

@@ -171,12 +171,15 @@ async def execute(
         # nulls the wire reward of every non-success result (0.3.8 `_handle_rollout`).
         error_type, message, detail = failure.error_type, failure.message, failure.detail
         cause = failure.cause
-    if cache is not None and cache.missed is not None:
-        # Replay had no answer for one of its calls: whatever the rollout made of the
-        # refused call, the row is that miss (a result no model gave is no result).
-        missed = _PhaseFailed("cache_miss", cache.missed)
+        said = _bridge_said(cause, url)
+        if said is not None:  # "workflow raised HTTPStatusError: <what the provider said>"
+            message = f"{message.partition(': ')[0]}: {said}"
+    if cache is not None and cache.failure is not None:
+        # Replay had no answer for one of its calls (none recorded, or a damaged entry):
+        # whatever the rollout made of the refused call, the row is that failure (a result
+        # no model gave is no result).
         status, reward, cause = "failed", None, None
-        error_type, message, detail = missed.error_type, missed.message, missed.detail
+        (error_type, message), detail = cache.failure, ""
     tokens = bridge.close_rollout(rollout_id)
     cost_usd = bridge.pop_cost(rollout_id)
     rate_limited = bridge.pop_rate_limited(rollout_id)
@@ -409,6 +412,30 @@ def _one_line(exc: BaseException) -> str:
         except Exception:  # noqa: BLE001 - fall back to the plain text below
             pass
     return one_line(scrub(str(exc)), 300)  # scrubbed before the cut: no prefix of a value is left
+
+
+def _bridge_said(exc: BaseException | None, url: str) -> str | None:
+    """What the bridge answered a failed model call with (the provider's status and
+    message), when ``exc`` is an HTTP client's error for that answer (httpx's
+    ``raise_for_status``, the OpenAI SDK's ``APIStatusError``).
+
+    Their own text names the bridge's port and this rollout's id, and httpx adds a link
+    to MDN: noise in a headline (annotations, the step summary, ``info``). The full
+    exception stays in the detail that ``logs.txt`` keeps.
+    """
+    seen = 0
+    while exc is not None and seen < 8:
+        response = getattr(exc, "response", None)
+        request = getattr(response, "request", None) if response is not None else None
+        if str(getattr(request, "url", "")).startswith(url):
+            try:
+                error = response.json().get("error")  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - not the bridge's JSON: keep the client's words
+                return None
+            text = error.get("message") if isinstance(error, dict) else None
+            return f"model call failed: {one_line(scrub(text), 300)}" if text else None
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _categorize(exc: BaseException) -> str:

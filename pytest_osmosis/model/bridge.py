@@ -210,6 +210,10 @@ class Bridge:
         self._server = await loop.create_server(accept, "127.0.0.1", 0, backlog=1024)
         self._runner = runner
         self._base = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        if self._rows_direct:  # their price is read from LiteLLM's file: off the rows' loop
+            from pytest_osmosis.model.prices import price
+
+            await loop.run_in_executor(None, price, self.route.litellm_model)
 
     def exhausted(self, why: str) -> None:
         """Count a call the session's own exhaustion left unserved: no rollout's failure.
@@ -813,6 +817,13 @@ def _error_status(exc: BaseException) -> int:
     return status if isinstance(status, int) and 400 <= status < 500 else 502
 
 
+#: On every error the bridge answers: it has already retried what was worth retrying
+#: (ratelimit.py), so a client that retries too (the OpenAI SDK's ``max_retries=2`` on a
+#: 5xx) would multiply one provider failure into nine provider requests. The OpenAI and
+#: Anthropic SDKs honour this header.
+NO_RETRY_HEADERS = {"x-should-retry": "false"}
+
+
 def _json_error(status: int, detail: str, *, kind: str | None = None) -> web.Response:
     from aiohttp import web
 
@@ -820,5 +831,8 @@ def _json_error(status: int, detail: str, *, kind: str | None = None) -> web.Res
         kind = "bridge_error" if status >= 500 else "invalid_request_error"
     body = {"detail": detail, "error": {"message": detail, "type": kind, "code": status}}
     return web.Response(
-        status=status, body=json.dumps(body).encode(), content_type="application/json"
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type="application/json",
+        headers=NO_RETRY_HEADERS,
     )

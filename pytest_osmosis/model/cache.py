@@ -48,6 +48,7 @@ from pytest_osmosis.model.wire import _plain, _usage
 __all__ = [
     "CACHE_FILENAME",
     "MODES",
+    "CacheCorrupt",
     "CacheMiss",
     "CachedAttempt",
     "CallCache",
@@ -106,6 +107,49 @@ class CacheMiss(Exception):
     """``replay`` has no recorded answer for a call: the bridge answers 404, the row fails."""
 
     status_code = 404
+    error_type = "cache_miss"
+
+
+class CacheCorrupt(CacheMiss):
+    """``replay`` found an entry that is not an answer (damaged or edited): the row fails."""
+
+    error_type = "cache_corrupt"
+
+
+_TOKEN_FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "input_tokens",
+    "output_tokens",
+)
+
+
+def answer_problem(response: Any) -> str | None:
+    """Why ``response`` is not a chat completion the bridge could serve, else None.
+
+    What every entry is checked against when it is read (and before it is stored): a JSON
+    object with a non-empty ``choices`` list of objects with a ``message`` object, and a
+    ``usage``, when present, whose token counts are non-negative integers.
+    """
+    if not isinstance(response, dict):
+        return f"not a JSON object but {type(response).__name__}"
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no choices"
+    for at, choice in enumerate(choices):
+        if not isinstance(choice, dict) or not isinstance(choice.get("message"), dict):
+            return f"choice {at} has no message object"
+    usage = response.get("usage")
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        return "usage is not an object"
+    for name in _TOKEN_FIELDS:
+        value = usage.get(name)
+        if value is not None and (type(value) is not int or value < 0):
+            return f"usage.{name} is {value!r}, not a non-negative integer"
+    return None
 
 
 def _canonical(value: Any) -> bytes:
@@ -197,7 +241,11 @@ class CallCache:
     # ----------------------------------------------------------------- reading
 
     def lookup(self, key: bytes) -> dict[str, Any] | None:
-        """The recorded answer for `key`, or None (absent, or older than the max age)."""
+        """The recorded answer for `key`, or None (absent, or older than the max age).
+
+        Raises :class:`CacheCorrupt` (one line naming the file and the key) for an entry
+        that is not an answer: never served.
+        """
         reader = self._reader if self._reader is not None else self.open()._reader
         assert reader is not None
         try:
@@ -214,16 +262,20 @@ class CallCache:
             return None
         if self.max_age_s is not None and time.time() - row[1] > self.max_age_s:
             return None
-        response: dict[str, Any] = json.loads(row[0])
-        return response
-
-    def knows(self, model: str) -> bool:
-        """Whether the cache holds an answer of `model` (then ``use`` skips its preflight)."""
-        reader = self._reader if self._reader is not None else self.open()._reader
-        assert reader is not None
-        with self._read_lock:
-            found = reader.execute("SELECT 1 FROM calls WHERE model = ? LIMIT 1", (model,))
-            return found.fetchone() is not None
+        try:
+            response = json.loads(row[0])
+        except (TypeError, ValueError, RecursionError) as exc:
+            problem: str | None = f"not JSON ({type(exc).__name__})"
+        else:
+            problem = answer_problem(response)
+        if problem is not None:
+            raise CacheCorrupt(
+                f"model-call cache {self.path}: entry {key.hex()} is damaged: {problem} "
+                "(remove it with `pytest-osmosis cache clear`, or run with --osmosis-cache use "
+                "to record it again)"
+            )
+        answer: dict[str, Any] = response
+        return answer
 
     # ----------------------------------------------------------------- writing
 
@@ -257,6 +309,9 @@ class CallCache:
                 try:
                     text = json.dumps(entry.response, ensure_ascii=False, allow_nan=False)
                 except (TypeError, ValueError):  # not JSON: served once, never replayed
+                    self.refused += 1
+                    continue
+                if answer_problem(entry.response) is not None:  # replay would refuse it
                     self.refused += 1
                     continue
                 if any(scrub(t, entry.secrets) != t for t in (text, *entry.checked)):
@@ -328,13 +383,20 @@ class CachedAttempt:
     calls: int = 0
     hits: int = 0
     """Calls answered from the cache."""
-    missed: str | None = None
-    """The first call `replay` had no answer for, as one line (the row's ``cache_miss``)."""
-    _repeats: dict[bytes, int] = field(default_factory=dict)
+    failure: tuple[str, str] | None = None
+    """The first call `replay` could not answer, as (error type, one line): the row's
+    ``cache_miss`` (no entry) or ``cache_corrupt`` (an entry that is not an answer)."""
+    _repeats: dict[bytes, set[int]] = field(default_factory=dict)
+    """Per request: the repeat numbers its calls hold (answered, or waiting for an answer)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def key(self, model: str, body: dict[str, Any]) -> tuple[bytes, bytes, int]:
-        """``(key, request text, call number)`` of the next call with `body` to `model`."""
+    def key(self, model: str, body: dict[str, Any]) -> tuple[bytes, bytes, int, int]:
+        """``(key, request text, call number, repeat)`` of the next call with `body` to `model`.
+
+        The repeat is the lowest one of this request not held by another call: a call that
+        got no answer gives its number back (:meth:`release`), so the client's retry of a
+        failed call is keyed as the call it repeats, and a replay finds its answer there.
+        """
         request = _canonical(
             {"model": model, "request": {k: v for k, v in body.items() if k not in _ENVELOPE}}
         )
@@ -342,10 +404,16 @@ class CachedAttempt:
         with self._lock:
             self.calls += 1
             number = self.calls
-            repeat = self._repeats.get(digest, 0)
-            self._repeats[digest] = repeat + 1
+            held = self._repeats.setdefault(digest, set())
+            repeat = next(n for n in range(len(held) + 1) if n not in held)
+            held.add(repeat)
         where = f"{SCHEMA_VERSION}\0{self.row}\0{self.attempt}\0{repeat}\0".encode()
-        return hashlib.sha256(where + digest).digest(), request, number
+        return hashlib.sha256(where + digest).digest(), request, number, repeat
+
+    def release(self, request: bytes, repeat: int) -> None:
+        """A call with no answer gives its repeat number back to the next one like it."""
+        with self._lock:
+            self._repeats.get(hashlib.sha256(request).digest(), set()).discard(repeat)
 
     async def serve(
         self,
@@ -356,31 +424,44 @@ class CachedAttempt:
     ) -> tuple[Any, bool]:
         """``(answer, hit)``: the recorded answer, or `call`'s (stored after it returns).
 
-        `replay` raises :class:`CacheMiss` instead of calling, and remembers the first miss.
+        `replay` raises :class:`CacheMiss` (or :class:`CacheCorrupt`) instead of calling, and
+        remembers the first as the row's failure; `use` calls the model for a damaged entry
+        and records the answer over it.
         """
         cache = self.cache
-        key, request, number = self.key(model, body)
-        if cache.mode != "record":
-            found = cache.lookup(key)
-            if found is not None:
-                cache.hits += 1
-                self.hits += 1
-                return found, True
-            cache.misses += 1
-            if cache.replay:
-                line = (
-                    f"no recorded answer for row {self.source_row} run {self.attempt} call "
-                    f"{number} ({model}) in {cache.path}; record it with --osmosis-cache use"
-                )
-                from pytest_osmosis.secrets import scrub
+        key, request, number, repeat = self.key(model, body)
+        try:
+            if cache.mode != "record":
+                try:
+                    found = cache.lookup(key)
+                except CacheCorrupt as exc:
+                    if cache.replay:
+                        self._failed(exc)
+                        raise
+                    logger.warning("%s; calling the model and recording its answer", exc)
+                    found = None
+                if found is not None:
+                    cache.hits += 1
+                    self.hits += 1
+                    return found, True
+                cache.misses += 1
+                if cache.replay:
+                    line = (
+                        f"no recorded answer for row {self.source_row} run {self.attempt} call "
+                        f"{number} ({model}) in {cache.path}; record it with --osmosis-cache use"
+                    )
+                    from pytest_osmosis.secrets import scrub
 
-                if scrub(request.decode(), secrets) != request.decode():
-                    line += " (a call whose request holds a secret value is never cached)"
-                if self.missed is None:
-                    self.missed = line
-                raise CacheMiss(line)
-        started = time.perf_counter()
-        response = await call()
+                    if scrub(request.decode(), secrets) != request.decode():
+                        line += " (a call whose request holds a secret value is never cached)"
+                    miss = CacheMiss(line)
+                    self._failed(miss)
+                    raise miss
+            started = time.perf_counter()
+            response = await call()
+        except BaseException:
+            self.release(request, repeat)
+            raise
         latency_ms = (time.perf_counter() - started) * 1000.0
         cache.store(
             _Entry(
@@ -394,6 +475,10 @@ class CachedAttempt:
             )
         )
         return response, False
+
+    def _failed(self, exc: CacheMiss) -> None:
+        if self.failure is None:
+            self.failure = (exc.error_type, str(exc))
 
 
 def offline_judge(model: str) -> _Target:

@@ -95,12 +95,14 @@ def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float | 
     """What a call cost in US dollars by LiteLLM's cost map; None when the model has no price.
 
     The map is LiteLLM's bundled copy (the session sets ``LITELLM_LOCAL_MODEL_COST_MAP``):
-    pricing never reaches the network. Only a session that imported LiteLLM prices calls:
-    one whose rows skip it (``osmosis/embedded``, model/direct.py) must not import it here,
-    on the rows' loop, for a model that has no price anyway.
+    pricing never reaches the network. A session whose rows skip LiteLLM
+    (``osmosis/embedded``, model/direct.py) must not import it here, on the rows' loop:
+    it reads the same bundled file instead (model/prices.py).
     """
     if "litellm" not in sys.modules:
-        return None
+        from pytest_osmosis.model.prices import bundled_cost
+
+        return bundled_cost(model, prompt_tokens, completion_tokens)
     try:
         prompt_cost, completion_cost = _litellm().cost_per_token(
             model=model, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens

@@ -157,7 +157,11 @@ def check_dependencies(cache: _Cache | None = None) -> str | None:
     if problems is None:
         return None  # not installed as a distribution (run from a source tree)
     if problems:
-        return "; ".join(problems)
+        # Often a rollout `pip install -e`'d here pinned it: its own environment is the cure.
+        return "; ".join(problems) + (
+            " (a rollout that needs other versions runs in its own environment with "
+            "--osmosis-execution server, or auto when its pyproject.toml says so)"
+        )
     if cache is not None:
         cache.set(_DEPENDENCIES_KEY, key)
     return None

@@ -25,7 +25,7 @@ from pytest_osmosis.report.data import DatasetInputs
 from pytest_osmosis.report.html import render_html
 from pytest_osmosis.report.index import INDEX_FILENAME, REPORT_FILENAME, render_index
 from pytest_osmosis.results.runs import dataset_row, list_runs, load_run, run_info
-from pytest_osmosis.words import ATTEMPTS, ERRORED, outcomes_text, pass_rate_basis
+from pytest_osmosis.words import ATTEMPTS, ERRORED, outcomes_text, pass_rate_basis, rate_text
 
 __all__ = [
     "INDEX_FILENAME",
@@ -94,7 +94,7 @@ def run_markdown(run: Mapping[str, Any], *, max_rows: int = 50) -> str:
     lines = [
         f"### Osmosis eval: {escape_markdown(info['name'])} ({escape_markdown(info['status'])})",
         "",
-        f"**Pass rate {float(results.get('pass_rate', 0)) * 100:.1f}%** "
+        f"**Pass rate {rate_text(passed, counted)}** "
         f"({pass_rate_basis(passed, counted)}), "
         f"pass_threshold {float(info['configuration']['pass_threshold'])!r}",
         "",

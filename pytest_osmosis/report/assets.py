@@ -97,6 +97,8 @@ word-break:break-word;max-height:420px;overflow:auto}
 .cmp td,.cmp th{white-space:normal}
 td.clip,th.clip{max-width:26ch;overflow:hidden;text-overflow:ellipsis}
 td.clip.short,th.clip.short{max-width:12ch}
+@media (max-width:1600px){#rows td.clip,#rows th.clip{max-width:16ch}
+#rows td.clip.short,#rows th.clip.short{max-width:10ch}}
 #row-by-row td.clip{max-width:44ch}
 pre.field{margin:0;padding:8px 10px;white-space:pre-wrap;word-break:break-word;max-height:320px;
 overflow:auto;border:1px solid var(--line);border-radius:8px;background:#fcfcfc}

@@ -212,6 +212,10 @@ def _cost(row: Mapping[str, Any], trajectory: Mapping[str, Any] | None) -> float
     return float(total) if isinstance(total, (int, float)) and total >= 0 else None
 
 
+#: The role a metadata-mode row's input is shown with when no trajectory holds its question.
+METADATA_ROLE = "metadata"
+
+
 class DatasetInputs:
     """Each selected row's input and label, read from the run's dataset file.
 
@@ -250,6 +254,9 @@ class DatasetInputs:
             [str(m.get("role", "user")), _clip(str(m.get("content", "")), MAX_FIELD)]
             for m in row.initial_messages
         ]
+        if not messages and row.metadata:  # a metadata-mode row: its metadata is its input
+            text = json.dumps(row.metadata, ensure_ascii=False, sort_keys=True)
+            messages = [[METADATA_ROLE, _clip(text, MAX_FIELD)]]
         return messages, row.label
 
 
@@ -379,12 +386,15 @@ def _describe(
     """The record's input (``in``, from the dataset else the trajectory), label, answer,
     explanation and cost: small fields every record keeps, embedded or not."""
     known = inputs.row(int(row["row_index"])) if inputs is not None else None
-    if known is not None:
-        record["in"], label = known
-        record["in_src"] = "dataset"
+    messages, label = known if known is not None else ([], None)
+    if messages and messages[0][0] != METADATA_ROLE:
+        record["in"], record["in_src"] = messages, "dataset"
     else:
-        record["in"], label = _trajectory_input(traj), None
-        record["in_src"] = "trajectory" if record["in"] else ""
+        # A metadata-mode row's question is the one its workflow built (the trajectory's
+        # first messages); without a trajectory, its metadata.
+        asked = _trajectory_input(traj)
+        record["in"] = asked or messages
+        record["in_src"] = "trajectory" if asked else ("dataset" if messages else "")
     if label is None:
         label = (traj or {}).get("label")
     if isinstance(label, str) and label:

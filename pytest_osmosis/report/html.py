@@ -30,6 +30,7 @@ from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
 from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
 from pytest_osmosis.words import (
     ERRORED,
+    NO_RATE,
     OUTCOME_WORDS,
     OUTCOMES,
     PASS_RATE_BASIS,
@@ -120,7 +121,7 @@ def _cards(
     cards = [
         _card(
             "Pass rate",
-            percent(results.get("pass_rate", 0)),
+            percent(results.get("pass_rate", 0)) if scored else NO_RATE,
             f"{_e(pass_rate_basis(passed, scored))}; reward &ge; {_e(repr(float(threshold)))}"
             + (f"<br>95% CI {percent(low)} – {percent(high)}" if scored else ""),
             "good" if scored and passed == scored else ("bad" if scored and not passed else ""),
@@ -189,7 +190,7 @@ def _cards(
         cards.append(
             _card(
                 "pass@k",
-                percent(results.get("pass_rate", 0)) if scored else "–",
+                percent(results.get("pass_rate", 0)) if scored else NO_RATE,
                 f"pass@1 only: n = {_e(n)}; run with n &ge; 2 for pass@k",
             )
         )
@@ -356,7 +357,7 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
             "cost": f'<td class="num">{_cost_text(r.get("cost"))}</td>',
             "dur": f'<td class="num">{format_duration(r.get("dur"))}</td>',
             "err": f"<td>{_e(r.get('err', ''))}</td>",
-            "rid": f'<td class="mono">{_e(str(r.get("rid", ""))[:12])}</td>',
+            "rid": f'<td class="mono">{_e(str(r.get("rid", ""))[:8])}</td>',
         }
         body.append(
             f'<tr tabindex="0" data-i="{r["i"]}" data-key="{r["r"]}.{r["n"]}" '

@@ -21,7 +21,7 @@ from pytest_osmosis.report.assets import CSS
 from pytest_osmosis.report.stats import wilson_interval
 from pytest_osmosis.report.svg import time_chart
 from pytest_osmosis.results.runs import format_duration, parse_time, run_list_item
-from pytest_osmosis.words import PASS_RATE_BASIS, pass_rate_basis, percent
+from pytest_osmosis.words import NO_RATE, PASS_RATE_BASIS, pass_rate_basis, percent
 
 INDEX_FILENAME = "runs.html"
 REPORT_FILENAME = "report.html"
@@ -38,8 +38,14 @@ def _link(target: Path, index_dir: Path) -> str:
 
 
 def _series_key(item: Mapping[str, Any]) -> str:
-    """Runs of the same rollout on the same dataset share a line (models differ per point)."""
-    return f"{item['rollout'] or '?'} on {item['dataset'] or '?'}"
+    """Runs of the same rollout on the same dataset and as many work items share a line
+    (models differ per point); a 4-attempt smoke run and an incomplete run get lines of
+    their own, so a full run's trend is not read through them."""
+    key = f"{item['rollout'] or '?'} on {item['dataset'] or '?'}"
+    total = item.get("rows_total")
+    if total:
+        key += f", {total} attempt{'' if total == 1 else 's'}"
+    return key if item.get("status") == "finished" else f"{key} (incomplete)"
 
 
 def _chart(items: Sequence[Mapping[str, Any]], index_dir: Path) -> str:
@@ -72,7 +78,7 @@ def _row(item: Mapping[str, Any], index_dir: Path) -> str:
     if report.is_file():
         name = f'<a href="{_e(_link(report, index_dir))}">{name}</a>'
     counted = int(item["completed_samples"] or 0)
-    rate = "–"
+    rate = NO_RATE
     if counted:
         low, high = wilson_interval(int(item["passed"]), counted)
         rate = (

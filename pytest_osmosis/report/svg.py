@@ -16,6 +16,15 @@ from pytest_osmosis.words import PASS_RATE_BASIS
 WIDTH, HEIGHT = 360, 220
 LEFT, RIGHT, TOP, BOTTOM = 50, 10, 16, 40
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+#: A tick label's width per character and the room kept between two labels, in the
+#: plot's units (11 px text: a digit is about 6.6 units wide).
+TICK_CHAR_W, TICK_GAP = 6.6, 4.0
+
+
+def tick_stride(labels: Sequence[str], slot: float) -> int:
+    """Label every n-th slot so that no two tick labels overlap (30 rows need every 2nd)."""
+    widest = max((len(label) for label in labels), default=0) * TICK_CHAR_W + TICK_GAP
+    return max(1, math.ceil(widest / slot)) if slot > 0 else 1
 
 
 def _fmt(value: float) -> str:
@@ -117,6 +126,7 @@ def bar_chart(
     _y_axis(parts, ticks, top, y_label, pct)
     slot = PLOT_W / len(bars)
     gap = min(slot * 0.18, 6.0)
+    every = max(every, tick_stride([bar[0] for bar in bars], slot))
     for i, (tick, value, css, hover) in enumerate(bars):
         height = max(value / top * PLOT_H, 0.0)
         x = LEFT + i * slot + gap / 2

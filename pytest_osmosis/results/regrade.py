@@ -27,12 +27,14 @@ from pytest_osmosis.results.index import (
     CANONICAL_TRAJECTORY_FILENAME,
     METRICS_FILENAME,
     TRIALS_DIRNAME,
+    atif_rollout_identity,
     atif_total_tokens,
     read_valid_trajectory,
 )
 from pytest_osmosis.results.journal import JOURNAL_FILENAME, WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
 from pytest_osmosis.results.projection import safe_artifact_paths
+from pytest_osmosis.results.runs import parse_row_selector
 from pytest_osmosis.results.trajectory import trajectory_messages
 
 #: ``inputs`` key of a regraded run's manifest: which run's samples it graded.
@@ -150,9 +152,43 @@ class SourceRun:
         }
 
     def trajectory(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
-        rollout_id = str(record["rollout_id"])
-        path = self.path / TRIALS_DIRNAME / rollout_id / CANONICAL_TRAJECTORY_FILENAME
-        return read_valid_trajectory(path, rollout_id=rollout_id)
+        return read_valid_trajectory(
+            self._trajectory_path(record), rollout_id=str(record["rollout_id"])
+        )
+
+    def _trajectory_path(self, record: Mapping[str, Any]) -> Path:
+        return (
+            self.path / TRIALS_DIRNAME / str(record["rollout_id"]) / CANONICAL_TRAJECTORY_FILENAME
+        )
+
+    def no_trajectory(self, key: WorkKey) -> str:
+        """Why the run holds no trajectory of the attempt ``key`` to regrade (one clause)."""
+        path = self._trajectory_path(self.records[key])
+        if not path.exists():
+            return f"run {self.name!r} kept no trajectory of this attempt"
+        try:
+            document = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            return f"{path} is not a readable trajectory"
+        other = atif_rollout_identity(document) if isinstance(document, dict) else None
+        owner = next(
+            (k for k, record in self.records.items() if str(record["rollout_id"]) == other), None
+        )
+        if owner is not None:
+            return (
+                f"the trajectory of {self.row_words(owner)} was found under "
+                f"{self.row_words(key)} ({path})"
+            )
+        return f"{path} is the trajectory of another rollout ({other!r})"
+
+    def row_words(self, key: WorkKey) -> str:
+        """``row <dataset row> run <attempt>``, as the run's lines name an attempt."""
+        selection = parse_row_selector(
+            (self.inputs.get("dataset") or {}).get("selected_source_rows")
+        )
+        row_index, run_index = key
+        shown = selection[row_index] if selection and row_index < len(selection) else row_index
+        return f"row {shown} run {run_index}"
 
     def recorded(self, key: WorkKey) -> RecordedSample | None:
         """The attempt's sample, or None when the run kept no trajectory for it."""
@@ -194,8 +230,7 @@ class SourceRun:
                 "status": "failed",
                 "reward": None,
                 "error_type": "rollout_failed",
-                "message": f"run {self.name!r} kept no trajectory of this attempt, so there "
-                "is no sample to regrade",
+                "message": f"{self.no_trajectory(key)}, so there is no sample to regrade",
             }
         message = logged.get("message") or "the workflow failed in run " + repr(self.name)
         return {**record, "message": f"{message} (recorded in run {self.name!r})"}
@@ -268,7 +303,32 @@ def open_source_run(ref: str, output_root: Path | None, cwd: Path) -> SourceRun:
         records = replay_journal(path / JOURNAL_FILENAME).latest
     except OsmosisError as exc:
         raise RegradeError(f"--osmosis-regrade: {exc}") from None
-    return SourceRun(path=path, manifest=manifest, records=records)
+    source = SourceRun(path=path, manifest=manifest, records=records)
+    _check_coverage(source)
+    return source
+
+
+def _check_coverage(source: SourceRun) -> None:
+    """Refuse, in one line, a run whose journal lacks an attempt its manifest selects (a
+    journal cut or edited after the run finished): there would be nothing to grade."""
+    dataset = source.inputs.get("dataset") or {}
+    selection = parse_row_selector(dataset.get("selected_source_rows"))
+    n = source.inputs.get("n")
+    if selection is None or type(n) is not int or n < 1:
+        return  # the plan taken from the manifest refuses it, naming the field
+    missing = [
+        (row, run)
+        for row in range(len(selection))
+        for run in range(n)
+        if (row, run) not in source.records
+    ]
+    if missing:
+        raise RegradeError(
+            f"--osmosis-regrade: run {source.name!r} ({source.path}) has no record of "
+            f"{len(missing)} of its {len(selection) * n} attempts in {JOURNAL_FILENAME} "
+            f"(first: {source.row_words(missing[0])}): its journal was cut or edited after "
+            "it finished, so it cannot be regraded"
+        )
 
 
 def config_problem(source: SourceRun, relative: str) -> str | None:

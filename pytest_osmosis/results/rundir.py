@@ -235,6 +235,9 @@ class RunDirectory:
         self.manifest = manifest
         self.local_run_id: str = manifest["local_run_id"]
         self.retry_failed = retry_failed
+        #: --osmosis-retry-below-threshold: the pass threshold below which a recorded
+        #: attempt runs again too (None: low rewards are kept).
+        self.retry_below: float | None = None
         #: Latest journal record per work key (carried forward plus this invocation's).
         self.records = records
         self._lock = lock
@@ -266,6 +269,7 @@ class RunDirectory:
         warn: Warn | None = None,
         on_archive: Callable[[Path], None] | None = None,
         sources: Sequence[int] | None = None,
+        retry_below: float | None = None,
     ) -> RunDirectory:
         """Lock, create or resume ``<output_root>/<run_name>``.
 
@@ -282,7 +286,7 @@ class RunDirectory:
         lock = RunLock(output_root / LOCKS_DIRNAME / f"{run_name}.lock")
         lock.acquire()
         try:
-            return cls._open_locked(
+            opened = cls._open_locked(
                 output_root,
                 run_name,
                 inputs,
@@ -297,6 +301,8 @@ class RunDirectory:
         except BaseException:
             lock.release()
             raise
+        opened.retry_below = retry_below if retry_failed else None
+        return opened
 
     @classmethod
     def _open_locked(
@@ -433,15 +439,19 @@ class RunDirectory:
         """The subset of *keys* that must run in this invocation.
 
         A key is pending when it has no record; with ``retry_failed`` also when its
-        carried-forward record is ``failed`` or ``skipped`` (a result produced in
-        this invocation is never retried again).
+        carried-forward record is ``failed`` or ``skipped`` (or below ``retry_below``;
+        a result produced in this invocation is never retried again).
         """
         result: set[WorkKey] = set()
         for key in keys:
             record = self.records.get(key)
             if record is None:
                 result.add(key)
-            elif self.retry_failed and key not in self._executed and is_retried(record):
+            elif (
+                self.retry_failed
+                and key not in self._executed
+                and is_retried(record, self.retry_below)
+            ):
                 result.add(key)
         return result
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RolloutLoadError
+from pytest_osmosis.errors import NeedsServerError, RolloutLoadError
 from pytest_osmosis.workspace import isolation
 
 
@@ -168,7 +168,7 @@ def _load(
             if not load.refusals:  # a refusal swallowed by the rollout still wins
                 raise
         if load.refusals:
-            raise RolloutLoadError(_refusal_line(entrypoint, load.refusals[0]))
+            raise NeedsServerError(_refusal_line(entrypoint, load.refusals[0]))
         return loaded
 
 

@@ -183,5 +183,25 @@ def choose_run_name(
     return generated_run_name(plan.config_path, inputs_digest(inputs), now)
 
 
+def other_named_run(plan: EvalPlan, name: str | None, several: bool) -> str | None:
+    """Why an existing run of the other spelling of ``--osmosis-name`` is not resumed.
+
+    One config's run is ``NAME``, each of several configs' runs ``NAME-<config stem>``
+    (:func:`choose_run_name`): a nightly job that gains a config starts new runs, and one
+    that loses one does too. None when no run of the other spelling exists.
+    """
+    if not name:
+        return None
+    other = name if several else f"{name}-{plan.config_path.stem}"
+    if other == plan.run_name or not (plan.output_root / other).is_dir():
+        return None
+    rule = (
+        f"with several configs each run is {name}-<config stem>"
+        if several
+        else f"with one config the run is {name}"
+    )
+    return f"run {other} exists but is not resumed: {rule}"
+
+
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)

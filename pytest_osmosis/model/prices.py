@@ -1,0 +1,78 @@
+"""Prices from LiteLLM's bundled cost map, read without importing LiteLLM.
+
+Rows called directly (model/direct.py) never import LiteLLM (2-5 s), yet their model may
+have a price: ``openai/gpt-4o-mini`` at an OpenAI-compatible endpoint costs what LiteLLM
+says it costs. LiteLLM ships its map as ``model_prices_and_context_window_backup.json``
+(what ``LITELLM_LOCAL_MODEL_COST_MAP=True`` makes it use); we read one model's entry from
+that file, the way ``litellm.cost_per_token`` looks it up for a plain chat call: the full
+model id, else the name after the provider prefix when the entry is that provider's.
+A model whose price depends on more than the token counts (tiers above a prompt size)
+gets no price here: ``unknown`` beats a wrong number.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+COST_MAP = "model_prices_and_context_window_backup.json"
+
+
+@functools.cache
+def _map_text() -> str | None:
+    """The bundled map's text (read once per process), or None without LiteLLM."""
+    try:
+        spec = importlib.util.find_spec("litellm")
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        try:
+            return (Path(location) / COST_MAP).read_text(encoding="utf-8")
+        except OSError:
+            continue
+    return None
+
+
+def _entry(text: str, key: str) -> dict[str, Any] | None:
+    """One top-level entry, decoded alone (the whole map is 3 MB of JSON: ~0.3 s to parse)."""
+    needle = f"\n    {json.dumps(key)}: "
+    at = text.find(needle)
+    if at < 0:
+        return None
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text, at + len(needle))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "litellm_provider" in value else None
+
+
+@functools.cache
+def price(model: str) -> tuple[float, float] | None:
+    """(dollars per prompt token, per completion token) of ``model``; None: no flat price."""
+    text = _map_text()
+    if text is None:
+        return None
+    provider, _, name = model.partition("/")
+    entry = _entry(text, model)
+    if entry is None and name:
+        entry = _entry(text, name)
+        if entry is not None and entry.get("litellm_provider") != provider:
+            entry = None
+    if entry is None or any("_above_" in field for field in entry):
+        return None
+    prompt, completion = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
+    if not all(isinstance(v, (int, float)) and v >= 0 for v in (prompt, completion)):
+        return None
+    return float(prompt), float(completion)  # type: ignore[arg-type]
+
+
+def bundled_cost(model: str, prompt_tokens: int, completion_tokens: int) -> float | None:
+    """What a call cost in dollars by the bundled map; None when the model has no price."""
+    found = price(model)
+    if found is None:
+        return None
+    return prompt_tokens * found[0] + completion_tokens * found[1]

@@ -1,0 +1,567 @@
+"""A new user's first hour (issue 29): nothing they meet on the README's path leaves them
+stuck, misled or guessing. Each test here is one thing such a user ran into."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from workspaces import calc_rows, write_workspace
+
+PLAIN = ("-p", "no:cacheprovider", "-p", "no:randomly")
+
+
+def _workspace(root: Path) -> Path:
+    return write_workspace(
+        root, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "15")])
+    )
+
+
+# -- 1: a workspace laid out as the README shows ---------------------------------------------
+
+
+def test_a_workspace_without_the_ini_line_says_how_to_enable_the_plugin(
+    pytester: pytest.Pytester,
+) -> None:
+    _workspace(pytester.path)
+    for args in ((), ("--osmosis-plan",)):
+        result = pytester.runpytest_subprocess(*args, *PLAIN)
+        assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+        hints = [line for line in result.stdout.lines if line.startswith("osmosis: ")]
+        assert hints == [
+            "osmosis: configs/eval/calc.toml is an eval config, but pytest-osmosis is not "
+            "enabled: run pytest --osmosis-eval, or add `osmosis_eval = true` under [pytest] "
+            "in pytest.ini"
+        ]
+
+
+def test_a_session_without_eval_configs_gets_no_hint(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_nothing="")
+    result = pytester.runpytest(*PLAIN)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert not [line for line in result.stdout.lines if line.startswith("osmosis")]
+
+
+def test_the_ini_line_makes_plain_pytest_collect(pytester: pytest.Pytester) -> None:
+    _workspace(pytester.path)
+    pytester.makeini("[pytest]\nosmosis_eval = true\n")
+    result = pytester.runpytest("--co", "-q", *PLAIN)
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["configs/eval/calc.toml::row_1_run_0"])
+
+
+# -- 2: --osmosis-retry-failed says what it retries ------------------------------------------
+
+
+def _low(root: Path) -> Path:
+    """Row 0 passes, row 1 is below threshold (the model says 15, the label 16)."""
+    return write_workspace(
+        root, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5?", "16")])
+    )
+
+
+def test_help_names_what_each_retry_flag_reruns(pytester: pytest.Pytester) -> None:
+    out = " ".join(pytester.runpytest("--help").stdout.str().split())
+    assert (
+        "--osmosis-retry-failed re-run the errored and skipped attempts of a named run (as the "
+        "SDK's --retry-failed), keeping passed and below-threshold ones" in out
+    )
+    assert "--osmosis-retry-below-threshold re-run the attempts of a named run whose reward" in out
+    # 3: the naming rule of several configs is in --help too.
+    assert "with several configs each config's run is NAME-<config stem>" in out
+
+
+def test_retry_failed_keeps_low_rewards_says_why_and_the_other_flag_reruns_them(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _low(pytester.path)
+    named = ("--osmosis-eval", "--osmosis-name", "low", *PLAIN)
+    pytester.runpytest(*named).assert_outcomes(passed=1, failed=1)
+    requests = model_env.requests_total
+    kept = pytester.runpytest(*named, "--osmosis-retry-failed")
+    assert model_env.requests_total == requests  # nothing ran, and the table says why
+    kept.stdout.fnmatch_lines(
+        [
+            "--osmosis-retry-failed: run low has no errored or skipped attempt; its 1 "
+            "below-threshold attempt is kept (--osmosis-retry-below-threshold re-runs them)"
+        ]
+    )
+    plan = pytester.runpytest(*named, "--osmosis-retry-below-threshold", "--osmosis-plan")
+    plan.stdout.fnmatch_lines(["  run * low (resumes: 2 recorded, 1 to run (1 retried))"])
+    retried = pytester.runpytest(*named, "--osmosis-retry-below-threshold")
+    retried.assert_outcomes(passed=1, failed=1)  # row 0 replayed, row 1 run again
+    assert model_env.requests_total == requests + 2  # the preflight and row 1's call
+    retried.stdout.fnmatch_lines(
+        [
+            "osmosis run: configs/eval/calc.toml -> low (resumes: 2 of 2 recorded, retries 1 "
+            "errored, skipped or below threshold)",
+            "osmosis run: 2 rows x 1 attempt, model openai/test-model",
+            "osmosis run: 1 work item pending, 4 in flight, in this process",
+        ]
+    )
+
+
+def test_retry_failed_on_a_new_run_says_nothing_was_recorded(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-retry-failed", *PLAIN)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "osmosis run: note: --osmosis-retry-failed: run calc-* is new, so nothing is recorded "
+            "to retry (a run without --osmosis-name is new every session)"
+        ]
+    )
+
+
+# -- 3: --osmosis-name with one config, then several -----------------------------------------
+
+
+def test_the_plan_says_which_named_run_each_config_resumes(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", *PLAIN).assert_outcomes(
+        passed=2
+    )
+    write_workspace(pytester.path, name="sums", dataset="sums")  # the nightly job gains a config
+    plan = pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", "--osmosis-plan", *PLAIN)
+    plan.stdout.fnmatch_lines(
+        [
+            "osmosis plan: configs/eval/calc.toml",
+            "  run * intr3-calc (new run; run intr3 exists but is not resumed: with several "
+            "configs each run is intr3-<config stem>)",
+        ]
+    )
+    # The session itself says it too, before the first row (a nightly job prints no plan).
+    ran = pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", *PLAIN)
+    ran.stdout.fnmatch_lines(
+        [
+            "osmosis run: note: intr3-calc: run intr3 exists but is not resumed: with several "
+            "configs each run is intr3-<config stem>"
+        ]
+    )
+    # Back to one config: intr3-calc exists now, and is not what `intr3` resumes.
+    one = pytester.runpytest(
+        "configs/eval/calc.toml", "--osmosis-name", "intr3", "--osmosis-plan", *PLAIN
+    )
+    one.stdout.fnmatch_lines(
+        [
+            "  run * intr3 (finished earlier: all 2 recorded, nothing runs; run intr3-calc exists "
+            "but is not resumed: with one config the run is intr3)"
+        ]
+    )
+
+
+# -- 4: what is about to run, and what to do next -------------------------------------------
+
+
+def test_a_compact_block_before_the_first_row_and_one_line_under_q(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    args = ("--osmosis-eval", "--osmosis-name", "block", "--osmosis-concurrency", "3", *PLAIN)
+    result = pytester.runpytest(*args, "--osmosis-n", "2")
+    lines = result.stdout.lines
+    block = [line for line in lines if line.startswith("osmosis run:")]
+    assert block == [
+        "osmosis run: configs/eval/calc.toml -> block (new run)",
+        "osmosis run: 2 rows x 2 attempts, model openai/test-model",
+        "osmosis run: 4 work items pending, 3 in flight, in this process",
+        "osmosis run: output .osmosis/evals/block",
+    ]
+    # Before the first row: before pytest's header, after the start-up milestones.
+    assert lines.index(block[-1]) < lines.index("collected 4 items")
+    quiet = pytester.runpytest(*args, "--osmosis-n", "2", "-k", "row_1_", "-q")
+    assert [line for line in quiet.stdout.lines if line.startswith("osmosis")] == [
+        "osmosis run: 0 work items pending (configs/eval/calc.toml -> block (resumes: 4 of 4 "
+        "recorded): 2 rows x 2 attempts, model openai/test-model), 3 in flight, in this "
+        "process; output .osmosis/evals/block"
+    ]
+
+
+def test_the_block_on_a_terminal_stays_above_the_status_line(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    from test_progress import STATUS, frames, run_on_a_terminal, shown
+
+    _workspace(pytester.path)
+    output = run_on_a_terminal(
+        pytester.path, "--osmosis-eval", "--osmosis-name", "tty", "-n", "2", *PLAIN
+    )
+    *_, screen = frames(output)
+    final = shown(screen)
+    block = [line for line in final if line.startswith("osmosis run:")]
+    assert block == [  # each line fits the 80 columns
+        "osmosis run: configs/eval/calc.toml -> tty (new run)",
+        "osmosis run: 2 rows x 1 attempt, model openai/test-model",
+        "osmosis run: 2 work items pending, 4 in flight, on 2 xdist workers",
+        "osmosis run: output .osmosis/evals/tty",
+    ], final
+    # Before pytest's header, below the start-up milestones.
+    assert final.index(block[-1]) < next(
+        i for i, line in enumerate(final) if "test session starts" in line
+    )
+    assert not [line for line in final if STATUS.match(line)], final
+    assert any(line.startswith("upload   osmosis eval upload .osmosis/evals/tty") for line in final)
+
+
+def test_after_the_table_the_commands_that_come_next(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _low(pytester.path)
+    first = pytester.runpytest("--osmosis-eval", "--osmosis-name", "monday", *PLAIN)
+    first.stdout.fnmatch_lines(
+        [
+            "*- osmosis: next -*",
+            # (pytester's own --basetemp is part of the command it ran)
+            "retry    pytest --osmosis-eval --osmosis-name monday -p no:cacheprovider -p "
+            "no:randomly * --osmosis-retry-below-threshold  (1 below threshold, errored and "
+            "skipped too)",
+            "report   pytest-osmosis report monday",
+            "upload   osmosis eval upload .osmosis/evals/monday",
+        ]
+    )
+    assert "compare  " not in first.stdout.str()  # no earlier run of this rollout
+    second = pytester.runpytest("--osmosis-eval", *PLAIN)  # a generated name
+    second.stdout.fnmatch_lines(
+        [
+            "retry    pytest --osmosis-eval -p no:cacheprovider -p no:randomly * "
+            "configs/eval/calc.toml --osmosis-name=calc-* --osmosis-retry-below-threshold  *",
+            "report   pytest-osmosis report calc-*",
+            "compare  pytest-osmosis compare calc-* monday",
+        ]
+    )
+
+
+def test_after_ctrl_c_run_the_same_command_again(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    import signal
+    import subprocess
+    import sys
+
+    from workspaces import wait_until
+
+    write_workspace(
+        pytester.path, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 3 * 5? hold", "15")])
+    )
+    model_env.hold = "hold"
+    log = pytester.path / "session.log"
+    args = ["--osmosis-eval", "--osmosis-name", "ctrlc", "--osmosis-concurrency", "1", *PLAIN]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *args], cwd=pytester.path, stdout=out, stderr=out
+        )
+    try:
+        wait_until(lambda: model_env.holding == 1, "row 1 waits on the model")
+        proc.send_signal(signal.SIGINT)
+        wait_until(lambda: proc.poll() is not None, "the session exits", 120)
+    finally:
+        model_env.hold = ""
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, text
+    assert (
+        "osmosis: stopped early: run the same command again to resume (1 of 2 recorded)" in text
+    ), text
+    assert "resume   pytest --osmosis-eval --osmosis-name ctrlc" in text, text
+    assert "upload " not in text  # an unfinished run is not uploaded
+
+
+# -- 5: 0/0 is not 0.0% ------------------------------------------------------------------------
+
+
+def test_a_pass_rate_of_nothing_reads_n_a(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(pytester.path, rows=calc_rows([("What is 4 + 4?", "8", "skip")]))
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-progress", "log", *PLAIN)
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        ["pass rate  n/a (0 passed / 0 attempts not skipped), pass_threshold 1.0"]
+    )
+    assert "pass rate n/a;" in result.stdout.str()  # the progress line's
+    assert "0.0%" not in result.stdout.str()
+
+
+# -- 9: one provider 500 costs at most the bridge's retries ---------------------------------
+
+
+def test_a_client_with_default_retries_does_not_retry_what_the_bridge_retried(
+    model_loop, model_server
+) -> None:  # type: ignore[no-untyped-def]
+    """The README's AsyncOpenAI has max_retries=2: without the bridge's x-should-retry it
+    would send each of its 3 tries through the bridge's own 3 (9 provider requests)."""
+    import openai
+
+    from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.ratelimit import TRANSIENT_RETRIES
+    from pytest_osmosis.model.routes import ModelRoute
+
+    model = "openai/osmosis-test"
+    bridge = Bridge(ModelRoute(model, model, {"api_base": model_server.url, "api_key": "sk-x"}))
+    model_loop.run(bridge.start())
+    try:
+        url, key = bridge.open_rollout("r1")
+        client = openai.AsyncOpenAI(base_url=url, api_key=key)  # max_retries=2, the default
+        model_server.fail_next(500, count=100, message="the provider is down")
+
+        async def call() -> BaseException:
+            try:
+                await client.chat.completions.create(
+                    model="any", messages=[{"role": "user", "content": "What is 2 + 2?"}]
+                )
+            except openai.APIStatusError as exc:
+                return exc
+            raise AssertionError("the call succeeded")
+
+        error = model_loop.run(call())
+        assert error.response.headers["x-should-retry"] == "false"
+        assert model_server.requests_total == 1 + TRANSIENT_RETRIES  # the bridge's, no more
+    finally:
+        model_loop.run(bridge.close())
+
+
+# -- 5: a provider error's headline is the provider's, not the client's ----------------------
+
+
+def test_a_provider_error_headline_has_no_bridge_url_and_no_mdn_link(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    _workspace(pytester.path)
+    model_env.fail_on = {"3 * 5": (500, 100)}  # row 1's calls: the provider answers 500
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "p500", *PLAIN)
+    result.assert_outcomes(passed=1, errors=1)
+    run_dir = pytester.path / ".osmosis" / "evals" / "p500"
+    index = [json.loads(line) for line in (run_dir / "index.jsonl").read_text().splitlines()]
+    errors = [row for row in index if row["status"] == "failed"]
+    assert len(errors) == 1
+    lines = result.stdout.lines
+    headline = lines[lines.index(errors_header(result)) + 1]
+    for text in (headline, _info_errored(run_dir)):
+        assert "workflow raised HTTPStatusError: model call failed: 500 from " in text, text
+        assert "injected error 500 for '3 * 5'" in text
+        assert "/v1/rollouts/" not in text and "developer.mozilla.org" not in text, text
+    # The client's own words, with the bridge's URL, stay in the run's log.
+    logs = (run_dir / "logs.txt").read_text()
+    assert "/v1/rollouts/" in logs and "developer.mozilla.org" in logs
+
+
+def errors_header(result: pytest.RunResult) -> str:
+    """The line pytest heads the errored row's report with."""
+    return next(line for line in result.stdout.lines if "ERROR at setup of row_1_run_0" in line)
+
+
+def _info_errored(run_dir: Path) -> str:
+    import contextlib
+    import io
+
+    from pytest_osmosis.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["info", str(run_dir)]) == 0
+    return out.getvalue()
+
+
+# -- 7: a direct-route call is priced as LiteLLM prices it --------------------------------------
+
+
+def test_direct_rows_are_priced_from_litellms_map_without_importing_it(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    import litellm
+
+    _workspace(pytester.path)
+    pytester.makeconftest(
+        """
+        import sys
+        from pathlib import Path
+
+        def pytest_unconfigure(config):
+            Path("imported.txt").write_text(str("litellm" in sys.modules))
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-name", "priced", "--osmosis-model", "openai/gpt-4o-mini",
+        *PLAIN,
+    )
+    result.assert_outcomes(passed=2)
+    assert (pytester.path / "imported.txt").read_text() == "False"  # the rows went direct
+    run_dir = pytester.path / ".osmosis" / "evals" / "priced"
+    costs = json.loads((run_dir / "osmosis_metrics.json").read_text())["cost_usd_by_rollout"]
+    expected = {}
+    for rollout_id in costs:
+        trajectory = json.loads(
+            (run_dir / "rollout_trials" / rollout_id / "trajectory.json").read_text()
+        )
+        metrics = trajectory["final_metrics"]
+        prompt, completion = metrics["total_prompt_tokens"], metrics["total_completion_tokens"]
+        expected[rollout_id] = sum(
+            litellm.cost_per_token(
+                model="openai/gpt-4o-mini", prompt_tokens=prompt, completion_tokens=completion
+            )
+        )
+    assert costs == pytest.approx(expected) and all(costs.values())
+    assert "cost unknown" not in result.stdout.str()
+    # Progress says the running cost is under a cent, not "$0.00" (which reads as free).
+    rows = [line for line in result.stdout.lines if line.startswith("osmosis: row ")]
+    assert rows and all("; <$0.01; " in line and "$0.00;" not in line for line in rows), rows
+
+
+# -- 6: a green local run says what it did not cover --------------------------------------------
+
+
+def test_a_run_that_skipped_the_sdk_lanes_says_how_to_run_them(pytester: pytest.Pytester) -> None:
+    from reference_paths import needs_reference
+    from sdk_planner import SDK_MISSING
+
+    pytester.makepyfile(
+        test_lanes=f"""
+        import pytest
+
+        @pytest.mark.skipif(True, reason={SDK_MISSING!r})
+        def test_sdk(): pass
+
+        @pytest.mark.skipif(True, reason={needs_reference.kwargs["reason"]!r})
+        def test_reference(): pass
+
+        @pytest.mark.skip(reason="not on this platform")
+        def test_other(): pass
+
+        def test_ok(): pass
+        """
+    )
+    result = pytester.runpytest("-p", "lane_skips", *PLAIN)
+    result.assert_outcomes(passed=1, skipped=3)
+    result.stdout.fnmatch_lines(
+        [
+            "not covered: 2 tests skipped that need the official SDK or its reference run; to "
+            "run them, set OSMOSIS_SDK_PYTHON to a Python 3.12+ with osmosis-ai[eval]==0.3.8 "
+            "and OSMOSIS_REFERENCE_RUN to the SDK's reference run (shared/reference-run), as "
+            ".ci/run does"
+        ]
+    )
+    nothing = pytester.runpytest("-p", "lane_skips", "-k", "ok or other", *PLAIN)
+    assert "not covered" not in nothing.stdout.str()
+
+
+# -- 8: the report, info and compare ----------------------------------------------------------
+
+METADATA_ROLLOUT = """
+from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
+
+
+class Sums(AgentWorkflow):
+    async def run(self, ctx):
+        m = ctx.metadata
+        if m.get("boom"):
+            raise RuntimeError("no question built")
+        question = [{"role": "user", "content": f"What is {m['a']} + {m['b']}?"}]
+        return AgentWorkflowOutput(messages=[*question, {"role": "assistant", "content": "13"}])
+
+
+class Exact(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(float(ctx.sample.messages[-1]["content"] == ctx.label))
+
+
+backend = LocalBackend(workflow=Sums, grader=Exact)
+"""
+
+
+def test_the_report_shows_a_metadata_rows_input(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    write_workspace(
+        pytester.path,
+        rows=[
+            {"metadata": {"a": 6, "b": 7}, "ground_truth": "13"},
+            {"metadata": {"a": 1, "b": 1, "boom": True}, "ground_truth": "2"},
+        ],
+    )
+    (pytester.path / "rollouts" / "calc" / "main.py").write_text(METADATA_ROLLOUT)
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-name", "meta", "--osmosis-report", *PLAIN
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    page = (pytester.path / ".osmosis" / "evals" / "meta" / "report.html").read_text()
+    found = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page)
+    assert found is not None
+    data = json.loads(found.group(1))
+    shared = data["inputs"]
+    inputs = [[shared[i] for i in row.get("ii", [])] for row in data["rows"]]
+    # The question the workflow built (its trajectory); without one, the row's metadata.
+    assert inputs == [[["user", "What is 6 + 7?"]], [["metadata", '{"a": 1, "b": 1, "boom": true}']]]
+    assert [row["in_src"] for row in data["rows"]] == ["trajectory", "dataset"]
+
+
+def test_info_lists_errored_and_below_threshold_attempts(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    from workspaces import MIXED_ROWS
+
+    write_workspace(pytester.path, rows=MIXED_ROWS)
+    pytester.runpytest("--osmosis-eval", "--osmosis-name", "mixed", *PLAIN)
+    text = _info_errored(pytester.path / ".osmosis" / "evals" / "mixed")
+    lines = text.splitlines()
+    assert "Errored attempts (2)" in lines
+    at = lines.index("Below threshold attempts (1)")
+    assert re.fullmatch(r"  row 1 run 0: reward 0\.00 < 1\.0 -> rollout_trials/\w+", lines[at + 1])
+    assert "Skipped attempts (1)" in lines
+
+
+def test_compare_is_report_compare(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+    import contextlib
+    import io
+
+    from pytest_osmosis.cli import main
+
+    _workspace(pytester.path)
+    for name in ("monday", "tuesday"):
+        pytester.runpytest("--osmosis-eval", "--osmosis-name", name, *PLAIN)
+    root = str(pytester.path / ".osmosis" / "evals")
+    said = []
+    for argv in (
+        ["compare", "tuesday", "monday", "--output", root, "--format", "markdown"],
+        ["report", "tuesday", "--compare", "monday", "--output", root, "--format", "markdown"],
+    ):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(argv) == 0
+        said.append(out.getvalue())
+    assert said[0] == said[1] and "monday" in said[0]
+
+
+def test_per_row_tick_labels_do_not_overlap_at_30_rows() -> None:
+    from pytest_osmosis.report.svg import PLOT_W, TICK_CHAR_W, bar_chart
+
+    bars = [(str(row), 1.0, "pass", f"row {row}") for row in range(30)]
+    svg = bar_chart("per-row", "rows", bars, x_label="row", y_label="passed", pct=True)
+    ticks = re.findall(r'<text class="tick" x="([\d.]+)" y="[\d.]+" text-anchor="middle">(\d+)<', svg)
+    assert [label for _, label in ticks] == [str(row) for row in range(0, 30, 2)]
+    xs = [float(x) for x, _ in ticks]
+    gaps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+    assert min(gaps) > 2 * TICK_CHAR_W  # two digits fit between
+    assert PLOT_W / 30 < 2 * TICK_CHAR_W  # (every row labelled would have overlapped)
+
+
+def test_runs_html_plots_small_and_incomplete_runs_on_lines_of_their_own(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    from pytest_osmosis.report import write_index
+
+    _workspace(pytester.path)
+    base = ("--osmosis-eval", "--osmosis-concurrency", "1", *PLAIN)
+    pytester.runpytest(*base, "--osmosis-name", "full").assert_outcomes(passed=2)
+    pytester.runpytest(*base, "--osmosis-name", "smoke", "--osmosis-rows", "0")
+    pytester.runpytest(*base, "--osmosis-name", "cut", "-k", "row_0_").assert_outcomes(passed=1)
+    page = write_index(pytester.path / ".osmosis" / "evals").read_text()
+    legend = re.findall(r'<text class="legend-entry [^"]*"[^>]*>&#9679; ([^<]*)<', page)
+    assert sorted(legend) == [
+        "calc on calc, 1 attempt",
+        "calc on calc, 2 attempts",
+        "calc on calc, 2 attempts (incomplete)",
+    ]
