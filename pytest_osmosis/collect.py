@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_osmosis.errors import OsmosisError
-from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify, pytest_outcome
+from pytest_osmosis.outcome import (
+    BELOW_THRESHOLD,
+    FAILED,
+    SKIPPED,
+    classify,
+    no_trajectory_text,
+    pytest_outcome,
+)
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -79,7 +86,7 @@ class EvalConfigFile(pytest.File):
             session.ready_rollout(plan)
         except OsmosisError as exc:
             raise self.CollectError(
-                with_hint(str(exc), _how_to_run_the_others(self.config, self.path))
+                with_hint(str(exc), how_to_run_the_others(self.config, self.path))
             ) from None
         self.plan = plan
         experiment = plan.config.experiment
@@ -224,7 +231,7 @@ class EvalItem(pytest.Item):
         return self.path, 0, self.name
 
 
-def _how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
+def how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
     """pytest stops a session at a collection error; say how the other configs still run.
 
     (The official template ships a placeholder ``configs/eval/default.toml``, so a plain
@@ -272,7 +279,7 @@ def pytest_verdict(
     ids do.
     """
     where = f"(row {source_row}, run {run_index})"
-    resumed = " [resumed]" if result.get("resumed") else ""
+    resumed = (" [resumed]" if result.get("resumed") else "") + no_trajectory_text(result)
     threshold = result["pass_threshold"]
     verdict = classify(result, threshold)
     headline = ""

@@ -87,6 +87,7 @@ class Controller:
             self.session.open_runs(configs)
         except OsmosisError as exc:
             raise pytest.UsageError(str(exc)) from None
+        self._stop_xdist_on_plan_errors(session)
         if options.confirm:
             from pytest_osmosis.preview import confirm
 
@@ -134,6 +135,28 @@ class Controller:
         for line in start_lines(self.session, config):
             reporter.write_line(line)
 
+    def _stop_xdist_on_plan_errors(self, session: pytest.Session) -> None:
+        """A config that cannot be planned stops a single process at collection (exit 2,
+        nothing opened: ``open_runs``); xdist does not stop on a worker's collection error,
+        so its workers would run the other configs (exit 1). Stop its controller the same
+        way, before any worker starts."""
+        errors = self.session.plan_errors()
+        config = session.config
+        if not errors or config.option.continue_on_collection_errors:
+            return
+        if not config.pluginmanager.has_plugin("dsession"):
+            return
+        from pytest_osmosis.collect import how_to_run_the_others, with_hint
+
+        path, exc = errors[0]
+        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
+        pytest.exit(
+            f"ERROR collecting {path}: "
+            f"{with_hint(str(exc), how_to_run_the_others(config, path))}\n"
+            f"Interrupted: {count} during collection",
+            returncode=pytest.ExitCode.INTERRUPTED,
+        )
+
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""
         from pytest_osmosis.gate import GateOptionError, check_runs
@@ -174,6 +197,7 @@ class Controller:
     def record(self, report: pytest.TestReport) -> None:
         """Journal the result a report carries, before anything reports it."""
         from pytest_osmosis.rerun import is_rerun
+        from pytest_osmosis.results.atomic import interrupt_held
 
         if is_rerun(report):  # pytest-rerunfailures runs it again: the last attempt counts
             return
@@ -196,8 +220,9 @@ class Controller:
         if run is None or result.get("resumed"):
             return
         with self.session.recording(run, result):  # a full disk or a deleted run: exit 4
-            record = run.rundir.append(result)
-            run.executed += 1
+            with interrupt_held():  # the run's count agrees with its journal
+                record = run.rundir.append(result)
+                run.executed += 1
             run.rate_limited += int(result.get("rate_limited") or 0)
             self._spend(run, result)
             run.cache_calls += int(result.get("cache_calls") or 0)
@@ -215,6 +240,7 @@ class Controller:
             if result.get("trajectory_problem"):
                 where = f"row {result.get('source_row_index')} run {result['run_index']}"
                 problem = f"{where}: {result['trajectory_problem']}"
+                run.no_trajectory.append(problem)  # the results table counts them
                 run.log.warning("result", problem, rollout_id=result["rollout_id"])
             self.session.config.hook.pytest_osmosis_row_result(
                 config=self.session.config, result=result
@@ -312,6 +338,47 @@ class Controller:
 
     # -- the end --------------------------------------------------------------------
 
+    def arm_second_interrupt(self) -> None:
+        """After the first Ctrl-C the session winds down (snapshots, reports); a second one
+        ends it at once, in one line and exit 2, instead of a traceback from wherever it
+        lands. What the journal holds is kept (each append is whole: interrupt_held)."""
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self.session.journal_finished()  # the rows that finished ahead are kept, whatever comes
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return  # the second Ctrl-C is already someone's (the preflight's: contract D16)
+
+        def stop_now(signum: int, frame: Any) -> None:
+            import os
+            import sys
+
+            try:  # rows finished since the first Ctrl-C; only locks this thread may re-take
+                self.session.journal_finished(wait=False)
+            except Exception:  # noqa: BLE001 - leaving anyway; what is journalled stays
+                pass
+            runs = list(self.session.runs.values())
+            kept = sum(len(run.rundir.records) for run in runs)
+            where = f" in {runs[0].plan.run_dir}" if len(runs) == 1 else ""
+            line = (
+                f"\nosmosis: stopped; {kept} results kept{where} "
+                "(run the same command again to resume)\n"
+            )
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 - a closed or broken stream
+                    pass
+            try:
+                os.write(2, line.encode())
+            except OSError:
+                pass
+            os._exit(int(pytest.ExitCode.INTERRUPTED))
+
+        signal.signal(signal.SIGINT, stop_now)
+
     def finish(self, session: pytest.Session) -> None:
         """Write the final snapshot, then apply the gate; the session is closed either way."""
         self._letterless = None
@@ -320,9 +387,11 @@ class Controller:
         if self.progress is not None:
             self.progress.stop()  # before anything below prints
         try:
+            stopped_before = {path for path, run in self.session.runs.items() if run.storage_fault}
+            self.session.journal_finished()  # nothing paid for is lost, however the session ends
             interrupted = session.shouldstop or session.shouldfail
-            for run in self.session.runs.values():
-                stopped = run.storage_fault is not None
+            for path, run in self.session.runs.items():
+                stopped = path in stopped_before
                 run.metrics = finalize_run(run, cancelled=bool(interrupted))
                 if run.metrics:
                     run.row_metrics = self._row_metrics(run)

@@ -202,3 +202,10 @@ def summary_fails_session(summary: Mapping[str, Any]) -> bool:
     """Whether a finished run's ``metrics.json`` summary holds an attempt that fails the
     session: a finished run run again exits as it did when its rows ran."""
     return any(count and fails_session(key) for key, count in summary_counts(summary).items())
+
+
+def no_trajectory_text(result: Mapping[str, Any]) -> str:
+    """``; no trajectory written: <why>``, the end of the headline of a row recorded
+    without its trajectory (the SDK saves trajectories best-effort, silently)."""
+    problem = result.get("trajectory_problem")
+    return f"; {problem}" if problem else ""

@@ -948,6 +948,11 @@ class ControllerHooks:
         self.controller.after_report(nodeid)
 
     @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        if excinfo.errisinstance(KeyboardInterrupt):
+            self.controller.arm_second_interrupt()
+
+    @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         self.controller.finish(session)
 

@@ -26,7 +26,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, OUTCOMES, PASSED, SKIPPED, classify
+from pytest_osmosis.outcome import (
+    BELOW_THRESHOLD,
+    FAILED,
+    OUTCOMES,
+    PASSED,
+    SKIPPED,
+    classify,
+    no_trajectory_text,
+)
 from pytest_osmosis.words import (
     ATTEMPTS,
     OUTCOME_WORDS,
@@ -325,7 +333,7 @@ def row_text(result: Mapping[str, Any], outcome: str) -> str:
         why = ""
     return (
         f"row {result.get('source_row_index')} run {result.get('run_index')} "
-        f"{OUTCOME_WORDS[outcome]}{why}"
+        f"{OUTCOME_WORDS[outcome]}{why}{no_trajectory_text(result)}"
     )
 
 

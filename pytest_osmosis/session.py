@@ -41,6 +41,7 @@ from pytest_osmosis.execution.executor import (
     raise_fd_limit,
 )
 from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
+from pytest_osmosis.execution.streams import keep_streams_open, let_streams_close
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
@@ -141,6 +142,8 @@ class ControllerRun:
     """``osmosis_metrics.json`` as written at the end (results/row_metrics.py)."""
     execution: str = ""
     """How its rows run, and why (``EvalSession.execution_text``)."""
+    no_trajectory: list[str] = field(default_factory=list)
+    """This session's rows recorded without a trajectory, and why ("row 1 run 0: ...")."""
 
 
 class EvalSession:
@@ -170,7 +173,7 @@ class EvalSession:
         #: Where a row's ``os._exit`` names the row (single process; see _record_killed_rows).
         self._exit_paths: list[str] = []
         self._restore_exit = (
-            None if is_worker else blame.witness_exits(self._exit_paths, self._journal_finished)
+            None if is_worker else blame.witness_exits(self._exit_paths, self.journal_finished)
         )
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
@@ -183,6 +186,9 @@ class EvalSession:
         self.stop_file: str | None = None
         self.milestones: Milestones | None = None
         """Start-up phases on the controller's terminal (set by the controller role)."""
+        self.faulted = False
+        """A row met a fault of the whole session (``SessionFaultError``): what finished
+        after it may have run on what broke (a changed dataset), so it is not journalled."""
         #: ``--osmosis-regrade``: the run whose samples are graded again, and its config.
         self.regrade: SourceRun | None = None
         self.regrade_config: Path | None = None
@@ -250,6 +256,7 @@ class EvalSession:
         now = utc_now()
         several = len(config_paths) > 1
         names: dict[str, str] = {}
+        planned: list[tuple[Path, EvalPlan, dict[str, Any]]] = []
         for path in config_paths:
             path = path.resolve()
             try:
@@ -276,6 +283,11 @@ class EvalSession:
             except OsmosisError as exc:
                 self._errors[path] = exc  # collection reports it, naming the file
                 continue
+            planned.append((path, plan, inputs))
+        if self._errors and not self.config.option.continue_on_collection_errors:
+            # Collection will stop the session on that error: nothing is opened or called.
+            return names
+        for path, plan, inputs in planned:
             box: list[RunLog] = []
             early: list[str] = []
 
@@ -323,6 +335,10 @@ class EvalSession:
         self._record_killed_rows()
         return names
 
+    def plan_errors(self) -> list[tuple[Path, OsmosisError]]:
+        """The configs that could not be planned, and why (collection reports them)."""
+        return list(self._errors.items())
+
     def _record_killed_rows(self) -> None:
         """A row whose code called ``os._exit`` in the previous single-process session is
         recorded ``worker_crashed`` and not run again: resuming would die there for ever.
@@ -354,18 +370,34 @@ class EvalSession:
         if not self.is_worker and self.runs:
             self._exit_paths[:] = [_exit_witness(run.plan) for run in self.runs.values()]
 
-    def _journal_finished(self) -> None:
-        """A row is ending the process (``os._exit``): journal the rows that finished ahead
-        of it but were not reported yet, so that the next session does not run them again."""
-        if self._executor is None:
+    def journal_finished(self, *, wait: bool = True) -> None:
+        """Journal the rows that finished ahead but were not reported yet, so that the next
+        session does not run them again: the session is ending before pytest reached them
+        (Ctrl-C, ``-x``, an INTERNALERROR, a row's ``os._exit``). ``wait=False``: from a
+        signal handler, which must not wait on a lock the code it interrupted holds."""
+        if self._executor is None or self.faulted:
             return
-        for nodeid, result in self._executor.finished().items():
+        for nodeid, result in self._executor.finished(wait=wait).items():
             found = self.item_key(nodeid)
-            if found is None or not isinstance(result, dict):
+            if found is None or not isinstance(result, dict) or result.get("session_fault"):
                 continue
             run = self.runs[found[0]]
-            if run.rundir.pending([found[1]]) and not result.get("storage_fault"):
+            if run.storage_fault is not None or result.get("storage_fault"):
+                continue
+            if not run.rundir.pending([found[1]]):
+                continue
+            try:
                 run.rundir.append(result)
+            except (RunDirectoryError, OSError) as exc:  # the final snapshots say it, exit 4
+                run.storage_fault = str(exc)
+                continue
+            run.executed += 1
+            run.log.write(
+                "info",
+                "result",
+                "work item finished (not reported: the session ended first)",
+                rollout_id=result["rollout_id"],
+            )
 
     def phase(self, doing: str) -> contextlib.AbstractContextManager[None]:
         """A start-up milestone around a phase that can take a while (milestones.py)."""
@@ -580,6 +612,7 @@ class EvalSession:
         """
         if self.carried_forward(item) is not None:
             return
+        keep_streams_open()  # pytest's capture streams, current now, as rows may run
         if not self._prefetched:
             self._prefetched = True
             from pytest_osmosis.model.litellm import import_litellm
@@ -645,6 +678,7 @@ class EvalSession:
                 return self._past_backstop(item, factory, exc)
         except SessionFaultError as exc:  # nothing can be trusted now: stop, rows pending
             line = f"osmosis: {exc}"
+            self.faulted = True  # rows finished after it are not kept either (journal_finished)
             if self.is_worker:
                 # pytest.exit on a worker leaves xdist's controller holding rows it can place
                 # nowhere (INTERNALERROR): take no more rows, and let the controller stop.
@@ -1077,6 +1111,7 @@ class EvalSession:
                     pass
             executor.close()
             self._executor = None
+        let_streams_close()
         caches, self._caches = list(self._caches.values()), {}
         for cache in caches:
             cache.close()  # what the bridges queued is written before the session ends

@@ -86,6 +86,12 @@ def summary_lines(run: ControllerRun) -> list[str]:
             f"cache      {run.cache_hits} of {run.cache_calls} model calls answered from "
             f"{cache_path(plan.output_root)}"
         )
+    if run.no_trajectory:
+        count = len(run.no_trajectory)
+        lines.append(
+            f"trajectory {count} row{'s' if count > 1 else ''} recorded without "
+            f"trajectory.json (first: {run.no_trajectory[0]})"
+        )
     lines.append(f"output     {plan.run_dir}")
     if run.report_path is not None:
         lines.append(f"report     {run.report_path}")

@@ -450,7 +450,19 @@ DATASET_CASES = [
     ),
 ]
 
+def output_symlink_loop(root: Path) -> None:
+    """The valid workspace, and ``loop``: a symlink to itself, given as --osmosis-output."""
+    write_workspace(root)
+    os.symlink("loop", root / "loop")
+
+
 OPTION_CASES = [
+    Case(
+        "output-symlink-loop",  # issue 26: INTERNALERROR (OSError: too many levels of links)
+        output_symlink_loop,
+        ("--osmosis-output", "loop", "symbolic link"),
+        args=("--osmosis-output", "loop"),
+    ),
     Case(
         "n-zero",
         evaluation("n = 0"),

@@ -297,6 +297,73 @@ def test_connections_over_the_bound_are_a_503_and_closed(
     assert harness.post("r", BODY, _auth(key))[0] == 200
 
 
+async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP answer read off a kept-alive connection: (its head, its body)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return head, await asyncio.wait_for(reader.readexactly(length), 120)
+
+
+def _block_until(loop: asyncio.AbstractEventLoop, moment: float) -> None:
+    """Keep the loop busy until its clock passes *moment* (what a busy loop does anyway)."""
+    while loop.time() <= moment:
+        pass
+
+
+def test_a_request_sent_as_the_keep_alive_timer_fires_is_served(
+    harness: Harness, model_server: ModelServer
+) -> None:
+    """The bridge closed idle connections at 5 s, httpx (so the OpenAI SDK) reuses them up
+    to 5 s: one row in 1,000 through a shared client failed ``httpx.ReadError``. Here the
+    client's next request and the bridge's keep-alive timer fall in one pass of the loop,
+    request first, for sure: the request is answered, the connection kept."""
+    _, key = harness.bridge.open_rollout("r")
+    body = json.dumps(BODY).encode()
+    request = _head("r", key, f"Content-Length: {len(body)}").encode() + body
+
+    async def race() -> tuple[bytes, tuple[bytes, bytes]]:
+        loop = asyncio.get_running_loop()
+        reader, writer = await asyncio.open_connection("127.0.0.1", harness.port)
+        try:
+            writer.write(request)
+            first, _ = await _answer(reader)
+            runner = harness.bridge._runner
+            assert runner is not None and runner.server is not None
+            (handler,) = runner.server.connections
+            # The bridge's keep-alive timer, due in a moment rather than in KEEP_ALIVE_S.
+            if handler._keepalive_handle is not None:
+                handler._keepalive_handle.cancel()
+            due = loop.time() + 0.2
+            handler._next_keepalive_close_time = due
+            handler._keepalive_handle = loop.call_at(due, handler._process_keepalive)
+            loop.call_at(due - 0.01, writer.write, request)  # the client reuses it, just in time
+            loop.call_soon(_block_until, loop, due)  # both fall due in the same pass
+            return first, await _answer(reader)
+        finally:
+            writer.close()
+
+    first, (head, answer) = harness.run(race())
+    assert first.startswith(b"HTTP/1.1 200") and b"Keep-Alive: timeout=15" in first, first
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert json.loads(answer)["choices"][0]["message"]["content"]
+    assert model_server.requests_total == 2
+
+
+def test_the_bridge_keeps_a_served_connection_longer_than_clients_reuse_one() -> None:
+    """The idle expiry of httpx (the OpenAI SDK's, LiteLLM's) and aiohttp (15 s) against ours:
+    the client retires a connection first, so no close races a request."""
+    import httpx
+    import openai
+
+    expiries = [httpx.Limits().keepalive_expiry, openai.DEFAULT_CONNECTION_LIMITS.keepalive_expiry]
+    assert expiries == [5.0, 5.0]
+    assert 15.0 <= bridge_module.KEEP_ALIVE_ADVERTISED_S < bridge_module.KEEP_ALIVE_S
+
+
 JUDGING_ROLLOUT = '''
 import httpx
 

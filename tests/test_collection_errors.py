@@ -114,3 +114,25 @@ def test_the_hint_after_a_traceback_is_a_line_of_its_own(pytester: pytest.Pytest
         "to run the other configs, add --continue-on-collection-errors or name them: "
         "pytest configs/eval/calc.toml"
     )
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["single", "xdist"])
+def test_an_interrupted_collection_opens_no_run_and_calls_no_model(
+    pytester: pytest.Pytester, model_env, workers: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    """The healthy configs' run directories were made (left ``incomplete``) and the model
+    was called for the preflight; under ``-n 2`` the session exited 1 with the other
+    configs run, where a single process exits 2."""
+    _workspace(pytester.path)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", *workers)
+    output = "\n".join([*result.outlines, *result.errlines])
+    assert result.ret == pytest.ExitCode.INTERRUPTED, output
+    assert "Interrupted: 1 error during collection" in output
+    assert any(
+        "default.toml: experiment.rollout: rollout directory not found" in line
+        and "to run the other configs, add --continue-on-collection-errors" in line
+        for line in output.splitlines()
+    ), output
+    assert "INTERNALERROR" not in output and "Traceback" not in output, output
+    assert not (pytester.path / ".osmosis").exists()
+    assert model_env.requests_total == 0

@@ -128,19 +128,19 @@ def _nested(depth: int) -> dict[str, Any]:
 
 
 def test_metadata_nested_too_deep_is_a_dataset_error_naming_the_row(tmp_path: Path) -> None:
-    ok = write(tmp_path, "ok.jsonl", jsonl({"user_prompt": "u", "metadata": _nested(100)}))
-    assert open_ds(ok).row(0).metadata == _nested(100)
+    ok = write(tmp_path, "ok.jsonl", jsonl({"user_prompt": "u", "metadata": _nested(255)}))
+    assert open_ds(ok).row(0).metadata == _nested(255)
     deep = {"user_prompt": "u", "metadata": _nested(900)}
     path = write(tmp_path, "d.jsonl", jsonl({"user_prompt": "u", "ground_truth": "g"}, deep))
     with pytest.raises(DatasetError) as info:
         open_ds(path)
     assert str(info.value) == (
-        f"{path}: row 1 (line 2): metadata is nested more than 100 levels deep; flatten it "
+        f"{path}: row 1 (line 2): metadata is nested more than 255 levels deep; flatten it "
         f"(a row this deep cannot be handed to a workflow)"
     )
     csv_path = tmp_path / "d.csv"
     with csv_path.open("w", newline="") as handle:
-        csv.writer(handle).writerows([["user_prompt", "metadata"], ["u", json.dumps(_nested(101))]])
+        csv.writer(handle).writerows([["user_prompt", "metadata"], ["u", json.dumps(_nested(256))]])
     with pytest.raises(DatasetError, match=r"d\.csv: row 0 \(line 2\): metadata is nested more"):
         open_ds(csv_path)
 
@@ -150,17 +150,27 @@ def test_a_deeply_nested_row_is_one_collection_error_not_a_traceback(
 ) -> None:  # type: ignore[no-untyped-def]
     rows = [
         {"user_prompt": "What is 2 + 2?", "ground_truth": "4", "metadata": _nested(900)},
-        {"user_prompt": "What is 3 * 5?", "ground_truth": "15", "metadata": _nested(100)},
+        {"user_prompt": "What is 3 * 5?", "ground_truth": "15", "metadata": _nested(255)},
+        {"user_prompt": "What is 3 * 5?", "ground_truth": "15", "metadata": _nested(252)},
     ]
     write_workspace(pytester.path, rows=rows)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.INTERRUPTED
     out = result.stdout.str()
     assert "RecursionError" not in out and "Traceback" not in out
-    result.stdout.fnmatch_lines(["*calc.jsonl: row 0 (line 1): metadata is nested more than 100*"])
-    # The deepest row the rule accepts runs to a result.
-    result = pytester.runpytest("--osmosis-eval", "--osmosis-rows", "1", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*calc.jsonl: row 0 (line 1): metadata is nested more than 255*"])
+    # The deepest row the rule accepts (255: the deepest the SDK's client sends) runs to a
+    # result; past 252 levels its trajectory cannot be written, as the SDK's cannot (measured
+    # with osmosis-ai 0.3.8: pydantic's serialization depth), and its line says so.
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-rows", "1-2", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["*row 1 run 0 passed (reward 1.0); no trajectory written: Maximum serialization depth*"]
+    )
+    rows = read_index(only_run_dir(pytester.path))
+    assert [row.get("trajectory_filename") for row in rows] == [None, "trajectory.json"], rows
 
 
 REPLACING_ROLLOUT = """

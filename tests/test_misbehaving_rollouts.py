@@ -48,6 +48,8 @@ async def misbehave(do):
         for _ in range(5000):
             deep = [deep]
         return {"deep": deep}
+    if do == "close_stdout":
+        sys.stdout.close()  # a helper that thought it owned the stream
     if do == "child_exit":
         async def helper():
             sys.exit(4)
@@ -212,7 +214,38 @@ def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
         assert not (trial / "trajectory.json").exists()
         lines = [line for line in logs.splitlines() if recorded[index]["rollout_id"] in line]
         assert any("no trajectory written" in line for line in lines), logs
+    # Said where the user looks (it was in logs.txt alone, exit 0): the rows' own lines,
+    # and the results table with the count and the first reason.
+    outlines = result.outlines
+    for row in (1, 3):
+        (line,) = [x for x in outlines if x.startswith(f"osmosis: row {row} run 0 passed")]
+        assert "; no trajectory written: " in line, line
+    (table,) = [x for x in outlines if x.startswith("trajectory ")]
+    assert table.startswith(
+        "trajectory 2 rows recorded without trajectory.json (first: row 1 run 0: "
+        "no trajectory written: "
+    ), table
     assert sdk_judge(run_dir)["accepted"]
+
+
+@pytest.mark.parametrize("args", [(), ("-s",), ("-n", "2")], ids=["captured", "s", "xdist"])
+def test_a_rollout_closing_sys_stdout_costs_no_row_and_no_flood(
+    pytester: pytest.Pytester, model_env, args: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    """It made 2,730 lines of errors (pytest's capture stream closed under it)."""
+    write_workspace(
+        pytester.path,
+        rows=rows(["ok", "close_stdout", "ok"]),
+        rollout_source=MISBEHAVING_ROLLOUT,
+        evaluation={"batch_size": 1},
+    )
+    result = run_session(pytester, "stdout", *args)
+    out = result.stdout.str() + result.stderr.str()
+    run_dir = pytester.path / ".osmosis" / "evals" / "stdout"
+    assert [r["status"] for r in journal(run_dir)] == ["success"] * 3
+    result.assert_outcomes(passed=3)
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out
+    assert len(out.splitlines()) < 60, out
 
 
 @pytest.mark.parametrize(
@@ -222,11 +255,15 @@ def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
         ({"run_index": 1}, "run_index 1 is not an attempt of this run (n = 1: 0-0)"),
         ({"row_index": -1}, "row_index must be a non-negative integer, got -1"),
         ({"source_row_index": 7}, "source_row_index 7 is not row_index 9's source row (9)"),
+        (
+            {"status": "failed", "error_type": "agent_error", "reward": 0.9},
+            "a failed record carries reward 0.9, but only a success has a reward",
+        ),
     ],
-    ids=["row", "attempt", "negative", "source"],
+    ids=["row", "attempt", "negative", "source", "failed-reward"],
 )
 def test_a_journal_line_for_a_work_item_that_does_not_exist_is_refused_at_resume(
-    pytester: pytest.Pytester, model_env, edit: dict[str, int], words: str
+    pytester: pytest.Pytester, model_env, edit: dict[str, Any], words: str
 ) -> None:  # type: ignore[no-untyped-def]
     write_workspace(
         pytester.path,

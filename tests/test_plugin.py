@@ -455,9 +455,12 @@ def test_an_errored_row_is_reported_without_parsing_on_the_main_thread(
         def pytest_runtestloop(session):
             running.append(True)
 
-        @pytest.hookimpl(tryfirst=True)
+        @pytest.hookimpl(wrapper=True)
         def pytest_sessionfinish(session):
-            running.clear()  # rows are over (other plugins may import, and parse, from here)
+            # Rows are over before any plugin's sessionfinish (they import, and parse, from
+            # here: a module without cached bytecode is parsed on its first import).
+            running.clear()
+            return (yield)
 
         def pytest_unconfigure(config):
             print("MAIN THREAD PARSED", len(parsed))

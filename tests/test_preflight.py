@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def test_no_workflow_starts_before_the_preflight_has_answered(
     )
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "x")
     result = pytester.runpytest(*args)
+    ended = time.monotonic()  # system-wide, like the server's and the rollout's stamps
     # A call held while the preflight ran would have met httpx's ReadTimeout (8 of 8 did).
     result.assert_outcomes(passed=4)
     probe = [at for text, at in model_server.answered if text == "hi"]
@@ -101,9 +103,12 @@ def test_no_workflow_starts_before_the_preflight_has_answered(
     assert len(stamps) == 4
     # Causal order, not a race: each workflow began after the probe had been answered.
     assert all(float(s["started"]) > probe[0] for s in stamps), (probe, stamps)  # type: ignore[arg-type]
-    # A row's duration is its own ~50 ms of work, not the session's start-up.
+    # A row's duration is its own work, not the session's start-up: it fits between the
+    # probe's answer and the session's end (causal order again, no bound on a loaded
+    # machine's speed; counted from the session's start it would not fit, by ~6 s).
     durations = [float(e["duration_ms"]) for e in _events(pytester.path / ".osmosis/evals/x")]  # type: ignore[arg-type]
-    assert len(durations) == 4 and max(durations) < PROBE_DELAY_S * 1000, durations
+    assert len(durations) == 4, durations
+    assert all(d / 1000 <= ended - probe[0] for d in durations), (durations, ended - probe[0])
 
 
 def _rows_through_litellm(monkeypatch: pytest.MonkeyPatch) -> None:

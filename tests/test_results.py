@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -628,6 +629,71 @@ def test_journal_records_are_canonical_and_drop_extra_keys(tmp_path: Path) -> No
         "duration_ms": 12.5,
     }
     assert b'"reward":1.0' in line
+
+
+def test_ctrl_c_during_an_append_lands_after_the_record_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C between the journal's fsync and the records update once left the index one
+    row short: the interrupt is held until both are done, then raised as usual."""
+    run = open_run(tmp_path)
+    real_fsync = os.fsync
+
+    def fsync_then_ctrl_c(fd: int) -> None:
+        real_fsync(fd)
+        signal.raise_signal(signal.SIGINT)  # the user presses Ctrl-C right here
+
+    monkeypatch.setattr(os, "fsync", fsync_then_ctrl_c)
+    record = {"row_index": 0, "run_index": 0, "rollout_id": "a" * 32, "status": "success"}
+    with pytest.raises(KeyboardInterrupt):
+        run.append(record)
+    monkeypatch.undo()
+    assert set(run.records) == {(0, 0)} == set(read_journal(run.path))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    run.close()
+
+
+def test_a_journal_line_that_would_not_read_back_is_refused_unwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Our JSON turned out wrong (a replaced encoder): the record is not journalled, and
+    the session stops on it as on any storage fault, rather than write what replay refuses."""
+    from pytest_osmosis.results import stdjson
+
+    run = open_run(tmp_path)
+    execute(run, 0, 0)
+    before = (run.path / "events.jsonl").read_bytes()
+    real = stdjson.dumps
+    monkeypatch.setattr(stdjson, "dumps", lambda value, **kw: real(value, indent=1))
+    record = {"row_index": 1, "run_index": 0, "rollout_id": "b" * 32, "status": "success"}
+    with pytest.raises(RunDirectoryError, match=r"row 1 run 0 does not read back as written"):
+        run.append(record)
+    monkeypatch.undo()
+    assert (run.path / "events.jsonl").read_bytes() == before
+    assert set(run.records) == {(0, 0)}
+    run.close()
+
+
+def test_a_rollout_replacing_json_dumps_changes_none_of_our_files(tmp_path: Path) -> None:
+    """The functions the run directory is written with were bound before any rollout ran."""
+    import json
+
+    from pytest_osmosis.results import stdjson
+
+    real = json.dumps
+    try:
+        json.dumps = lambda value, **kw: "garbage"  # type: ignore[assignment]
+        run = open_run(tmp_path)
+        record = execute(run, 0, 0)
+        refresh(run)
+        run.close()
+    finally:
+        json.dumps = real  # type: ignore[assignment]
+    assert stdjson.dumps is real
+    assert (run.path / "events.jsonl").read_bytes() == journal_line(normalize_record(
+        record, where="test"
+    ))
+    assert json.loads((run.path / "metrics.json").read_text())["summary"]["total_samples"] == 1
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,12 @@ from pytest_osmosis.words import one_line as fold
 METADATA = "metadata"
 CONTRACT_COLUMNS = ("system_prompt", "user_prompt", "ground_truth", "label", METADATA)
 """The only columns a reader needs to keep; the others never reach a row."""
-MAX_METADATA_DEPTH = 100
-"""Deeper metadata is refused at open: copying it into a workflow context (and writing it
-into results) recurses once per level, and past Python's recursion limit that is a
-traceback on every run and resume instead of a result."""
+MAX_METADATA_DEPTH = 255
+"""Deeper metadata is refused at open. 255 is the deepest the SDK's own client sends: its
+``RolloutInitRequest.model_dump(mode="json")`` fails at 256 levels (pydantic's serialization
+depth limit; measured with osmosis-ai 0.3.8), so a deeper row runs nowhere. Copying it into
+a workflow context (and writing it into results) recurses once per level: past Python's
+recursion limit that is a traceback on every run and resume instead of a result."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -304,10 +304,18 @@ class Executor:
             self._futures.pop(key, None)
         return result
 
-    def finished(self) -> dict[str, Any]:
-        """Results of items that completed but nobody has taken yet (key -> result)."""
-        with self._lock:
+    def finished(self, *, wait: bool = True) -> dict[str, Any]:
+        """Results of items that completed but nobody has taken yet (key -> result).
+
+        ``wait=False`` (from a signal handler, which may interrupt a holder of the lock)
+        returns nothing rather than wait for it.
+        """
+        if not self._lock.acquire(blocking=wait):
+            return {}
+        try:
             done = [(k, f) for k, f in self._futures.items() if f.done() and not f.cancelled()]
+        finally:
+            self._lock.release()
         return {key: future.result() for key, future in done if future.exception() is None}
 
     def abandon(self, key: str) -> None:

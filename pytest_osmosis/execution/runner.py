@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pytest_osmosis.copying import deep_copy
 from pytest_osmosis.errors import ResourceExhaustedError
 from pytest_osmosis.execution.executor import LoopStopped, stalled_by_others, start_owned
+from pytest_osmosis.execution.streams import keep_streams_open
 from pytest_osmosis.outcome import RowResult
 from pytest_osmosis.secrets import scrub
 from pytest_osmosis.words import one_line
@@ -125,6 +126,7 @@ async def execute(
     """
     import pytest_osmosis.rollout as api
 
+    keep_streams_open()  # a row that closes sys.stdout would break pytest's own output
     rollout_id = recorded.rollout_id if recorded is not None else uuid.uuid4().hex
     started = time.monotonic()
     exhaustions = bridge.exhaustions

@@ -18,9 +18,10 @@ import hmac
 import json
 import logging
 import secrets
+import select
 import threading
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_osmosis.errors import ModelPreflightError
 from pytest_osmosis.model.cache import CachedAttempt, offline_judge
@@ -91,8 +92,16 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 """The largest request body the bridge reads (413 above it): a chat call with images fits."""
 _MAX_JSON_DEPTH = 200
 IDLE_TIMEOUT_S = 5.0
-"""A connection that has sent no complete request headers this long is closed (also between
-requests): an idle local client cannot hold the bridge's file descriptors."""
+"""A new connection that has sent no complete request headers this long is closed: an idle
+local client cannot hold the bridge's file descriptors."""
+KEEP_ALIVE_S = 20.0
+"""How long a served connection may wait idle for its next request. Longer than the idle
+expiry of the clients rollouts use (httpx, so the OpenAI SDK and LiteLLM: 5 s; aiohttp: 15 s),
+so that a client retires a connection before the bridge closes it: a close at the client's
+own expiry raced a request just sent on it, and failed that row (``httpx.ReadError``)."""
+KEEP_ALIVE_ADVERTISED_S = 15
+"""``Keep-Alive: timeout=15`` on every answer: clients that read it retire idle connections
+well before KEEP_ALIVE_S."""
 BODY_TIMEOUT_S = 60.0
 """A body not received within this long is answered 408 (a slow client, not a slow model)."""
 """Deeper request JSON is refused (400): copying and forwarding it would exhaust the stack."""
@@ -187,8 +196,9 @@ class Bridge:
             return response
 
         app.middlewares.append(seen)
+        app.on_response_prepare.append(_advertise_keep_alive)
         runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, keepalive_timeout=IDLE_TIMEOUT_S
+            app, access_log=None, handle_signals=False, keepalive_timeout=KEEP_ALIVE_S
         )
         await runner.setup()
         loop = asyncio.get_running_loop()
@@ -201,7 +211,7 @@ class Bridge:
                 cap = self.max_connections
                 self.exhausted(f"the osmosis bridge is serving its maximum of {cap} connections")
                 return _Busy()
-            handler = server()
+            handler = _closing_only_idle(server())
             self._unserved.add(handler)
             due = loop.time() + IDLE_TIMEOUT_S
             loop.call_at(due, self._reap, handler, due)
@@ -234,8 +244,11 @@ class Bridge:
             return
         if handler not in self._unserved:
             return
-        self._unserved.discard(handler)
         transport = handler.transport
+        if _bytes_waiting(transport):  # its request is arriving: the loop reads it next
+            loop.call_later(1.0, self._reap, handler, loop.time() + 1.0)
+            return
+        self._unserved.discard(handler)
         if transport is not None:
             transport.close()
 
@@ -735,6 +748,62 @@ async def _read_body(request: web.Request) -> bytes:
         return await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
     except asyncio.TimeoutError:
         raise _SlowBody from None
+
+
+_Protocol = TypeVar("_Protocol", bound=asyncio.BaseProtocol)
+
+
+async def _advertise_keep_alive(request: web.Request, response: web.StreamResponse) -> None:
+    if response.keep_alive is not False:
+        response.headers.setdefault("Keep-Alive", f"timeout={KEEP_ALIVE_ADVERTISED_S}")
+
+
+def _bytes_waiting(transport: Any) -> bool:
+    """Whether a connection's socket holds bytes (or its end) the loop has not read yet."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        fd = sock.fileno()
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(0))
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
+
+
+@functools.cache
+def _idle_only_handler() -> type:
+    from aiohttp.web_protocol import RequestHandler
+
+    class IdleOnlyHandler(RequestHandler):
+        """aiohttp's handler, except that its keep-alive timer never closes a connection
+        whose next request waits unread in the socket (sent just as the timer fired)."""
+
+        __slots__ = ()
+
+        def _process_keepalive(self) -> None:
+            if _bytes_waiting(self.transport):
+                # Looked at again in a second: by then the request is being served (the
+                # timer then closes nothing), or it is a client too slow to finish one.
+                self._keepalive_handle = asyncio.get_running_loop().call_later(
+                    1.0, self._process_keepalive
+                )
+                return
+            super()._process_keepalive()
+
+    return IdleOnlyHandler
+
+
+def _closing_only_idle(handler: _Protocol) -> _Protocol:
+    """*handler* as an ``IdleOnlyHandler``; aiohttp's own where its layout differs."""
+    try:
+        handler.__class__ = _idle_only_handler()
+    except (TypeError, ImportError):
+        pass
+    return handler
 
 
 class _SlowBody(Exception):

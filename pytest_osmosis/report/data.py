@@ -7,7 +7,6 @@ the rest fall back to links into the run directory).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.runs import (
     COST_KEY,
     dataset_row,

@@ -7,7 +7,6 @@ call home or load a CDN, even if a run directory contained a hostile string.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from pytest_osmosis.report.data import (
 )
 from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
 from pytest_osmosis.words import (
     ERRORED,

@@ -12,15 +12,44 @@ import contextlib
 import errno
 import hashlib
 import itertools
-import json
 import os
 import re
+import signal
+import threading
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pytest_osmosis.results import stdjson as json
+
 #: Owner-only, like the SDK: trajectories and logs may carry prompts and data.
 FILE_MODE = 0o600
+
+
+@contextlib.contextmanager
+def interrupt_held() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) that arrives inside the block until the block has ended.
+
+    For a pair of writes that must both happen or neither: a result in the journal but
+    not in the run's records leaves the index one row short. Only the main thread
+    receives signals; elsewhere this does nothing.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or threading.current_thread() is not threading.main_thread():
+        yield  # None: a handler not installed from Python, which we cannot put back
+        return
+    held: list[Any] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            if callable(previous):
+                previous(signal.SIGINT, held[0])
+            else:
+                signal.raise_signal(signal.SIGINT)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -6,10 +6,11 @@ construction: fixed key order, ``None`` never written (the key is omitted).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pytest_osmosis.results import stdjson as json
 
 INDEX_FILENAME = "index.jsonl"
 SUMMARY_FILENAME = "summary.jsonl"

@@ -9,7 +9,6 @@ a skewed clock can never change which attempt wins).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import FILE_MODE, canonical_json, fsync_dir
 
 JOURNAL_FILENAME = "events.jsonl"
@@ -132,6 +132,16 @@ def journal_line(record: Mapping[str, Any]) -> bytes:
     return (canonical_json(dict(record)) + "\n").encode("utf-8")
 
 
+def _read_back(line: bytes) -> Any:
+    """What replay will make of *line*: one JSON object on one line, or None."""
+    if line.count(b"\n") != 1:
+        return None
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+
+
 @dataclass
 class JournalReplay:
     """What replay found: the latest record per key and where appends must start."""
@@ -198,6 +208,15 @@ def replay_journal(
                 record = normalize_record(payload, where=where)
             except RunDirectoryError as exc:
                 raise RunDirectoryError(f"{exc}; {_CORRUPT_HINT}") from exc
+            if record["status"] != "success" and "reward" in record:
+                # Only a hand edit or a foreign journal holds one: the SDK counts a failed
+                # record's reward against the threshold, we count no failure as passed,
+                # so the index and the pass rate would disagree with it.
+                raise RunDirectoryError(
+                    f"{where}: a {record['status']} record carries reward "
+                    f"{_show(record['reward'])}, but only a success has a reward; "
+                    f"{_CORRUPT_HINT}"
+                )
             if sources is not None and n is not None:
                 foreign = _foreign_item(record, sources, n)
                 if foreign is not None:
@@ -264,6 +283,12 @@ class Journal:
             raise RunDirectoryError(f"{self.path}: the journal is closed")
         self.ensure_in_place()
         line = journal_line(record)
+        if _read_back(line) != dict(record):
+            raise RunDirectoryError(
+                f"{self.path}: the record of row {record.get('row_index')} run "
+                f"{record.get('run_index')} does not read back as written, so it was not "
+                "journalled (is json.dumps replaced in this process?)"
+            )
         view = memoryview(line)
         try:
             while view:

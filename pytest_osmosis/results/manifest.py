@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 
 from pytest_osmosis.dataset import format_row_selector as format_row_selector  # one formatter
 from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import atomic_write_bytes, digest_of, pretty_json, utc_now
 
 MANIFEST_FILENAME = "manifest.json"

@@ -9,13 +9,13 @@ processes (xdist workers) may append to one log without interleaving.
 from __future__ import annotations
 
 import html
-import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import FILE_MODE, utc_now
 
 REDACTED = "[REDACTED]"

@@ -14,7 +14,6 @@ recorded failure (:meth:`SourceRun.kept`).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Mapping
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.errors import ConfigError, OsmosisError
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.index import (
     CANONICAL_TRAJECTORY_FILENAME,
     METRICS_FILENAME,

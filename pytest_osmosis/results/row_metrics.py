@@ -89,8 +89,7 @@ def row_metrics(
 
 def read_row_metrics(run_dir: Path) -> dict[str, Any]:
     """The run's ``osmosis_metrics.json`` ({} when absent or unreadable: it is only ours)."""
-    import json
-
+    from pytest_osmosis.results import stdjson as json
     from pytest_osmosis.results.runs import read_bytes
 
     try:

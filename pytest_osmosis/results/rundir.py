@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,12 +22,14 @@ from typing import Any, Literal
 
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.outcome import is_retried
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import (
     FILE_MODE,
     atomic_write_bytes,
     atomic_write_json,
     format_utc,
     fsync_dir,
+    interrupt_held,
     remove_stale_temporaries,
 )
 from pytest_osmosis.results.index import (
@@ -463,7 +464,7 @@ class RunDirectory:
         """
         normalized = normalize_record(record, where="work result")
         key = (normalized["row_index"], normalized["run_index"])
-        with self._mutex:
+        with self._mutex, interrupt_held():
             try:
                 self._journal.append(normalized)
             except OSError as exc:

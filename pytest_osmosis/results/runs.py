@@ -13,7 +13,6 @@ the report redacts what it embeds).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -27,6 +26,7 @@ from pytest_osmosis.dataset import FORMATS, RowSelectorError
 from pytest_osmosis.dataset import parse_row_selector as dataset_row_ranges
 from pytest_osmosis.errors import RunDirectoryError
 from pytest_osmosis.outcome import OUTCOMES, classify
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.metrics import aggregate_metrics
 
 DEFAULT_OUTPUT = Path(".osmosis") / "evals"

@@ -10,7 +10,6 @@ lives under ``extra.osmosis``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -22,6 +21,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atif import (
     Agent,
     FinalMetrics,

@@ -9,6 +9,8 @@ plan during collection and receive the run directory from the controller.
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,7 +19,7 @@ from typing import Any
 
 from pytest_osmosis import __version__
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
-from pytest_osmosis.errors import ConfigError, DatasetError
+from pytest_osmosis.errors import ConfigError, DatasetError, RunDirectoryError
 from pytest_osmosis.workspace.config import (
     MAX_ITEMS,
     EvalConfig,
@@ -105,7 +107,7 @@ def build_plan(
             f"{items:,} items, more than the {MAX_ITEMS:,} one session runs "
             "(select fewer rows with limit / --osmosis-rows, or lower n)"
         )
-    output_root = (output if output is not None else workspace / ".osmosis" / "evals").resolve()
+    output_root = _output_root(output, workspace)
     return EvalPlan(
         config_path=config_path,
         workspace=workspace,
@@ -116,6 +118,29 @@ def build_plan(
         entrypoint=entrypoint,
         output_root=output_root,
     )
+
+
+def _output_root(output: Path | None, workspace: Path) -> Path:
+    """Where run directories go, resolved; a loop of symbolic links is one line (exit 4).
+
+    Python 3.10-3.12 raise RuntimeError resolving a loop (INTERNALERROR), 3.13 resolves it
+    to itself and the first file made under it fails.
+    """
+    given = output if output is not None else workspace / ".osmosis" / "evals"
+    try:
+        root = given.resolve()
+        os.stat(root)
+        return root
+    except FileNotFoundError:
+        return root  # made when the first run directory is
+    except (RuntimeError, OSError) as exc:
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            return given.resolve()  # the run directory's own checks name the problem
+        what = "--osmosis-output" if output is not None else "the output directory"
+        raise RunDirectoryError(
+            f"{what} {given}: is a loop of symbolic links, not a directory "
+            "(point it at a directory, or remove the link)"
+        ) from None
 
 
 #: What ``osmosis eval run`` 0.3.8 requires of a workspace before it reads a config
