@@ -40,6 +40,8 @@ BENCHMARKS = (
     ("rate_limited", "10"),
     ("xdist_helps", "11"),
     ("instructions", "12"),
+    ("shards", "13"),
+    ("reuse", "14"),
 )
 
 # --smoke: sizes that only show every script runs and writes its checks (the ratios
@@ -58,6 +60,8 @@ SMOKE = {
     "rate_limited": ["--rows", "20", "--rate", "20"],
     "xdist_helps": ["--items", "40", "--repeat", "1", "--sleep", "0.05"],
     "instructions": ["--small", "10", "--large", "30"],
+    "shards": ["--items", "40", "--sleep", "0.05"],
+    "reuse": ["--items", "20", "--sleep", "0.05"],
 }
 
 PROBE = (

@@ -56,6 +56,7 @@ EXTENSIONS = (
     "pytest_osmosis.rubric.command",
     "pytest_osmosis.cache_command",
     "pytest_osmosis.regrade",
+    "pytest_osmosis.ci_commands",
 )
 
 Handler = Callable[[argparse.Namespace], int]

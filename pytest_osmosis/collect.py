@@ -105,15 +105,21 @@ class EvalConfigFile(pytest.File):
             self.add_marker(pytest.mark.timeout(backstop, method="signal", func_only=True))
         sources = plan.dataset.selected_source_rows
         n = plan.settings.n
-        for row_index, source in enumerate(sources):
-            for run_index in range(n):
-                yield EvalItem.from_parent(
-                    self,
-                    name=item_name(source, run_index),
-                    row_index=row_index,
-                    run_index=run_index,
-                    source_row_index=source,
-                )
+        # --osmosis-shard: this shard's items only (shard.py); else every row and attempt
+        keys = (
+            plan.work_keys()
+            if plan.shard is not None
+            else ((r, i) for r in range(len(sources)) for i in range(n))
+        )
+        for row_index, run_index in keys:
+            source = sources[row_index]
+            yield EvalItem.from_parent(
+                self,
+                name=item_name(source, run_index),
+                row_index=row_index,
+                run_index=run_index,
+                source_row_index=source,
+            )
 
 
 def item_name(source_row: int, run_index: int) -> str:

@@ -159,14 +159,21 @@ class Controller:
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""
-        from pytest_osmosis.gate import GateOptionError, check_runs
+        from pytest_osmosis.baseline import CurrentRun
+        from pytest_osmosis.gate import GateOptionError, check_runs, detection_lines
 
         gate = self.session.options.gate
         try:
             check_runs(
                 gate,
                 [
-                    (run.plan.run_name, run.plan.run_dir, run.rundir.manifest["inputs"])
+                    CurrentRun(
+                        run.plan.run_name,
+                        run.plan.run_dir,
+                        run.rundir.manifest["inputs"],
+                        run.plan.settings.pass_threshold,
+                        run.plan.dataset,
+                    )
                     for run in self.session.runs.values()
                 ],
             )
@@ -184,6 +191,16 @@ class Controller:
             self.session.abandon_runs()
             self.session.close()
             raise pytest.UsageError(str(exc)) from None
+        reporter = self.session.config.pluginmanager.get_plugin("terminalreporter")
+        if gate.values.get("max_regression") is None or reporter is None:
+            return
+        for name, baseline in gate.baselines.items():  # what the gate can tell, before any row
+            reporter.write_line(
+                f"osmosis gate: {name} against baseline {baseline.run['name']}: "
+                f"{baseline.match.text()}"
+            )
+            for line in detection_lines(gate.values, baseline):
+                reporter.write_line(f"osmosis gate: {line}")
 
     def keep_recorded(self, entries: list[RecordedEntry]) -> None:
         """Note the recorded items a finished run deselected: --junitxml still lists them."""
@@ -402,6 +419,7 @@ class Controller:
             if self.session.options.report:
                 self._write_reports()
             self._gate(session)
+            self._upload(session)
         finally:
             self.session.close()
         if self.stopped is not None:
@@ -433,7 +451,12 @@ class Controller:
             row_pass=row_pass,
             costs=costs,
         )
-        if run.executed:
+        from pytest_osmosis.baseline import DIGESTS_KEY
+
+        # Rows by content, so a later run can use this one as its baseline (baseline.py).
+        digests = plan.dataset.row_digests(sorted({row for row, _ in run.rundir.records}))
+        doc[DIGESTS_KEY] = {str(row): digest for row, digest in sorted(digests.items())}
+        if run.executed or run.reused:
             try:
                 write_row_metrics(plan.run_dir, doc)
             except OSError as exc:
@@ -515,32 +538,65 @@ class Controller:
                 run.index_path = index
 
     def _gate(self, session: pytest.Session) -> None:
-        from pytest_osmosis.gate import Verdict, decide
+        from pytest_osmosis.gate import Verdict
 
         gate = self.session.options.gate
         if not gate.active or not self.session.runs:
             return
         if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             return  # interrupted, usage or internal errors keep their own exit status
-        from pytest_osmosis.gate import RunDetail
-        from pytest_osmosis.results.row_metrics import attempts_by_row
+        from pytest_osmosis.gate import judge_runs
 
-        runs = [(run.plan.run_name, run.metrics) for run in self.session.runs.values()]
-        details = {
-            run.plan.run_name: RunDetail(
-                attempts_by_row(run.rundir.records.values(), run.plan.settings.pass_threshold),
-                run.plan.run_dir,
-            )
-            for run in self.session.runs.values()
-        }
-        verdict = decide(gate, runs, details)
+        runs = self.session.runs.values()
+        verdict = judge_runs(
+            gate,
+            [
+                (
+                    run.plan.run_name,
+                    run.metrics,
+                    list(run.rundir.records.values()),
+                    run.plan.settings.pass_threshold,
+                    run.plan.run_dir,
+                )
+                for run in runs
+            ],
+        )
         override = session.config.hook.pytest_osmosis_gate(
-            config=session.config, metrics=[m for _, m in runs], verdict=verdict.as_dict()
+            config=session.config, metrics=[run.metrics for run in runs], verdict=verdict.as_dict()
         )
         if override is not None:
-            verdict = Verdict(bool(override), [*verdict.reasons, "decided by pytest_osmosis_gate"])
+            verdict = Verdict(
+                bool(override),
+                [*verdict.reasons, "decided by pytest_osmosis_gate"],
+                verdict.regressions,
+            )
         self.session.verdict = verdict
         session.exitstatus = pytest.ExitCode.OK if verdict.passed else pytest.ExitCode.TESTS_FAILED
+
+    def _upload(self, session: pytest.Session) -> None:
+        """``--osmosis-upload``: after the gate, the SDK's upload of each finished run.
+
+        ``on-pass`` uploads only when the session passes; a run not finished is never
+        uploaded; an upload that fails is one line and exit 1.
+        """
+        mode = self.session.options.upload
+        if mode is None:
+            return
+        from pytest_osmosis.upload import upload_run
+
+        status = session.exitstatus
+        for run in self.session.runs.values():
+            if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+                run.upload_line = "not uploaded: the session did not end normally"
+            elif mode == "on-pass" and status != pytest.ExitCode.OK:
+                run.upload_line = (
+                    "not uploaded: the session did not pass (--osmosis-upload on-pass)"
+                )
+            else:
+                result = upload_run(run.plan.run_dir, run.plan.workspace)
+                run.upload_line = result.line
+                if not result.uploaded and not result.line.startswith("not uploaded"):
+                    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def progress_option(config: pytest.Config) -> str:
@@ -558,8 +614,9 @@ def progress_option(config: pytest.Config) -> str:
 
 
 def run_keys(plan: Any) -> list[tuple[int, int]]:
-    """Every (row_index, run_index) of a plan: its selected rows times its attempts."""
-    return [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+    """Every (row_index, run_index) of a plan: its selected rows times its attempts (its
+    shard's share of them under ``--osmosis-shard``)."""
+    return list(plan.work_keys())
 
 
 def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
@@ -599,7 +656,13 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             model_path=plan.settings.model_path,
             rollout_name=plan.config.experiment.rollout,
             started_at=run.started_at,
+            expected_keys=run_keys(plan) if plan.shard is not None else None,
         )
+        from pytest_osmosis.results.reuse import ROWS_FILENAME, write_row_digests
+
+        # Once per run directory: what a later --osmosis-reuse finds its rows by.
+        if not (plan.run_dir / ROWS_FILENAME).is_file():
+            write_row_digests(plan.run_dir, plan.row_digests())
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4
         run.storage_fault = str(exc)
         result = {}

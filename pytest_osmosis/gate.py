@@ -14,13 +14,16 @@ without a check is a setting: rules read it (``--osmosis-gate-bound``,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_osmosis.outcome import FAILED, PASSED, row_passes, summary_counts
-from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, pass_rate_text, percent, points
+from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, pass_rate_text, points
+
+if TYPE_CHECKING:
+    from pytest_osmosis.baseline import Baseline, CurrentRun
 
 
 class GateOptionError(ValueError):
@@ -38,8 +41,8 @@ class Counts:
     rows: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     #: The run directory (the baseline rule loads it to compare rows).
     run_dir: Path | None = None
-    #: The ``--osmosis-baseline`` run (``results.runs.load_run``), when one was given.
-    baseline: Mapping[str, Any] | None = None
+    #: The ``--osmosis-baseline`` run, when one was given.
+    baseline: Baseline | None = None
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,8 @@ class RunDetail:
 
 
 #: A check: (its option's value, every gate option's value, one run's counts) ->
-#: (whether the run passes it, the line that says why).
-Check = Callable[[Any, Mapping[str, Any], Counts], tuple[bool, str]]
+#: (whether the run passes it, the line that says why, or its lines: the first says why).
+Check = Callable[[Any, Mapping[str, Any], Counts], tuple[bool, "str | list[str]"]]
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,8 @@ class GateOptions:
     """Every gate option's value (None where not given and without a default)."""
 
     values: Mapping[str, Any] = field(default_factory=dict)
-    #: Run name -> its ``--osmosis-baseline`` run as ``results.runs.load_run`` gives it
-    #: (filled by :func:`check_runs` before any row).
-    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Run name -> its ``--osmosis-baseline`` run (filled by :func:`check_runs` before any row).
+    baselines: dict[str, Baseline] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
@@ -91,9 +93,14 @@ class GateOptions:
 class Verdict:
     passed: bool
     reasons: list[str] = field(default_factory=list)
+    #: Rows worse than in the baseline (the step summary lists them), when one was compared.
+    regressions: list[dict[str, Any]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "reasons": list(self.reasons)}
+        found: dict[str, Any] = {"passed": self.passed, "reasons": list(self.reasons)}
+        if self.regressions is not None:
+            found["regressions"] = list(self.regressions)
+        return found
 
 
 def _rate(flag: str, text: str) -> float:
@@ -110,6 +117,24 @@ def _bound(flag: str, text: str) -> str:
     if text not in ("point", "wilson"):
         raise GateOptionError(f"{flag}: must be point or wilson, got {text!r}")
     return text
+
+
+def _gate_test(flag: str, text: str) -> str:
+    if text not in ("paired", "unpaired"):
+        raise GateOptionError(f"{flag}: must be paired or unpaired, got {text!r}")
+    return text
+
+
+def _allowed(flag: str, text: str) -> frozenset[str]:
+    from pytest_osmosis.baseline import ALLOWABLE
+
+    given = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(given - set(ALLOWABLE))
+    if unknown or not given:
+        raise GateOptionError(
+            f"{flag}: may name {', '.join(ALLOWABLE)} (comma-separated), got {text!r}"
+        )
+    return given
 
 
 def _at_least(a: float, b: float) -> str:
@@ -190,39 +215,175 @@ def _row_pass_check(
     return not failing, what
 
 
-def _max_regression(maximum: float, options: Mapping[str, Any], n: Counts) -> tuple[bool, str]:
-    """Fail only when the drop beyond ``maximum`` is shown with 95% confidence."""
+def _max_regression(
+    maximum: float, options: Mapping[str, Any], n: Counts
+) -> tuple[bool, str | list[str]]:
+    """Paired (default): fail when the exact paired test of the rows' changes shows a drop
+    (p < ALPHA) larger than ``maximum``. Unpaired: fail when the Newcombe interval shows a
+    drop of more than ``maximum`` with 95% confidence."""
+    from pytest_osmosis.report.compare import paired_text
+    from pytest_osmosis.report.stats import ALPHA
+
     baseline = n.baseline
     if baseline is None or n.run_dir is None:
         return True, "no baseline run (--osmosis-baseline) to compare with"
+    comparison = compare_with_baseline(n.run_dir, baseline)
+    common, paired = comparison["common"], comparison["paired"]
+    change = comparison["pass_rate_change"]
+    drop = f"a drop of more than {maximum * 100:.1f} pp"
+    paired_fails = shows_regression("paired", paired, change, maximum)
+    unpaired_fails = shows_regression("unpaired", paired, change, maximum)
+    rule = f"fails when p < {ALPHA:g} and the drop exceeds"
+    paired_says = (
+        f"paired test: {paired_text(paired)}; {drop} is "
+        f"{'shown' if paired_fails else 'not shown'} ({rule} {maximum * 100:.1f} pp)"
+    )
+    unpaired_says = (
+        f"unpaired test: 95% CI {points(change['ci95_low'])} to "
+        f"{points(change['ci95_high'])} (Newcombe, as if the runs were independent samples); "
+        f"{drop} is {'shown' if unpaired_fails else 'not shown'}"
+    )
+    paired_test = options.get("gate_test", "paired") != "unpaired"
+    now, then = common["current"], common["baseline"]
+    lines = [
+        f"against baseline {comparison['baseline']['name']} on the {paired['rows']} rows "
+        f"both scored: pass rate {pass_rate_text(now['passed'], now['attempts'])}, baseline "
+        f"{pass_rate_text(then['passed'], then['attempts'])}: {points(paired['change'])}",
+        f"  deciding: {paired_says if paired_test else unpaired_says}",
+        "  not deciding (--osmosis-gate-test): " + (unpaired_says if paired_test else paired_says),
+    ]
+    need = options.get("row_pass")
+    k = need[0] if isinstance(need, tuple) else None
+
+    def flipped(entries: list[dict[str, Any]], before: bool) -> list[int]:
+        return sorted(
+            e["source_row_index"]
+            for e in entries
+            if row_passes(e["baseline"]["passes"], e["baseline"]["attempts"], k) is before
+            and row_passes(e["current"]["passes"], e["current"]["attempts"], k) is not before
+        )
+
+    lost = flipped(comparison["regressed"], True)
+    won = flipped(comparison["improved"], False)
+    lines.append(
+        "  rows that passed in the baseline and fail now: " + (_row_list(lost) if lost else "none")
+    )
+    lines.append(
+        "  rows that failed in the baseline and pass now: " + (_row_list(won) if won else "none")
+    )
+    if comparison["regressed"] and len(comparison["regressed"]) != len(lost):
+        lines.append(
+            "  rows with fewer passing attempts: "
+            + _row_list(sorted(e["source_row_index"] for e in comparison["regressed"]))
+        )
+    lines.append(f"  rows: {baseline.match.text()}")
+    if baseline.differences:
+        lines.append("  differs from the baseline: " + "; ".join(baseline.differences))
+    lines += ["  " + line for line in detection_lines(options, baseline)]
+    return not (paired_fails if paired_test else unpaired_fails), lines
+
+
+def shows_regression(
+    test: str, paired: Mapping[str, Any], unpaired: Mapping[str, Any], maximum: float
+) -> bool:
+    """The regression rule (``bench/gate_power.py`` measures it): paired, the exact paired
+    permutation test (McNemar for n = 1) shows a drop (p < ALPHA) larger than *maximum*; unpaired,
+    Newcombe's 95% interval lies below ``-maximum``. Inputs: ``report.compare``'s
+    ``paired_test`` and ``pass_rate_change``."""
+    from pytest_osmosis.report.stats import ALPHA
+
+    if test == "unpaired":
+        return bool(unpaired["ci95_high"] < -maximum)
+    return bool(paired["p_value"] < ALPHA and -paired["change"] > maximum)
+
+
+def compare_with_baseline(run_dir: Path, baseline: Baseline) -> dict[str, Any]:
+    """``report.compare.compare_runs`` of a run (from its journal) and its baseline."""
     from pytest_osmosis.report.compare import compare_runs
     from pytest_osmosis.results.runs import load_run
 
-    comparison = compare_runs(load_run(n.run_dir), baseline)
-    change = comparison["pass_rate_change"]
-    ok = not change["ci95_high"] < -maximum
-    what = (
-        f"pass rate {percent(comparison['current']['pass_rate'])} against baseline "
-        f"{comparison['baseline']['name']} {percent(comparison['baseline']['pass_rate'])}: "
-        f"{points(change['difference'])}, 95% CI {points(change['ci95_low'])} to "
-        f"{points(change['ci95_high'])}, "
-        + (
-            f"a drop of more than {maximum * 100:.1f} pp is shown"
-            if not ok
-            else f"no drop of more than {maximum * 100:.1f} pp is shown"
-        )
+    return compare_runs(
+        load_run(run_dir, journal=True),
+        baseline.run,
+        digests=(baseline.current_digests, baseline.digests),
     )
-    need = options.get("row_pass")
-    k = need[0] if isinstance(need, tuple) else None
-    lost = [
-        entry["source_row_index"]
-        for entry in comparison["regressed"]
-        if row_passes(entry["baseline"]["passes"], entry["baseline"]["attempts"], k)
-        and not row_passes(entry["current"]["passes"], entry["current"]["attempts"], k)
+
+
+def regressions(comparison_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The step summary's regression list: each row worse than in the baseline."""
+    return [
+        {
+            "row": e["source_row_index"],
+            "baseline": f"{e['baseline']['passes']}/{e['baseline']['attempts']}",
+            "now": f"{e['current']['passes']}/{e['current']['attempts']}",
+        }
+        for e in comparison_rows
     ]
-    if lost:
-        what += f"; rows that passed in the baseline and fail now: {_row_list(sorted(lost))}"
-    return ok, what
+
+
+def detection_lines(options: Mapping[str, Any], baseline: Baseline) -> list[str]:
+    """What the regression gate can detect against *baseline* (its rows in common, n and
+    pass rate), and a warning when ``--osmosis-max-regression`` asks for less."""
+    n = int((baseline.run["manifest"].get("inputs") or {}).get("n") or 1)
+    summary = baseline.run["summary"]
+    scored = int(summary.get("completed_samples") or 0)
+    rate = int(summary.get("passed") or 0) / scored if scored else 0.5
+    return power_lines(options, len(baseline.match.pairs), n, rate)
+
+
+def power_lines(options: Mapping[str, Any], rows: int, n: int, rate: float) -> list[str]:
+    """The smallest drop this gate catches at *rows* rows of *n* attempts with 80% power
+    (the plan, the session header and the verdict say it), and a warning line when
+    ``--osmosis-max-regression`` is smaller, with the rows that drop would need."""
+    from pytest_osmosis.report.stats import POWER
+
+    paired = options.get("gate_test", "paired") != "unpaired"
+    maximum = options.get("max_regression")
+    smallest, needed = detectable(rows, n, rate, maximum, paired)
+    what = (
+        "paired test, at best: no row gets better"
+        if paired
+        else f"unpaired test, {rows * n} attempts a side at a pass rate of {rate:.0%}"
+    )
+    if smallest is None:
+        lines = [f"can detect: no drop at {rows} rows with {POWER:.0%} power ({what})"]
+    else:
+        lines = [
+            f"can detect: a drop of {smallest * 100:.1f} pp or more with {POWER:.0%} power "
+            f"at {rows} rows ({what})"
+        ]
+    if needed is not None and maximum:
+        lines.append(
+            f"warning: --osmosis-max-regression {maximum * 100:.1f} pp is below what {rows} "
+            "rows can detect; "
+            f"catching a drop of {maximum * 100:.1f} pp with {POWER:.0%} power takes at least "
+            f"{needed} rows" + (f" ({needed * n} attempts at n = {n})" if n > 1 else "")
+        )
+    return lines
+
+
+def detectable(
+    rows: int, n: int, rate: float, maximum: float | None, paired: bool
+) -> tuple[float | None, int | None]:
+    """(the smallest drop detected with 80% power at *rows* rows of *n* attempts, the rows
+    a drop of *maximum* needs when that is smaller, else None)."""
+    from pytest_osmosis.report.stats import (
+        paired_power,
+        size_needed,
+        smallest_drop,
+        unpaired_power,
+    )
+
+    if paired:
+        smallest = smallest_drop(lambda drop: paired_power(rows, drop))
+    else:
+        smallest = smallest_drop(lambda drop: unpaired_power(rows * n, rate, drop))
+    if not maximum or (smallest is not None and maximum >= smallest):
+        return smallest, None
+    if paired:
+        return smallest, size_needed(lambda size: paired_power(size, maximum))
+    attempts = size_needed(lambda size: unpaired_power(size, rate, maximum))
+    return smallest, -(-attempts // n)
 
 
 #: The budgets' option names (settings the controller enforces while rows run).
@@ -259,19 +420,35 @@ RULES: tuple[GateOption, ...] = (
     GateOption(
         "baseline",
         "--osmosis-baseline",
-        "a run name or run directory to compare with (--osmosis-max-regression); it must "
-        "have the same dataset, row selection and n",
+        "a finished run (name or directory) to compare with (--osmosis-max-regression): "
+        "the same n and pass_threshold; rows are matched by content",
         "RUN",
         _run_ref,
     ),
     GateOption(
         "max_regression",
         "--osmosis-max-regression",
-        "CI gate: fail when the pass rate is lower than the baseline's by more than R "
-        "(0..1) with 95%% confidence (Newcombe interval)",
+        "CI gate: fail when the pass rate fell from the baseline's by more than R (0..1) "
+        "and the paired test shows the drop at 5%% (--osmosis-gate-test)",
         "R",
         _rate,
         _max_regression,
+    ),
+    GateOption(
+        "gate_test",
+        "--osmosis-gate-test",
+        "paired (default): --osmosis-max-regression decides with the exact paired permutation "
+        "test of the rows' changes (exact McNemar for n = 1); unpaired: with Newcombe's interval",
+        "TEST",
+        _gate_test,
+        default="paired",
+    ),
+    GateOption(
+        "baseline_allow",
+        "--osmosis-baseline-allow",
+        "compare with a baseline although it differs in this (pass_threshold); the verdict says so",
+        "WHAT",
+        _allowed,
     ),
     GateOption(
         "row_pass",
@@ -341,66 +518,71 @@ def decide(
             if rule.check is None or value is None:
                 continue
             ok, what = rule.check(value, options.values, numbers)
-            verdict.reasons.append(f"{name}: {what}")
+            lines = what if isinstance(what, list) else [what]
+            verdict.reasons += [f"{name}: {lines[0]}", *lines[1:]]
             verdict.passed = verdict.passed and ok
     return verdict
 
 
-def check_runs(options: GateOptions, runs: list[tuple[str, Path, Mapping[str, Any]]]) -> None:
+def judge_runs(
+    options: GateOptions,
+    runs: list[tuple[str, dict[str, Any], Sequence[Mapping[str, Any]], float, Path]],
+) -> Verdict:
+    """The gate's verdict on finished runs: (name, ``metrics.json``, journal records, pass
+    threshold, run directory) each. What the session's controller and ``pytest-osmosis
+    gate`` both call, so a run is judged the same wherever it was gated."""
+    from pytest_osmosis.results.row_metrics import attempts_by_row
+
+    details = {
+        name: RunDetail(attempts_by_row(records, threshold), run_dir)
+        for name, _, records, threshold, run_dir in runs
+    }
+    verdict = decide(options, [(name, metrics) for name, metrics, *_ in runs], details)
+    verdict.regressions = _baseline_regressions(options, [(run[0], run[4]) for run in runs])
+    return verdict
+
+
+def _baseline_regressions(
+    options: GateOptions, runs: list[tuple[str, Path]]
+) -> list[dict[str, Any]] | None:
+    """Rows worse than in the baseline, for the step summary (None without one)."""
+    if options.values.get("max_regression") is None or not options.baselines:
+        return None
+    found: list[dict[str, Any]] = []
+    for name, run_dir in runs:
+        baseline = options.baselines.get(name)
+        if baseline is None:
+            continue
+        comparison = compare_with_baseline(run_dir, baseline)
+        found += [{"run": name, **row} for row in regressions(comparison["regressed"])]
+    return found
+
+
+def check_runs(options: GateOptions, runs: list[CurrentRun]) -> None:
     """Before any row: refuse in one line what the gate could not judge at the end.
 
-    ``runs`` are (run name, run directory, manifest ``inputs``). The baseline is loaded
-    here (into ``options.baselines``) and must measure the same thing: the same dataset
-    file, row selection and n. ``--osmosis-row-pass k/n`` must name the run's n.
+    The baseline is opened here (into ``options.baselines``): whole, of the same n and
+    pass_threshold, with rows in common (``baseline.open_baseline``).
+    ``--osmosis-row-pass k/n`` must name the run's n.
     """
     row_pass = options.values.get("row_pass")
-    for name, _, inputs in runs:
-        if row_pass is not None and row_pass[1] != inputs.get("n"):
+    for run in runs:
+        n = run.inputs.get("n")
+        if row_pass is not None and row_pass[1] != n:
             raise GateOptionError(
-                f"--osmosis-row-pass {row_pass[0]}/{row_pass[1]}: run {name} makes "
-                f"{inputs.get('n')} attempts per row (n), not {row_pass[1]}"
+                f"--osmosis-row-pass {row_pass[0]}/{row_pass[1]}: run {run.name} makes "
+                f"{n} attempts per row (n), not {row_pass[1]}"
             )
     ref = options.values.get("baseline")
     if not ref:
         if options.values.get("max_regression") is not None:
             raise GateOptionError("--osmosis-max-regression: needs --osmosis-baseline RUN")
         return
-    from pytest_osmosis.errors import RunDirectoryError
-    from pytest_osmosis.results.runs import load_run, resolve_run
+    from pytest_osmosis.baseline import BaselineError, open_baseline
 
-    for name, run_dir, inputs in runs:
+    allow = options.values.get("baseline_allow") or frozenset()
+    for run in runs:
         try:
-            found = resolve_run(ref, run_dir.parent)
-            if found.resolve() == run_dir.resolve():
-                raise GateOptionError(f"--osmosis-baseline {ref}: is this run ({name}) itself")
-            baseline = load_run(found)
-        except RunDirectoryError as exc:
-            raise GateOptionError(f"--osmosis-baseline: {exc}") from None
-        theirs = baseline["manifest"].get("inputs") or {}
-        differs = [
-            f"{what} {mine!r} (baseline {other!r})"
-            for what, mine, other in (
-                (
-                    "dataset sha256",
-                    str(_dataset(inputs, "sha256"))[:12],
-                    str(_dataset(theirs, "sha256"))[:12],
-                ),
-                (
-                    "row selection",
-                    _dataset(inputs, "selected_source_rows"),
-                    _dataset(theirs, "selected_source_rows"),
-                ),
-                ("n", inputs.get("n"), theirs.get("n")),
-            )
-            if mine != other
-        ]
-        if differs:
-            raise GateOptionError(
-                f"--osmosis-baseline {ref}: not comparable with run {name}: " + "; ".join(differs)
-            )
-        options.baselines[name] = baseline
-
-
-def _dataset(inputs: Mapping[str, Any], key: str) -> Any:
-    dataset = inputs.get("dataset")
-    return dataset.get(key) if isinstance(dataset, dict) else None
+            options.baselines[run.name] = open_baseline(ref, run, allow)
+        except BaselineError as exc:
+            raise GateOptionError(str(exc)) from None

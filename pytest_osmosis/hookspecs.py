@@ -14,8 +14,9 @@ def pytest_osmosis_gate(
     """Decide whether the session passes (controller or single process, at session end).
 
     ``metrics`` holds each run's ``metrics.json``; ``verdict`` is the built-in gate's
-    decision (``{"passed": bool, "reasons": [...]}``). Return True or False to override it,
-    None to keep it. Called only when a gate option is set.
+    decision (``{"passed": bool, "reasons": [...]}``, and ``"regressions"``: the rows worse
+    than in the ``--osmosis-baseline`` run, when one is compared). Return True or False to
+    override it, None to keep it. Called only when a gate option is set.
     """
 
 

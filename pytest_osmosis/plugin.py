@@ -215,6 +215,33 @@ OPTIONS = (
         "PYTHON",
         override=False,
     ),
+    # Beyond one machine (shard.py): a CI matrix job runs its share; merge joins them.
+    _Option(
+        "shard",
+        "--osmosis-shard",
+        "run shard K of N (e.g. 2/4): a stable share of the work items, picked by each "
+        "row's content and attempt, into a run directory of its own (pytest-osmosis merge "
+        "joins the shards)",
+        "K/N",
+        override=False,
+    ),
+    _Option(
+        "reuse",
+        "--osmosis-reuse",
+        "record from finished run RUN (a name under the output root, or a path) every work "
+        "item whose rollout, model, settings, budgets, row content and attempt are unchanged, "
+        "without running it; the rest runs",
+        "RUN",
+        override=False,
+    ),
+    _Option(
+        "upload",
+        "--osmosis-upload",
+        "after the gate, hand each finished run to the SDK's `osmosis eval upload`: on-pass "
+        "(only when the session passes) or always",
+        "on-pass|always",
+        override=False,
+    ),
     # CI surfaces (issue 17): the GitHub Actions step summary and annotations (github.py).
     _Option(
         "github",
@@ -649,6 +676,9 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         rollout_dir=_path(config, plain("rollout_dir")),
         plan=bool(plain("plan")),
         confirm=bool(plain("confirm")),
+        shard=_shard(values["shard"]),
+        reuse=plain("reuse"),
+        upload=_upload_mode(values["upload"]),
     )
     named_configs = any(is_eval_config(p) for p in _named_paths(config))
     session = EvalSession(
@@ -747,6 +777,31 @@ def _cache_options(plain: Any) -> dict[str, Any]:
     except ConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     return {"cache_mode": mode, "cache_max_age_s": max_age}
+
+
+def _shard(given: tuple[Any, str] | None) -> Any:
+    """``--osmosis-shard K/N`` (or its ini twin), checked: a bad value is one line, exit 4."""
+    if given is None:
+        return None
+    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.shard import parse_shard
+
+    try:
+        return parse_shard(str(given[0]), given[1])
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _upload_mode(given: tuple[Any, str] | None) -> str | None:
+    """``--osmosis-upload on-pass|always`` (or its ini twin): a bad value is one line."""
+    if given is None:
+        return None
+    from pytest_osmosis.upload import parse_mode
+
+    try:
+        return parse_mode(str(given[0]), given[1])
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _is_override(dest: str) -> bool:
@@ -916,6 +971,10 @@ class ControllerHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.controller.start(session)
+
+    def pytest_report_header(self, config: pytest.Config) -> str | None:
+        shard = self.controller.session.options.shard
+        return f"osmosis: {shard} (--osmosis-shard)" if shard is not None else None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection(self, session: pytest.Session) -> bool | None:

@@ -162,7 +162,10 @@ def plan_config(
     rows.append(("dataset", f"{experiment.dataset} ({_shown(dataset.path, base)})"))
     rows.append(("rows", f"{len(dataset)} of {dataset.total_dataset_rows} ({dataset.selector})"))
     rows.append(("attempts (n)", str(settings.n)))
-    rows.append(("work items", f"{plan.total_items} ({pending} to run)"))
+    items = f"{plan.total_items}"
+    if plan.shard is not None:
+        items = f"{len(plan.work_keys())} of {plan.total_items}, {plan.shard}"
+    rows.append(("work items", f"{items} ({pending} to run)"))
     rows.append(("concurrency", str(session.total_concurrency())))
     rows.append(("execution", session.execution_text(plan)))
     rows.append(
@@ -173,6 +176,13 @@ def plan_config(
         )
     )
     rows.append(("pass threshold", f"{settings.pass_threshold:g}"))
+    gate = session.options.gate.values
+    if gate.get("max_regression") is not None:
+        from pytest_osmosis.gate import power_lines
+
+        # Before the baseline is read: its rows in common are at most this run's.
+        for line in power_lines(gate, len(dataset), settings.n, 0.5):
+            rows.append(("gate", line))
     cache = _cache_mode(config)
     if cache is not None:
         rows.append(("cache", cache + _expected_hits(session, plan, cache)))

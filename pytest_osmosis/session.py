@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
     from pytest_osmosis.results.regrade import SourceRun
+    from pytest_osmosis.results.reuse import ReuseSource
+    from pytest_osmosis.shard import Shard
 
 
 @dataclass
@@ -98,6 +100,12 @@ class SessionOptions:
     server_python: str | None = None
     """Run rollout servers on this interpreter instead of a synced environment."""
     server_start_timeout: float = 90.0
+    shard: Shard | None = None
+    """``--osmosis-shard K/N``: run that share of every config's work items (shard.py)."""
+    reuse: str | None = None
+    """``--osmosis-reuse RUN``: record unchanged items from that run (results/reuse.py)."""
+    upload: str | None = None
+    """``--osmosis-upload``: on-pass or always, after the gate (upload.py)."""
     retry_below_threshold: bool = False
     """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
 
@@ -144,6 +152,12 @@ class ControllerRun:
     """How its rows run, and why (``EvalSession.execution_text``)."""
     no_trajectory: list[str] = field(default_factory=list)
     """This session's rows recorded without a trajectory, and why ("row 1 run 0: ...")."""
+    reused: int = 0
+    """Work items ``--osmosis-reuse`` recorded from another run in this session..."""
+    reuse_note: str = ""
+    """...and what to say about it (the run, or why nothing was reused)."""
+    upload_line: str = ""
+    """What ``--osmosis-upload`` did with the run, in one line."""
 
 
 class EvalSession:
@@ -230,9 +244,11 @@ class EvalSession:
             take_worker_input(self, workerinput["osmosis_regrade"])
 
     def _build_plan(self, path: Path) -> EvalPlan:
-        return build_plan(
+        plan = build_plan(
             path, self.overrides(), self.options.output, rollout_dir=self.options.rollout_dir
         )
+        plan.shard = self.options.shard
+        return plan
 
     def overrides(self) -> Overrides:
         """The plan's overrides: the options', and under a regrade the regraded run's rows,
@@ -278,6 +294,7 @@ class EvalSession:
                 with self.phase(f"importing rollout {plan.rollout_dir.name}"):
                     self.load_rollout(plan)
                 self.warn_loaded(plan)
+                reuse = self._reuse_source(plan, inputs)
             except (RunDirectoryError, MissingSecretsError, SecretsFileError, RegradeError):
                 raise
             except OsmosisError as exc:
@@ -313,7 +330,8 @@ class EvalSession:
             box.append(log)
             for message in early:
                 log.warning("results", message)
-            keys = [(r, n) for r in range(len(plan.dataset)) for n in range(plan.settings.n)]
+            reused, reuse_note = self._reuse(plan, rundir, reuse, log)
+            keys = plan.work_keys()
             pending = len(rundir.pending(keys))
             log.write(
                 "info", "run", f"{plan.run_name}: {pending} of {len(keys)} work items pending"
@@ -328,6 +346,8 @@ class EvalSession:
                 pending_at_start=pending,
                 created=created,
                 execution=self._shown_execution(plan),
+                reused=reused,
+                reuse_note=reuse_note,
             )
             names[str(path)] = plan.run_name
             if pending:
@@ -338,6 +358,51 @@ class EvalSession:
     def plan_errors(self) -> list[tuple[Path, OsmosisError]]:
         """The configs that could not be planned, and why (collection reports them)."""
         return list(self._errors.items())
+
+    def _reuse_source(self, plan: EvalPlan, inputs: dict[str, Any]) -> ReuseSource | None:
+        """``--osmosis-reuse RUN``, read before the run directory is made (one line if bad)."""
+        if not self.options.reuse:
+            return None
+        from pytest_osmosis.results.reuse import open_reuse_source
+        from pytest_osmosis.results.runs import resolve_run
+
+        path = resolve_run(self.options.reuse, plan.output_root)
+        if path.resolve() == plan.run_dir.resolve():
+            raise RunDirectoryError(
+                f"--osmosis-reuse {self.options.reuse}: is this run ({plan.run_name}) itself"
+            )
+        return open_reuse_source(
+            path,
+            inputs,
+            plan.dataset.sha256,
+            plan.row_digests(),
+            plan.dataset.selected_source_rows,
+        )
+
+    def _reuse(
+        self, plan: EvalPlan, rundir: RunDirectory, source: ReuseSource | None, log: RunLog
+    ) -> tuple[int, str]:
+        """Record the pending items ``source`` has unchanged; (how many, what to say)."""
+        if source is None:
+            return 0, ""
+        from pytest_osmosis.results.reuse import reuse_into, take
+
+        if source.differs:
+            note = f"nothing reused from run {source.name!r}: {', '.join(source.differs)} differ"
+            log.warning("reuse", note)
+            return 0, note
+        records = take(
+            source,
+            sorted(rundir.pending(plan.work_keys())),
+            plan.row_digests(),
+            plan.dataset.selected_source_rows,
+            retry_failed=self.options.retry_failed,
+            recorded={record["rollout_id"] for record in rundir.records.values()},
+        )
+        reuse_into(source, rundir.path, records)
+        rundir.extend(records, reused=True)
+        log.write("info", "reuse", f"{len(records)} work items reused from run {source.name!r}")
+        return len(records), f"from run {source.name!r}"
 
     def _record_killed_rows(self) -> None:
         """A row whose code called ``os._exit`` in the previous single-process session is

@@ -16,8 +16,17 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
     for run in session.runs.values():
         if not run.metrics:
             continue
-        terminal.write_sep("=", f"osmosis: {run.plan.run_name}")
-        if run.pending_at_start == 0 and run.executed == 0:
+        shard = f" ({run.plan.shard})" if run.plan.shard is not None else ""
+        terminal.write_sep("=", f"osmosis: {run.plan.run_name}{shard}")
+        if run.reuse_note:
+            ran = run.executed
+            terminal.write_line(
+                f"reuse      {run.reused} reused, {ran} run ({run.reuse_note})"
+                if run.reused or not run.reuse_note.startswith("nothing")
+                else f"reuse      {run.reuse_note}"
+            )
+        ran_before = run.pending_at_start == 0 and run.executed == 0 and run.rundir.records
+        if ran_before and not run.reused:
             from pytest_osmosis.next_steps import nothing_retried
 
             terminal.write_line(
@@ -28,6 +37,8 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
             )
         for line in summary_lines(run):
             terminal.write_line(line)
+        if run.upload_line:
+            terminal.write_line(f"upload     {run.upload_line}")
     verdict = session.verdict
     if verdict is not None:
         word = "PASSED" if verdict.passed else "FAILED"

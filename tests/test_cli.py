@@ -386,6 +386,11 @@ def test_report_markdown_and_compare(workspace: Path, capsys: pytest.CaptureFixt
     assert code == 0
     assert out.startswith("### Osmosis eval: after vs reference-run")
     assert "**Pass rate 50.0%** (was 40.0%): **+10.0 pp**" in out
+    assert (
+        "- **Paired** (5 rows both runs scored): **+10.0 pp**; 1 row worse, 2 better of 5, "
+        "two-sided p = 1.000 (exact paired permutation test on the rows' change in passing "
+        "attempts): **within noise** at 0.05." in out
+    )
     assert "#### Regressed rows (1)\n\n| row | baseline passes | current passes |" in out
     assert "| 1 | 2/2 | 1/2 |" in out
     assert "#### Improved rows (2)" in out

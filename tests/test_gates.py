@@ -143,27 +143,30 @@ BASELINE_ROWS = calc_rows(
 )
 
 
-@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
+# 2/10 against 10/10: -80.0 pp. Unpaired: 95% CI -94.3 to -38.4 pp (Newcombe). Paired:
+# 8 rows worse, none better, p = 2 / 2**8 = 0.008.
+PAIRED_LINE = (
+    "8 rows worse, 0 better of 10, two-sided p = 0.008 (exact McNemar *); a drop of more than "
+    "{} pp is {} *"
+)
+
+
 @pytest.mark.parametrize(
-    ("maximum", "code", "line"),
+    ("xdist", "test", "maximum", "code", "line"),
     [
-        # 2/10 against 10/10: -80.0 pp, 95% CI -94.3 to -38.4 pp.
-        (
-            "0.38",
-            1,
-            "-80.0 pp, 95% CI -94.3 pp to -38.4 pp, a drop of more than 38.0 pp is shown;*",
-        ),
-        (
-            "0.39",
-            0,
-            "-80.0 pp, 95% CI -94.3 pp to -38.4 pp, no drop of more than 39.0 pp is shown;*",
-        ),
+        (False, "unpaired", "0.38", 1, "95% CI -94.3 pp to -38.4 pp (Newcombe, * is shown"),
+        (False, "unpaired", "0.39", 0, "95% CI -94.3 pp to -38.4 pp (Newcombe, * is not shown"),
+        (False, "paired", "0.79", 1, PAIRED_LINE.format("79.0", "shown")),
+        (False, "paired", "0.8", 0, PAIRED_LINE.format("80.0", "not shown")),
+        (True, "paired", "0.79", 1, PAIRED_LINE.format("79.0", "shown")),
+        (True, "paired", "0.8", 0, PAIRED_LINE.format("80.0", "not shown")),
     ],
 )
 def test_regression_gate_against_a_baseline(
     served: pytest.Pytester,
     monkeypatch: pytest.MonkeyPatch,
     xdist: bool,
+    test: str,
     maximum: str,
     code: int,
     line: str,
@@ -180,16 +183,19 @@ def test_regression_gate_against_a_baseline(
         "main",
         "--osmosis-max-regression",
         maximum,
+        "--osmosis-gate-test",
+        test,
     )
     assert result.ret == code, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             f"*osmosis gate {'PASSED' if code == 0 else 'FAILED'}*",
-            "pr: pass rate 20.0% against baseline main 100.0%: " + line,
+            "pr: against baseline main on the 10 rows both scored: pass rate 20.0% (2 passed / "
+            "10 attempts not skipped), baseline 100.0% (10 passed / 10 attempts not skipped): "
+            "-80.0 pp",
+            f"  deciding: {test} test: {line}",
+            "  rows that passed in the baseline and fail now: 2, 3, 4, 5, 6, 7, 8, 9",
         ]
-    )
-    assert "rows that passed in the baseline and fail now: 2, 3, 4, 5, 6, 7, 8, 9" in (
-        result.stdout.str()
     )
 
 
@@ -199,16 +205,23 @@ def test_a_baseline_that_measured_something_else_is_refused_in_one_line(
     write_workspace(served.path, rows=BASELINE_ROWS, rollout_source=ROLLOUT)
     assert served.runpytest(*BASE, "--osmosis-name", "main").ret == 0
     gate = ("--osmosis-baseline", "main", "--osmosis-max-regression", "0.1")
-    for args, differs in (
-        (("--osmosis-n", "2"), "n 2 (baseline 1)"),
-        (("--osmosis-rows", "0-4"), "row selection '0-4' (baseline '0-9')"),
-    ):
-        result = served.runpytest(*BASE, "--osmosis-name", "pr", *args, *gate)
-        assert result.ret == pytest.ExitCode.USAGE_ERROR
-        result.stderr.fnmatch_lines(
-            [f"ERROR: --osmosis-baseline main: not comparable with run pr: {differs}"]
-        )
-        assert not _run_dir(served, "pr").exists()  # refused before any row
+    result = served.runpytest(*BASE, "--osmosis-name", "pr", "--osmosis-n", "2", *gate)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --osmosis-baseline main: not comparable with run pr: n 2 (baseline 1)"]
+    )
+    assert not _run_dir(served, "pr").exists()  # refused before any row
+    # Another selection is compared on the rows both runs have, and says so.
+    fewer = served.runpytest(*BASE, "--osmosis-name", "pr", "--osmosis-rows", "0-4", *gate)
+    assert fewer.ret == 0, fewer.stdout.str()
+    fewer.stdout.fnmatch_lines(
+        [
+            "  rows: 5 rows compared by content (prompt, label, metadata); "
+            "5 removed (rows 5, 6, 7, 8, 9)",
+            "  differs from the baseline: row selection 0-4 (baseline 0-9)",
+        ]
+    )
+    served.run("rm", "-rf", str(_run_dir(served, "pr")))
     by_path = served.runpytest(
         *BASE, "--osmosis-name", "pr", "--osmosis-baseline", str(_run_dir(served, "main")), "-q"
     )

@@ -50,6 +50,8 @@ SPACE_VALUES = {
     "--osmosis-max-error-rate": "0.25",
     "--osmosis-baseline": "main",
     "--osmosis-max-regression": "0.1",
+    "--osmosis-gate-test": "paired",
+    "--osmosis-baseline-allow": "pass_threshold",
     "--osmosis-row-pass": "1/1",
     "--osmosis-max-tokens": "1000",
     "--osmosis-max-cost": "2.5",
@@ -66,6 +68,9 @@ SPACE_VALUES = {
     "--osmosis-rollout-dir": "../elsewhere/rollout",
     "--osmosis-execution": "in-process",
     "--osmosis-server-python": "python3",
+    "--osmosis-shard": "1/1",
+    "--osmosis-reuse": "../elsewhere/finished",
+    "--osmosis-upload": "on-pass",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -154,3 +155,19 @@ def normalize_row(raw: Mapping[str, Any], source_row_index: int, row_index: int)
     except RowProblem as problem:
         raise DatasetError(f"row {source_row_index}: {problem}") from None
     return EvalDatasetRow(row_index, source_row_index, messages, label, metadata)
+
+
+def row_digest(row: EvalDatasetRow) -> str:
+    """A row's identity by content: its prompt messages, label and metadata (not its place).
+
+    Two runs' rows are compared when their digests are equal, so a row moved, added or
+    removed in an edited dataset is matched by what it asks, not by its position.
+    """
+    text = json.dumps(
+        [row.initial_messages, row.label, row.metadata],
+        sort_keys=True,
+        ensure_ascii=False,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]

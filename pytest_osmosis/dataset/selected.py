@@ -5,11 +5,18 @@ from __future__ import annotations
 import math
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.dataset.formats import FORMATS, dataset_extension
-from pytest_osmosis.dataset.rows import EvalDatasetRow, RowProblem, normalise, row_place
+from pytest_osmosis.dataset.rows import (
+    EvalDatasetRow,
+    RowProblem,
+    normalise,
+    row_digest,
+    row_place,
+)
 from pytest_osmosis.dataset.scan import Identity, RowStore, Scan, identity, read_error
 from pytest_osmosis.dataset.select import (
     check_in_range,
@@ -85,6 +92,11 @@ class SelectedDataset:
         except RowProblem as problem:  # pragma: no cover - validated at open
             raise DatasetError(f"{row_place(self.path, source, None)}: {problem}") from None
         return EvalDatasetRow(row_index, source, messages, label, metadata)
+
+    def row_digests(self, rows: Iterable[int] | None = None) -> dict[int, str]:
+        """Dataset row -> :func:`row_digest` of the selected *rows* (row_index; default all)."""
+        chosen = range(len(self)) if rows is None else rows
+        return {self.source_row_index(index): row_digest(self.row(index)) for index in chosen}
 
 
 _cache: OrderedDict[tuple[Any, ...], SelectedDataset] = OrderedDict()

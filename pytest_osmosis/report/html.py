@@ -16,7 +16,7 @@ from typing import Any
 
 from pytest_osmosis import __version__, outcome
 from pytest_osmosis.report.assets import CSS, JS
-from pytest_osmosis.report.compare import side_by_side
+from pytest_osmosis.report.compare import p_text, side_by_side
 from pytest_osmosis.report.data import (
     CELL_CHARS,
     DatasetInputs,
@@ -24,7 +24,13 @@ from pytest_osmosis.report.data import (
     input_text,
     share_inputs,
 )
-from pytest_osmosis.report.stats import pass_at_k_curve, per_row_passes, quantile, wilson_interval
+from pytest_osmosis.report.stats import (
+    ALPHA,
+    pass_at_k_curve,
+    per_row_passes,
+    quantile,
+    wilson_interval,
+)
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
@@ -381,6 +387,7 @@ def _clip_cell(text: str, css: str = "clip") -> str:
 def _comparison(comparison: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]]) -> str:
     a, b = comparison["current"], comparison["baseline"]
     change = comparison["pass_rate_change"]
+    paired = comparison["paired"]
     cls = (
         "delta-up" if change["difference"] > 0 else "delta-down" if change["difference"] < 0 else ""
     )
@@ -429,10 +436,18 @@ def _comparison(comparison: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]
         + _warnings(comparison["warnings"])
         + '<div class="cards">'
         + _card(
+            "Paired change",
+            f"{paired['change'] * 100:+.1f} pp",
+            f"{paired['worse']} rows worse, {paired['better']} better of {paired['rows']}: "
+            f"p = {p_text(paired['p_value'])} (exact paired test / McNemar; "
+            f"{'significant' if paired['p_value'] < ALPHA else 'within noise'} at {ALPHA:g})",
+            cls,
+        )
+        + _card(
             "Pass-rate change",
             f"{change['difference'] * 100:+.1f} pp",
             f"95% CI {change['ci95_low'] * 100:+.1f} to {change['ci95_high'] * 100:+.1f} pp"
-            f" ({verdict}; Newcombe)",
+            f" ({verdict}; Newcombe, unpaired)",
             cls,
         )
         + _card(

@@ -26,11 +26,13 @@ def build_index_row(
     trajectory_filename: str | None = None,
     tokens: int | None = None,
     resumed: bool = False,
+    reused: bool = False,
 ) -> dict[str, Any]:
     """Project one journal record into an index row (contract §7.3 key order).
 
     *tokens* overrides the record's (the trajectory fallback); ``resumed`` marks a
-    result carried forward from an earlier invocation.
+    result carried forward from an earlier invocation, ``reused`` one recorded from
+    another run without running (``--osmosis-reuse``, results/reuse.py).
     """
     row = {
         "row_index": record["row_index"],
@@ -43,6 +45,7 @@ def build_index_row(
         "duration_ms": record.get("duration_ms", 0.0),
         "error_type": record.get("error_type"),
         "resumed": True if resumed else None,
+        "reused": True if reused else None,
     }
     return {key: value for key, value in row.items() if value is not None}
 

@@ -279,16 +279,24 @@ class Journal:
         A failed write (a full disk) is cut back off, so the journal holds exactly the
         records acknowledged before it and the next session resumes after the last one.
         """
+        self.extend([record])
+
+    def extend(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Durably append normalized records with one ``fsync`` (all of them, or none)."""
         if self._fd is None:
             raise RunDirectoryError(f"{self.path}: the journal is closed")
         self.ensure_in_place()
-        line = journal_line(record)
-        if _read_back(line) != dict(record):
-            raise RunDirectoryError(
-                f"{self.path}: the record of row {record.get('row_index')} run "
-                f"{record.get('run_index')} does not read back as written, so it was not "
-                "journalled (is json.dumps replaced in this process?)"
-            )
+        lines = []
+        for record in records:
+            one = journal_line(record)
+            if _read_back(one) != dict(record):
+                raise RunDirectoryError(
+                    f"{self.path}: the record of row {record.get('row_index')} run "
+                    f"{record.get('run_index')} does not read back as written, so it was not "
+                    "journalled (is json.dumps replaced in this process?)"
+                )
+            lines.append(one)
+        line = b"".join(lines)
         view = memoryview(line)
         try:
             while view:

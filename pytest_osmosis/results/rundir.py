@@ -248,6 +248,8 @@ class RunDirectory:
         #: Keys whose record came from an earlier invocation (index ``resumed``).
         self._carried: set[WorkKey] = set(records)
         self._executed: set[WorkKey] = set()
+        #: Keys recorded from another run in this invocation (index ``reused``).
+        self._reused: set[WorkKey] = set()
         self._lines: dict[WorkKey, bytes] = {}
         self._rows: dict[WorkKey, dict[str, Any]] = {}
         self._verdicts: dict[str, _Verdict] = {}
@@ -462,20 +464,34 @@ class RunDirectory:
         Only the journal fields are kept (contract §7.2); extra keys are dropped.
         Returns the normalized record.
         """
-        normalized = normalize_record(record, where="work result")
-        key = (normalized["row_index"], normalized["run_index"])
+        return self.extend([record])[0]
+
+    def extend(
+        self, records: Sequence[Mapping[str, Any]], *, reused: bool = False
+    ) -> list[dict[str, Any]]:
+        """Journal several work results with one fsync (a merge of shards, a reuse).
+
+        ``reused``: recorded from another run without running (the index row says so).
+        """
+        normalized = [normalize_record(record, where="work result") for record in records]
         with self._mutex, interrupt_held():
             try:
-                self._journal.append(normalized)
+                self._journal.extend(normalized)
             except OSError as exc:
                 raise RunDirectoryError(
                     f"cannot append to {self.path / JOURNAL_FILENAME}: {exc}"
                 ) from exc
-            self.records[key] = normalized
-            self._carried.discard(key)
-            self._executed.add(key)
-            self._lines.pop(key, None)
-            self._dirty.add(key)
+            for record in normalized:
+                key = (record["row_index"], record["run_index"])
+                self.records[key] = record
+                self._carried.discard(key)
+                self._executed.add(key)
+                self._lines.pop(key, None)
+                self._dirty.add(key)
+                if reused:
+                    self._reused.add(key)
+                else:
+                    self._reused.discard(key)
         return normalized
 
     def settle(self, key: WorkKey) -> None:
@@ -540,6 +556,7 @@ class RunDirectory:
             trajectory_filename=CANONICAL_TRAJECTORY_FILENAME if has_trajectory else None,
             tokens=tokens,
             resumed=key in self._carried,
+            reused=key in self._reused,
         )
         line = render_index_line(row)
         self._rows[key] = row
@@ -567,6 +584,7 @@ class RunDirectory:
         rollout_name: str | None = None,
         duration_ms: float | None = None,
         project_all: bool = False,
+        expected_keys: Iterable[WorkKey] | None = None,
     ) -> dict[str, Any]:
         """Rewrite projections (changed items only), index, summary, progress, metrics.
 
@@ -574,7 +592,8 @@ class RunDirectory:
         to the time since ``started_at``). ``finished`` is written only when every
         work item ``(r < sampled_rows, i < n)`` has a record; otherwise it becomes
         ``incomplete``. *n*, *model_path* and *rollout_name* default to the
-        manifest's inputs. Returns the ``metrics.json`` document.
+        manifest's inputs. *expected_keys* narrows the work items a finished run must have
+        recorded (a shard's share, shard.py). Returns the ``metrics.json`` document.
         """
         inputs = self.manifest["inputs"]
         n_runs = max(1, int(inputs["n"] if n is None else n))
@@ -600,9 +619,12 @@ class RunDirectory:
                         "total_dataset_rows": total_dataset_rows,
                     },
                 )
-                complete = all(
-                    (r, i) in self.records for r in range(sampled_rows) for i in range(n_runs)
+                expected = (
+                    ((r, i) for r in range(sampled_rows) for i in range(n_runs))
+                    if expected_keys is None
+                    else expected_keys
                 )
+                complete = all(key in self.records for key in expected)
                 final_status = "incomplete" if status == "finished" and not complete else status
                 now = datetime.now(timezone.utc)
                 if duration_ms is None:

@@ -292,9 +292,12 @@ def dataset_row(row: Mapping[str, Any]) -> int:
     return int(row["row_index"])
 
 
-def _rows(run_dir: Path, warnings: list[str], finished: bool) -> tuple[list[dict[str, Any]], str]:
-    """Index rows, merged with the journal when the index is missing or behind it."""
-    index = _read_jsonl(run_dir, "index.jsonl", warnings)
+def _rows(
+    run_dir: Path, warnings: list[str], finished: bool, journal: bool = False
+) -> tuple[list[dict[str, Any]], str]:
+    """Index rows, merged with the journal when the index is missing or behind it
+    (*journal*: the journal's rows alone, as a gate reads a baseline)."""
+    index = None if journal else _read_jsonl(run_dir, "index.jsonl", warnings)
     events = (
         None if finished and index is not None else _read_jsonl(run_dir, "events.jsonl", warnings)
     )
@@ -332,7 +335,7 @@ def _rows(run_dir: Path, warnings: list[str], finished: bool) -> tuple[list[dict
     return [by_key[key] for key in sorted(by_key)], source
 
 
-def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
+def load_run(run_dir: Path, *, summary_only: bool = False, journal: bool = False) -> dict[str, Any]:
     """Everything ``list``/``info``/``report`` need about one run, as plain data.
 
     Keys: ``name`` (the directory name: what ``info NAME`` takes), ``path``,
@@ -342,7 +345,8 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
     ``rows`` (index rows sorted by row then run, each with an ``outcome``; empty for a
     finished run when *summary_only*), ``rows_done``, ``rows_source``, ``summary``
     (``metrics.json``'s, or recomputed from the rows when absent), ``pass_threshold``,
-    ``status``, ``total_runs``, ``warnings``.
+    ``status``, ``total_runs``, ``warnings``. With *journal* the rows and the summary come
+    from ``events.jsonl`` alone (``metrics`` still holds ``metrics.json`` as written).
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -360,7 +364,9 @@ def load_run(run_dir: Path, *, summary_only: bool = False) -> dict[str, Any]:
         # ``list`` of many large runs: a finished run's metrics already count its rows.
         rows, rows_source, rows_done = [], "metrics.json", summary["total_samples"]
     else:
-        rows, rows_source = _rows(run_dir, warnings, finished=recorded_status == "finished")
+        rows, rows_source = _rows(
+            run_dir, warnings, finished=recorded_status == "finished", journal=journal
+        )
     threshold_value = summary.get("pass_threshold")
     if _is_number(threshold_value):
         threshold = float(threshold_value)

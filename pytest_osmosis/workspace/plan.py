@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 from pytest_osmosis import __version__
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
 from pytest_osmosis.errors import ConfigError, DatasetError, RunDirectoryError
+from pytest_osmosis.shard import Shard, row_digests, shard_keys
 from pytest_osmosis.workspace.config import (
     MAX_ITEMS,
     EvalConfig,
@@ -47,10 +48,32 @@ class EvalPlan:
     entrypoint: Path
     output_root: Path
     run_name: str = ""
+    #: ``--osmosis-shard K/N``: this session runs (and its run directory holds) that shard.
+    shard: Shard | None = None
+    _keys: list[tuple[int, int]] | None = field(default=None, repr=False, compare=False)
+    _digests: list[str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def run_dir(self) -> Path:
         return self.output_root / self.run_name
+
+    def work_keys(self) -> list[tuple[int, int]]:
+        """Every ``(row_index, run_index)`` this plan runs: its selected rows times its
+        attempts, or its shard's share of them (computed once)."""
+        if self._keys is None:
+            n = self.settings.n
+            self._keys = (
+                [(r, i) for r in range(len(self.dataset)) for i in range(n)]
+                if self.shard is None
+                else shard_keys(self.row_digests(), n, self.shard)
+            )
+        return self._keys
+
+    def row_digests(self) -> list[str]:
+        """Each selected row's content digest, by row index (computed once; shard.py)."""
+        if self._digests is None:
+            self._digests = row_digests(self.dataset)
+        return self._digests
 
     @property
     def total_items(self) -> int:
@@ -186,7 +209,7 @@ def run_provenance(plan: EvalPlan) -> dict[str, Any]:
         config_rel = plan.config_path.relative_to(plan.workspace).as_posix()
     except ValueError:
         config_rel = None
-    return build_provenance(
+    provenance = build_provenance(
         sdk_version=f"pytest-osmosis {__version__}",
         config_branch=experiment.branch,
         config_commit_sha=experiment.commit_sha,
@@ -194,6 +217,9 @@ def run_provenance(plan: EvalPlan) -> dict[str, Any]:
         config_path=config_rel,
         workspace=plan.workspace,
     )
+    if plan.shard is not None:
+        provenance["shard"] = plan.shard.as_provenance()
+    return provenance
 
 
 def choose_run_name(
@@ -202,10 +228,11 @@ def choose_run_name(
     """``--osmosis-name`` (plus the config stem when several configs share it), else generated."""
     from pytest_osmosis.results import inputs_digest
 
+    suffix = plan.shard.suffix if plan.shard is not None else ""
     if name:
         chosen = f"{name}-{plan.config_path.stem}" if several else name
-        return validate_run_name(chosen)
-    return generated_run_name(plan.config_path, inputs_digest(inputs), now)
+        return validate_run_name(chosen + suffix)
+    return generated_run_name(plan.config_path, inputs_digest(inputs), now) + suffix
 
 
 def other_named_run(plan: EvalPlan, name: str | None, several: bool) -> str | None:
