@@ -141,6 +141,7 @@ def plan_config(
             if session.regrade is not None:
                 session.regrade.check_target(plan.run_dir)
         session.load_rollout(plan)
+        session.warn_loaded(plan)
     except OsmosisError as exc:
         # Collection reports it too, as open_runs would have kept it (a rollout imported a
         # second time may not fail the same way).

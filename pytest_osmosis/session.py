@@ -56,6 +56,7 @@ from pytest_osmosis.workspace.plan import (
     run_inputs,
     run_provenance,
     utc_now,
+    workspace_warnings,
 )
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ class EvalSession:
         self.verdict: Verdict | None = None
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
-        self._fd_capped = False
+        self._warned: set[str] = set()  # the lines warn_once has written
         #: Why no new row may start (a spent budget), set by the controller; an xdist
         #: worker reads it from ``stop_file``, which the controller writes.
         self.stop_line: str | None = None
@@ -292,6 +293,7 @@ class EvalSession:
                 # A rollout that cannot be imported must fail before its run directory exists.
                 with self.phase(f"importing rollout {plan.rollout_dir.name}"):
                     self.load_rollout(plan)
+                self.warn_loaded(plan)
                 reuse = self._reuse_source(plan, inputs)
             except (RunDirectoryError, MissingSecretsError, SecretsFileError, RegradeError):
                 raise
@@ -569,6 +571,28 @@ class EvalSession:
             with self.phase(f"starting the rollout server of {plan.rollout_dir.name}"):
                 self.executor.call(dispatch.start())
 
+    def warn_loaded(self, plan: EvalPlan) -> None:
+        """What would keep ``osmosis eval run`` from running this config although we can:
+        one line each, after the start-up phase whose line it would break."""
+        if self.is_worker:  # the controller loads every rollout too, and says it
+            return
+        dispatch = self._rollouts.get(plan.config_path)
+        # A rollout on its own server is started as osmosis eval run starts it: no guesses.
+        loaded = dispatch.rollout.warnings if isinstance(dispatch, InProcess) else ()
+        for line in (*workspace_warnings(plan.workspace), *loaded):
+            self.warn_once(f"osmosis: warning: {line}")
+
+    def warn_once(self, line: str) -> None:
+        """One line on the terminal (stderr without one), once a session."""
+        if line in self._warned:
+            return
+        self._warned.add(line)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(line, yellow=True, bold=True)
+        else:
+            print(line, file=sys.stderr)
+
     def journal(self, plan: EvalPlan) -> dict[tuple[int, int], dict[str, Any]]:
         """Results already recorded for this run (read-only on workers)."""
         if plan.config_path not in self._journals:
@@ -621,18 +645,11 @@ class EvalSession:
         if room is None or wanted <= room[0]:
             return wanted
         cap, limit = room
-        if not self._fd_capped:
-            self._fd_capped = True
-            line = (
-                f"osmosis: warning: {wanted} rows in flight need more file descriptors than "
-                f"the open-files limit of {limit} allows (about {FDS_PER_ROW} a row): "
-                f"running at most {cap} at once (raise `ulimit -Hn` for more)"
-            )
-            reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-            if reporter is not None:
-                reporter.write_line(line, yellow=True, bold=True)
-            else:
-                print(line, file=sys.stderr)
+        self.warn_once(
+            f"osmosis: warning: {wanted} rows in flight need more file descriptors than "
+            f"the open-files limit of {limit} allows (about {FDS_PER_ROW} a row): "
+            f"running at most {cap} at once (raise `ulimit -Hn` for more)"
+        )
         return cap
 
     def total_concurrency(self) -> int:

@@ -92,3 +92,56 @@ def sdk_judge(run_dir: Path) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     verdict: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return verdict
+
+
+#: ``osmosis eval run`` as its CLI runs it, offline: osmosis-ai's own ``LocalEvalRunner``
+#: (its LiteLLM bridge, its rollout server in a child process, its journal) with hooks that
+#: confirm nothing. Arguments: workspace root, rollout name, entrypoint, dataset name, run
+#: name (the run directory is ``<root>/sdk-evals/<name>``), and ``python`` to start the
+#: server as ``python <entrypoint>`` (the SDK's own test seam, ``server_interpreter``) or
+#: ``bootstrap`` to start it through the SDK's ``_server_bootstrap.py`` as ``uv run`` does
+#: (the entrypoint's folder first on ``sys.path``), without uv: no network.
+SDK_EVAL_RUN = r"""
+import asyncio, contextlib, json, os, sys
+from pathlib import Path
+import osmosis_ai.eval.local.runner as local_runner
+from osmosis_ai.eval.local.dataset import resolve_explicit_dataset_file, select_rows
+from osmosis_ai.eval.local.runner import EvalRunSpec, LocalEvalOptions, LocalEvalRunner
+
+root, rollout, entrypoint, dataset_name, name, start = sys.argv[1:7]
+root = Path(root)
+interpreter = sys.executable
+if start == "bootstrap":
+    bootstrap = Path(local_runner.__file__).with_name("_server_bootstrap.py")
+    interpreter = str(root / ".sdk-bootstrap")
+    Path(interpreter).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{bootstrap}" "$@"\n')
+    os.chmod(interpreter, 0o755)
+
+
+class Hooks:
+    def note(self, message): print("note:", message, file=sys.stderr)
+    def warning(self, message): print("warning:", message, file=sys.stderr)
+    def stage(self, message): print("stage:", message, file=sys.stderr)
+    def status(self, message): return contextlib.nullcontext()
+    async def confirm_dispatch(self, *, pending, model_path): return None
+    async def confirm_new_run(self, *, run_name, total): return False
+    def resolve_secrets(self, names): return {}
+    def progress(self, snapshot): pass
+
+
+dataset = resolve_explicit_dataset_file(root / "data" / f"{dataset_name}.jsonl")
+runner = LocalEvalRunner(
+    spec=EvalRunSpec(
+        rollout_name=rollout, entrypoint=entrypoint, model_path="openai/test-model",
+        dataset_name=dataset_name,
+    ),
+    options=LocalEvalOptions(name=name, server_interpreter=interpreter),
+    dataset=dataset,
+    selection=select_rows(dataset.path, extension=dataset.extension),
+    rollout_dir=root / "rollouts" / rollout,
+    output_root=root / "sdk-evals",
+    hooks=Hooks(),
+)
+summary = asyncio.run(runner.run())
+print(json.dumps({"succeeded": summary.succeeded, "failed": summary.failed}))
+"""

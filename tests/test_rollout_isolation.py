@@ -294,8 +294,9 @@ def test_a_backend_that_is_not_local_is_refused_at_collection(
     result.stdout.fnmatch_lines(
         [
             "*main.py: it builds SandboxBackend (*), an ExecutionBackend that is not a "
-            "LocalBackend; pytest-osmosis runs only LocalBackend rollouts, in process: run "
-            "this one with `osmosis eval run`*"
+            "LocalBackend at *main.py:*; in process pytest-osmosis runs only LocalBackend "
+            "rollouts: run it as the SDK does, with `--osmosis-execution server` or "
+            "`osmosis eval run`"
         ]
     )
     assert "Traceback" not in result.stdout.str()
@@ -347,7 +348,13 @@ def test_main_starting_a_loopback_server_is_refused(
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=120)
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*main.py: it starts a server (binds 127.0.0.1:0)*eval run*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*main.py: main() listens on 127.0.0.1:* at *main.py:* before building its "
+            "LocalBackend; build the LocalBackend first*"
+        ]
+    )
+    assert "eval run" not in result.stdout.str()  # a LocalBackend rollout: no SDK advice
 
 
 def test_main_calling_uvicorn_run_is_refused(
@@ -366,7 +373,12 @@ def test_main_calling_uvicorn_run_is_refused(
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=120)
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(["*main.py: it starts a server (uvicorn.run)*osmosis eval run*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*main.py: main() starts a server (uvicorn.run) at *r/main.py:* before building "
+            "its LocalBackend; build the LocalBackend first*"
+        ]
+    )
 
 
 def test_sdk_execution_backend_subclass_is_refused(
@@ -399,7 +411,7 @@ def test_harbor_backend_is_refused(pytester: pytest.Pytester, model_env: ModelSe
 
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
-        ["*it builds HarborBackend (*)*run this one with `osmosis eval run`*"]
+        ["*it builds HarborBackend (*)*`--osmosis-execution server` or `osmosis eval run`"]
     )
 
 
@@ -414,11 +426,11 @@ def test_non_loopback_bind_in_any_thread_is_refused_while_a_rollout_loads() -> N
             except BaseException as exc:  # the guard's refusal is a BaseException
                 caught.append(exc)
 
-    with loader._guard.watch() as refusals:
+    with loader._guard.watch() as load:
         thread = threading.Thread(target=other_thread)
         thread.start()
         thread.join()
-    assert refusals == ["it binds 0.0.0.0:0"]
+    assert [refusal.what for refusal in load.refusals] == ["binds 0.0.0.0:0"]
     assert len(caught) == 1
     with socket.socket() as sock:  # idle again: a loopback bind outside a load is normal
         sock.bind(("127.0.0.1", 0))
@@ -429,3 +441,126 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: Any = sock.getsockname()[1]
         return int(port)
+
+
+# ------------------------------------------------- what serves, what does not (issue 24)
+
+PROBE = """
+    import socket
+
+    # urllib3's IPv6 probe, run when it is first imported (util/connection.py, HAS_IPV6).
+    for family, host in ((socket.AF_INET6, "::1"), (socket.AF_INET, "127.0.0.1")):
+        probe = None
+        try:
+            probe = socket.socket(family)
+            probe.bind((host, 0))
+        except Exception:
+            pass
+        if probe:
+            probe.close()
+    backend = LocalBackend(workflow=W, grader=G)
+"""
+
+
+def test_a_loopback_bind_on_port_zero_while_importing_is_no_server(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """In a fresh interpreter, as a user's run: refused before ("binds ::1:0")."""
+    backend_workspace(pytester.path, CLASSES + PROBE)
+
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=120)
+
+    result.assert_outcomes(passed=1)
+
+
+def test_a_library_serving_at_import_is_refused_naming_its_line_and_the_rollouts(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = _free_port()
+    library = pytester.path / "site"
+    library.mkdir()
+    (library / "metrics_server.py").write_text(
+        f"import socket\n\nSERVER = socket.socket()\nSERVER.bind(('127.0.0.1', {port}))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{library}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    backend_workspace(pytester.path, "import metrics_server\n" + textwrap.dedent(CLASSES))
+
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", timeout=120)
+
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"*r/main.py: it binds 127.0.0.1:{port} at metrics_server.py:4, reached from "
+            "*r/main.py:1 while being imported; pytest-osmosis imports the rollout, as "
+            "`osmosis eval submit` does, and nothing may serve then: start the server in "
+            'main() or under `if __name__ == "__main__":`'
+        ]
+    )
+    assert "eval run" not in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()
+
+
+SERVING_MAIN = """
+    import os
+    import socket
+
+    def main():
+        backend = LocalBackend(workflow=W, grader=G)
+        {serve}
+"""
+RIGHT_PORT = "socket.create_server(('127.0.0.1', int(os.environ['_OSMOSIS_ROLLOUT_PORT'])))"
+OWN_PORT = "socket.create_server(('127.0.0.1', int(os.environ.get('ROLLOUT_PORT', 8000))))"
+
+
+@pytest.mark.parametrize(
+    ("serve", "warning"),
+    [
+        (RIGHT_PORT, None),
+        (
+            OWN_PORT,
+            "osmosis: warning: *r/main.py: main() serves on port 8000, not on the one "
+            "_OSMOSIS_ROLLOUT_PORT names: `osmosis eval run` will not reach it (serve on "
+            "int(os.environ?*_OSMOSIS_ROLLOUT_PORT*))",
+        ),
+        (
+            "return backend",
+            "osmosis: warning: *r/main.py: main() builds its LocalBackend but returned "
+            "without serving it: `osmosis eval run` will not reach it*",
+        ),
+    ],
+    ids=["osmosis-port", "own-port", "never-serves"],
+)
+def test_main_that_osmosis_eval_run_cannot_reach_runs_with_a_warning(
+    pytester: pytest.Pytester, model_env: ModelServer, serve: str, warning: str | None
+) -> None:
+    """main() runs until it serves; the port it would serve on is the one osmosis eval run
+    waits on, or one line says it never will be. Nothing is ever bound (the guard answers
+    before the bind)."""
+    backend_workspace(pytester.path, CLASSES + SERVING_MAIN.format(serve=serve))
+    (pytester.path / "configs" / "training").mkdir()
+
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+
+    result.assert_outcomes(passed=1)
+    if warning is None:
+        assert "osmosis: warning" not in result.stdout.str()
+    else:
+        result.stdout.fnmatch_lines([warning])
+        assert result.stdout.str().count("osmosis: warning") == 1
+
+
+def test_a_workspace_without_configs_training_runs_with_a_warning(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    backend_workspace(pytester.path, CLASSES + "    backend = LocalBackend(workflow=W, grader=G)\n")
+
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"osmosis: warning: {pytester.path}: no configs/training/ directory: "
+            "`osmosis eval run` refuses a workspace without one (an empty configs/training/ "
+            "will do)"
+        ]
+    )

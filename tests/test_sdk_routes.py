@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from model_server import ModelServer, ToolRule
-from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
+from sdk_planner import SDK_EVAL_RUN, SDK_MISSING, SDK_PYTHON, sdk_python_imports
 from workspaces import toml_text
 
 pytestmark = pytest.mark.skipif(
@@ -116,42 +116,6 @@ if __name__ == "__main__":
     main()
 """
 
-SDK_RUN = r"""
-import asyncio, contextlib, json, sys
-from pathlib import Path
-from osmosis_ai.eval.local.dataset import resolve_explicit_dataset_file, select_rows
-from osmosis_ai.eval.local.runner import EvalRunSpec, LocalEvalOptions, LocalEvalRunner
-
-root, rollout = Path(sys.argv[1]), sys.argv[2]
-
-
-class Hooks:
-    def note(self, message): print("note:", message, file=sys.stderr)
-    def warning(self, message): print("warning:", message, file=sys.stderr)
-    def stage(self, message): print("stage:", message, file=sys.stderr)
-    def status(self, message): return contextlib.nullcontext()
-    async def confirm_dispatch(self, *, pending, model_path): return None
-    async def confirm_new_run(self, *, run_name, total): return False
-    def resolve_secrets(self, names): return {}
-    def progress(self, snapshot): pass
-
-
-dataset = resolve_explicit_dataset_file(root / "data" / "eval.jsonl")
-runner = LocalEvalRunner(
-    spec=EvalRunSpec(
-        rollout_name=rollout, entrypoint="main.py", model_path="openai/test-model",
-        dataset_name="eval",
-    ),
-    options=LocalEvalOptions(name="sdk", server_interpreter=sys.executable),
-    dataset=dataset,
-    selection=select_rows(dataset.path, extension=dataset.extension),
-    rollout_dir=root / "rollouts" / rollout,
-    output_root=root / "sdk-evals",
-    hooks=Hooks(),
-)
-summary = asyncio.run(runner.run())
-print(json.dumps({"succeeded": summary.succeeded, "failed": summary.failed}))
-"""
 
 ROWS = [
     {"user_prompt": "Use the calculator: what is 2 plus 3?", "ground_truth": "The sum is 5"},
@@ -203,7 +167,20 @@ def test_our_provider_calls_and_concurrency_are_osmosis_eval_runs(
     peaks = []
     seen = []
     for name, argv in [
-        ("sdk", [str(SDK_PYTHON), "-c", SDK_RUN, "{root}", "calc"]),
+        (
+            "sdk",
+            [
+                str(SDK_PYTHON),
+                "-c",
+                SDK_EVAL_RUN,
+                "{root}",
+                "calc",
+                "main.py",
+                "eval",
+                "sdk",
+                "python",
+            ],
+        ),
         ("ours", [str(SDK_PYTHON), "-m", "pytest", "--osmosis-eval", "-p", "no:cacheprovider"]),
     ]:
         root = tmp_path / name

@@ -145,7 +145,9 @@ def write_workspace(
     rollout_source: str = CALC_ROLLOUT,
     **toml: Any,
 ) -> Path:
-    """Write a workspace under ``root`` and return the config path."""
+    """Write a workspace under ``root`` (one ``osmosis eval run`` accepts: with
+    ``configs/training/``) and return the config path."""
+    (root / "configs" / "training").mkdir(parents=True, exist_ok=True)
     config = root / "configs" / "eval" / f"{name}.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(toml_text(**toml))

@@ -4,8 +4,12 @@ Rollouts import the packages beside their entrypoint by absolute name (``from
 multiply_rollout.tools import ...``), and the rollouts of one workspace often ship the same
 name. Putting every rollout directory on ``sys.path`` would make the first one imported win
 for all of them. Instead every module loaded from a rollout directory is registered as
-``_osmosis_rollout_<sha>.<name>`` (the SDK's submit-preflight package) and executes with
-builtins of its own whose ``__import__`` maps the rollout's top-level names to that package.
+``_osmosis_rollout_<sha>.<relative.path>`` (the SDK's submit-preflight package) and executes
+with builtins of its own whose ``__import__`` maps the rollout's top-level names to that
+package. A top-level name is looked up as the SDK's server bootstrap puts the rollout on
+``sys.path``: the entrypoint's own directory first (``agent/main.py`` imports
+``agent/helpers.py`` as ``helpers``), then the rollout directory (where its project's
+packages live, as ``osmosis eval submit``'s preflight and an installed project see them).
 The mapping belongs to the importing module, not to a moment: an import inside a workflow
 body resolves to its own rollout whichever rollout's task the event loop is running.
 
@@ -41,12 +45,14 @@ PREFIX = "_osmosis_rollout_"
 
 @dataclass
 class Rollout:
-    """One rollout directory and the private package its modules live in."""
+    """One rollout directory, seen from one entrypoint directory inside it, and the private
+    package its modules live in."""
 
     directory: Path
     package: str
+    entry_directory: Path | None = None  # None: the rollout directory itself
     builtins: dict[str, Any] = field(default_factory=dict)
-    owned: dict[str, bool] = field(default_factory=dict)
+    owned: dict[str, str | None] = field(default_factory=dict)
     aliases: list[str] = field(default_factory=list)
     checked: set[str] = field(default_factory=set)
 
@@ -54,22 +60,43 @@ class Rollout:
     def name(self) -> str:
         return self.directory.name
 
-    def owns(self, top: str) -> bool:
-        """Whether ``import <top>`` means a module of this rollout (as if its dir led sys.path).
+    @property
+    def search_path(self) -> list[str]:
+        """Where top-level names are looked up, first first (the SDK bootstrap's order)."""
+        first = self.entry_directory or self.directory
+        return list(dict.fromkeys((str(first), str(self.directory))))
 
-        A regular module or package in the directory wins over everything but built-in
-        modules; a bare directory (namespace portion) only when nothing else provides it.
+    def owns(self, top: str) -> bool:
+        """Whether ``import <top>`` means a module of this rollout."""
+        return self.private(top) is not None
+
+    def private(self, top: str) -> str | None:
+        """The private name ``import <top>`` means in this rollout, if it means one of its
+        modules (as if ``search_path`` led ``sys.path``).
+
+        A regular module or package found there wins over everything but built-in modules;
+        a bare directory (namespace portion) only when nothing else provides it.
         """
         if top not in self.owned:
-            owned = False
+            private = None
             if top and top not in sys.builtin_module_names and not top.startswith(PREFIX):
-                spec = importlib.machinery.PathFinder.find_spec(top, [str(self.directory)])
+                spec = importlib.machinery.PathFinder.find_spec(top, self.search_path)
                 if spec is not None:
-                    owned = spec.loader is not None and spec.origin is not None
-                    if not owned:
-                        owned = importlib.machinery.PathFinder.find_spec(top) is None
-            self.owned[top] = owned
+                    if spec.loader is not None and spec.origin is not None:
+                        found = Path(spec.origin).parent
+                        if spec.submodule_search_locations is not None:
+                            found = found.parent  # a package: origin is its __init__.py
+                        private = self._private_name(found, top)
+                    elif importlib.machinery.PathFinder.find_spec(top) is None:
+                        locations = list(spec.submodule_search_locations or ())
+                        if locations:
+                            private = self._private_name(Path(locations[0]).parent, top)
+            self.owned[top] = private
         return self.owned[top]
+
+    def _private_name(self, found_in: Path, top: str) -> str:
+        parts = found_in.relative_to(self.directory).parts
+        return ".".join((self.package, *parts, top))
 
 
 _rollouts: dict[str, Rollout] = {}
@@ -77,18 +104,28 @@ _state = threading.local()
 _install_lock = threading.Lock()
 
 
-def package_name(rollout_dir: Path) -> str:
-    digest = hashlib.sha256(str(rollout_dir).encode("utf-8")).hexdigest()[:16]
+def package_name(rollout_dir: Path, entry_dir: Path | None = None) -> str:
+    """One private package per rollout directory and entrypoint directory: entrypoints in
+    two folders of one rollout see different modules as ``helpers``, as the SDK's two
+    servers would."""
+    key = str(rollout_dir)
+    if entry_dir is not None and entry_dir != rollout_dir:
+        key += "\0" + str(entry_dir)
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
     return f"{PREFIX}{digest}"
 
 
-def register(rollout_dir: Path) -> Rollout:
-    """The private package of ``rollout_dir`` (created once per process)."""
+def register(rollout_dir: Path, entry_dir: Path | None = None) -> Rollout:
+    """The private package of ``rollout_dir`` seen from ``entry_dir`` (once per process)."""
     _install()
-    package = package_name(rollout_dir)
+    if entry_dir is not None:
+        entry_dir = entry_dir.resolve()
+        if entry_dir == rollout_dir:
+            entry_dir = None
+    package = package_name(rollout_dir, entry_dir)
     rollout = _rollouts.get(package)
     if rollout is None:
-        rollout = Rollout(directory=rollout_dir, package=package)
+        rollout = Rollout(directory=rollout_dir, package=package, entry_directory=entry_dir)
         rollout.builtins = {**vars(builtins), "__import__": _importer(rollout)}
         _rollouts[package] = rollout
     return rollout
@@ -199,11 +236,10 @@ class _Finder(importlib.abc.MetaPathFinder):
         if dot:
             return None
         owner = _owner_of(fullname)
-        if owner is None:
+        aliased = owner.private(fullname) if owner is not None else None
+        if owner is None or aliased is None:
             return None
-        return importlib.machinery.ModuleSpec(
-            fullname, _AliasLoader(f"{owner.package}.{fullname}", owner)
-        )
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(aliased, owner))
 
 
 def _owner_of(top: str) -> Rollout | None:
@@ -238,8 +274,6 @@ def _calling_rollout() -> Rollout | None:
 
 
 def _importer(rollout: Rollout) -> Any:
-    prefix = rollout.package
-
     def __import__(
         name: str,
         globals: dict[str, Any] | None = None,
@@ -248,10 +282,11 @@ def _importer(rollout: Rollout) -> Any:
         level: int = 0,
     ) -> types.ModuleType:
         real = builtins.__import__
-        top = name.partition(".")[0]
-        if level == 0 and rollout.owns(top):
-            module = real(f"{prefix}.{name}", globals, locals, fromlist, 0)
-            return module if fromlist else sys.modules[f"{prefix}.{top}"]
+        top, _, rest = name.partition(".")
+        private = rollout.private(top) if level == 0 else None
+        if private is not None:
+            module = real(f"{private}.{rest}" if rest else private, globals, locals, fromlist, 0)
+            return module if fromlist else sys.modules[private]
         module = real(name, globals, locals, fromlist, level)
         if level == 0 and name not in rollout.checked:
             _refuse_foreign(rollout, name)

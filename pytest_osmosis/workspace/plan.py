@@ -166,6 +166,21 @@ def _output_root(output: Path | None, workspace: Path) -> Path:
         ) from None
 
 
+#: What ``osmosis eval run`` 0.3.8 requires of a workspace before it reads a config
+#: (``templates/catalog.py::REQUIRED_WORKSPACE_DIRS``) that a session can do without.
+SDK_REQUIRED_DIRS = ("configs/training",)
+
+
+def workspace_warnings(workspace: Path) -> list[str]:
+    """One line for each directory ``osmosis eval run`` would refuse this workspace without."""
+    return [
+        f"{workspace}: no {name}/ directory: `osmosis eval run` refuses a workspace "
+        f"without one (an empty {name}/ will do)"
+        for name in SDK_REQUIRED_DIRS
+        if not (workspace / name).is_dir()
+    ]
+
+
 def run_inputs(plan: EvalPlan) -> dict[str, Any]:
     """The resolved-input lock of the manifest (§7.1): what a resume must not change."""
     from pytest_osmosis.results import build_inputs, source_digest

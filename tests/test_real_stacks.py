@@ -1,0 +1,232 @@
+"""Rollouts on the stacks users really run, each in a fresh interpreter, row for row against
+``osmosis eval run`` (issue 24, part 1).
+
+An in-process pytester run inherits every import the test process made, and that hid a
+refusal: urllib3 binds ``::1`` port 0 when first imported (its IPv6 probe), the OpenAI
+Agents and Strands integrations import it, and the load guard took that for a server.
+So each workspace here runs as a user runs it: ``python -m pytest --osmosis-eval`` in a new
+process, and beside it osmosis-ai 0.3.8's own ``LocalEvalRunner`` with its rollout server
+started through the SDK's ``_server_bootstrap.py`` (``SDK_EVAL_RUN``), against one loopback
+model server. Both runs must end every row the same way (status, reward).
+
+The rollouts (tests/sdk_rollouts/) are our own, in the shapes the template and the SDK
+scaffold use: a package-style rollout with ``pyproject.toml`` and an OpenAI Agents tool
+(``agents_package``), a Strands agent with a tool (``strands_tools``), and an entrypoint in
+a subfolder importing its neighbour by bare name (``subfolder_entry``), twice in one
+workspace with a same-named module of different content.
+
+The Strands rows need a Python where ``osmosis_ai``'s Strands integration imports beside
+our own floors (``OSMOSIS_STACKS_PYTHON``, else the SDK's Python); see ``.ci/run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from model_server import ModelServer, ToolRule
+from sdk_planner import SDK_EVAL_RUN, SDK_MISSING, SDK_PYTHON, sdk_python_imports
+from workspaces import read_index, toml_text
+
+ROLLOUTS = Path(__file__).resolve().parent / "sdk_rollouts"
+
+pytestmark = [
+    pytest.mark.skipif(
+        not sdk_python_imports("osmosis_ai.eval.local.runner, uvicorn, httpx"),
+        reason=f"osmosis-ai's local runner: {SDK_MISSING}",
+    ),
+    # Everything here runs in subprocesses of the SDK's Python, whichever Python runs
+    # pytest: run it once, from that Python (CI's SDK lane), not again from every lane.
+    pytest.mark.skipif(
+        SDK_PYTHON is None or Path(sys.executable).parent != SDK_PYTHON.parent,
+        reason="runs from the SDK's own Python (OSMOSIS_SDK_PYTHON), as CI's SDK lane does",
+    ),
+]
+
+
+def _stacks_python() -> Path | None:
+    """The Python with osmosis-ai's Strands integration: ``OSMOSIS_STACKS_PYTHON``, else the
+    SDK's Python when it has it."""
+    named = os.environ.get("OSMOSIS_STACKS_PYTHON")
+    candidates = [Path(named)] if named else ([SDK_PYTHON] if SDK_PYTHON else [])
+    for python in candidates:
+        probe = subprocess.run(
+            [str(python), "-c", "import osmosis_ai.rollout.integrations.agents.strands"],
+            capture_output=True,
+            cwd="/",
+            check=False,
+        )
+        if probe.returncode == 0:
+            return python
+    return None
+
+
+Rollouts = dict[str, tuple[Path, str]]  # rollout name -> (its code, its entrypoint)
+
+
+def workspace(root: Path, rollouts: Rollouts, rows: dict[str, list[dict[str, Any]]]) -> None:
+    """One config and one dataset per rollout, in a workspace ``osmosis eval run`` accepts."""
+    (root / "configs" / "training").mkdir(parents=True)  # osmosis eval run requires it
+    (root / "data").mkdir()
+    for name, (source, entrypoint) in rollouts.items():
+        shutil.copytree(
+            source, root / "rollouts" / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+        config = root / "configs" / "eval" / f"{name}.toml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(toml_text(rollout=name, entrypoint=entrypoint, dataset=name))
+        lines = "".join(json.dumps(row) + "\n" for row in rows[name])
+        (root / "data" / f"{name}.jsonl").write_text(lines)
+
+
+def ends(run_dir: Path) -> list[tuple[int, str, float | None]]:
+    return sorted((r["row_index"], r["status"], r.get("reward")) for r in read_index(run_dir))
+
+
+def run_both(
+    tmp_path: Path,
+    model_server: ModelServer,
+    python: Path,
+    rollouts: Rollouts,
+    rows: dict[str, list[dict[str, Any]]],
+) -> tuple[dict[str, list[Any]], dict[str, list[Any]], str]:
+    """Each rollout's rows as ``osmosis eval run`` ends them and as one fresh
+    ``pytest --osmosis-eval`` session ends them, and that session's output."""
+    env = {**os.environ, **model_server.env(), "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    env.pop("PYTEST_ADDOPTS", None)
+    sdk: dict[str, list[Any]] = {}
+    sdk_root = tmp_path / "sdk"
+    workspace(sdk_root, rollouts, rows)
+    for name, (_, entrypoint) in rollouts.items():
+        args = [str(sdk_root), name, entrypoint, name, name, "bootstrap"]
+        done = subprocess.run(
+            [str(python), "-c", SDK_EVAL_RUN, *args],
+            cwd=sdk_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert done.returncode == 0, (
+            f"osmosis eval run:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+        sdk[name] = ends(sdk_root / "sdk-evals" / name)
+    ours_root = tmp_path / "ours"
+    workspace(ours_root, rollouts, rows)
+    done = subprocess.run(
+        # In process: this file is about importing rollouts (server mode has its own tests).
+        [str(python), "-m", "pytest", "--osmosis-eval", "--osmosis-execution", "in-process"]
+        + ["-p", "no:cacheprovider"],
+        cwd=ours_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    ours: dict[str, list[Any]] = {}
+    for name in rollouts:
+        run_dirs = [p for p in (ours_root / ".osmosis" / "evals").glob(f"{name}*") if p.is_dir()]
+        assert len(run_dirs) == 1, output[-4000:]
+        ours[name] = ends(run_dirs[0])
+    return sdk, ours, output
+
+
+TIMES_ROWS = [
+    {"user_prompt": "Multiply 6 by 7, please.", "ground_truth": "42"},
+    {"user_prompt": "What is 2 + 2?", "ground_truth": "5"},  # answered without the tool
+]
+
+
+def _tools(model_server: ModelServer) -> None:
+    model_server.tool_rules = [ToolRule("Multiply 6 by 7", "multiply", {"a": 6, "b": 7})]
+    model_server.tool_answer = "{result}"
+
+
+def test_openai_agents_package_rollout_runs_as_osmosis_eval_run_runs_it(
+    tmp_path: Path, model_server: ModelServer
+) -> None:
+    """Refused at every row before: "it starts a server (binds ::1:0)" (urllib3's probe)."""
+    if not sdk_python_imports("osmosis_ai.rollout.integrations.agents.openai_agents"):
+        pytest.skip("needs osmosis-ai's OpenAI Agents integration (openai-agents)")
+    _tools(model_server)
+    assert SDK_PYTHON is not None
+    sdk, ours, output = run_both(
+        tmp_path,
+        model_server,
+        SDK_PYTHON,
+        {"agents_package": (ROLLOUTS / "agents_package", "main.py")},
+        {"agents_package": TIMES_ROWS},
+    )
+    expected = [(0, "success", 1.0), (1, "success", 0.0)]
+    assert sdk == {"agents_package": expected}
+    assert ours == sdk, output[-4000:]
+    assert (
+        "osmosis: warning" not in output
+    )  # it serves on _OSMOSIS_ROLLOUT_PORT, in a full workspace
+
+
+def test_strands_rollout_runs_as_osmosis_eval_run_runs_it(
+    tmp_path: Path, model_server: ModelServer
+) -> None:
+    """Refused before, as the OpenAI Agents rollout was; its tool call really runs."""
+    python = _stacks_python()
+    if python is None:
+        pytest.skip("needs osmosis-ai's Strands integration (OSMOSIS_STACKS_PYTHON)")
+    _tools(model_server)
+    sdk, ours, output = run_both(
+        tmp_path,
+        model_server,
+        python,
+        {"strands_tools": (ROLLOUTS / "strands_tools", "main.py")},
+        {"strands_tools": TIMES_ROWS},
+    )
+    expected = [(0, "success", 1.0), (1, "success", 0.0)]
+    assert sdk == {"strands_tools": expected}
+    assert ours == sdk, output[-4000:]
+
+
+def test_subfolder_entrypoints_import_their_own_neighbours(
+    tmp_path: Path, model_server: ModelServer
+) -> None:
+    """``entrypoint = "agent/main.py"`` imports ``agent/helpers.py`` as ``helpers`` (it failed
+    with ModuleNotFoundError before), and two such rollouts in one session each get their
+    own ``helpers``: the labels name whose code must have answered."""
+    assert SDK_PYTHON is not None
+    rows = {
+        "plain": [
+            {"user_prompt": "What is 2 + 3?", "ground_truth": "plain:5"},
+            {"user_prompt": "What is 3 * 3?", "ground_truth": "plain:10"},
+        ],
+        "twin": [
+            {"user_prompt": "What is 4 + 4?", "ground_truth": "twin:8"},
+            {"user_prompt": "What is 1 + 1?", "ground_truth": "plain:2"},
+        ],
+    }
+    twin = tmp_path / "twin-source"
+    shutil.copytree(ROLLOUTS / "subfolder_entry", twin)
+    helpers = twin / "agent" / "helpers.py"
+    helpers.write_text(helpers.read_text().replace('FLAVOUR = "plain"', 'FLAVOUR = "twin"'))
+    sdk, ours, output = run_both(
+        tmp_path,
+        model_server,
+        SDK_PYTHON,
+        {
+            "plain": (ROLLOUTS / "subfolder_entry", "agent/main.py"),
+            "twin": (twin, "agent/main.py"),
+        },
+        rows,
+    )
+    assert sdk == {
+        "plain": [(0, "success", 1.0), (1, "success", 0.0)],
+        "twin": [(0, "success", 1.0), (1, "success", 0.0)],
+    }
+    assert ours == sdk, output[-4000:]
