@@ -13,6 +13,7 @@ always used; only what a person reads is worded here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -96,3 +97,22 @@ def one_line(text: str, limit: int | None = None) -> str:
     if limit is None or len(flat) <= limit:
         return flat
     return flat[: limit - 3] + "..."
+
+
+#: What no surface writes raw: C0 controls but tab and newline, DEL, C1 controls, the
+#: Unicode line and paragraph separators, and lone surrogates (a ``surrogateescape`` decode).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def safe_text(text: str) -> str:
+    """Any string as every surface can write it: what a terminal would obey (ESC, BEL, a
+    carriage return) or an encoder refuse (a lone surrogate) shown as its ``\\u001b`` or
+    ``\\udcff`` escape; tabs and newlines kept. Every surface calls this. The escapes are
+    JSON's, so JSON text stays valid JSON of the same strings."""
+    if text.isascii() and text.isprintable():
+        return text
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
