@@ -175,7 +175,10 @@ def row_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def cost_text(doc: dict[str, Any]) -> str:
-    """``   cost $0.000123``, or ``   cost unknown`` when a model has no price."""
-    from pytest_osmosis.words import dollars
+    """``   cost $0.000123 for 3 of 5 priced attempts``, or ``   cost unknown``."""
+    from pytest_osmosis.words import costs_text
 
-    return f"   cost {dollars(doc['cost_usd'])}" if "cost_usd" in doc else ""
+    costs = doc.get("cost_usd_by_rollout")
+    if not isinstance(costs, dict):
+        return ""
+    return f"   cost {costs_text(costs.values())}"

@@ -14,7 +14,7 @@ always used; only what a person reads is worded here.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pytest_osmosis import outcome
@@ -89,6 +89,28 @@ def short_dollars(cost: float) -> str:
     """A running cost in a few characters: ``$0.04``; ``<$0.01`` rather than a ``$0.00`` that
     reads as free (a small model's rows cost millionths of a dollar)."""
     return f"${cost:.2f}" if cost >= 0.005 or cost == 0 else "<$0.01"
+
+
+def cost_words(total: float, priced: int, attempts: int, *, short: bool = False) -> str:
+    """``$0.000123 for 3 of 5 priced attempts``, or ``unknown`` when no attempt had a priced
+    model call: the cost the results table, the status line and the report show (an attempt
+    without one has an unknown cost, never $0). ``short`` (the status line, once one attempt
+    was priced): :func:`short_dollars`, with ``(3/5 priced)`` while some attempts are not."""
+    if short:
+        partial = f" ({priced}/{attempts} priced)" if priced < attempts else ""
+        return short_dollars(total) + partial
+    if priced == 0:
+        return "unknown"
+    return f"{dollars(total)} for {priced} of {attempts} priced attempts"
+
+
+def costs_text(costs: Iterable[Any]) -> str:
+    """:func:`cost_words` of attempts' costs (anything but a number: not priced)."""
+    import math
+
+    every = list(costs)
+    known = [float(c) for c in every if isinstance(c, (int, float)) and not isinstance(c, bool)]
+    return cost_words(math.fsum(known), len(known), len(every))
 
 
 def one_line(text: str, limit: int | None = None) -> str:

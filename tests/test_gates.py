@@ -383,6 +383,34 @@ def test_budgets_not_spent_run_every_row_and_show_the_cost(
     ]
 
 
+def test_an_attempt_without_a_priced_call_has_an_unknown_cost_everywhere(
+    served: pytest.Pytester,
+) -> None:
+    """Row 3 raises before any model call: its cost is unknown, not $0, and the results
+    table, the progress line and the report's cost card say so in the same words."""
+    rows = calc_rows([("What is 2 + 2?", "4"), ("What is 3 + 3?", "6"), ("What is 4 + 4?", "8")])
+    write_workspace(
+        served.path, rows=[*rows, *calc_rows([("What is 1 + 1?", "2", "workflow_raise")])]
+    )
+    args = ("--osmosis-name", "c", "--osmosis-report", "--osmosis-progress", "log")
+    result = served.runpytest(*BASE, *args, "--osmosis-model", "openai/gpt-4o-mini")
+    doc = json.loads((_run_dir(served, "c") / ROW_METRICS_FILENAME).read_text())
+    known = [cost for cost in doc["cost_usd_by_rollout"].values() if cost is not None]
+    assert len(known) == 3 and len(doc["cost_usd_by_rollout"]) == 4
+    words = f"${sum(known):.6f} for 3 of 4 priced attempts"
+    result.stdout.fnmatch_lines(
+        [f"*4/4 attempts done*; cost {words}; *", f"tokens * cost {words} *"]
+    )
+    report = (_run_dir(served, "c") / "report.html").read_text()
+    assert f'<div class="sub">{words}; ' in report
+    # A model without a price: nothing was priced, so every surface says unknown.
+    unpriced = served.runpytest(*BASE, "--osmosis-name", "u", "--osmosis-report")
+    unpriced.stdout.fnmatch_lines(["tokens * cost unknown *"])
+    assert "$" not in unpriced.stdout.str()
+    report = (_run_dir(served, "u") / "report.html").read_text()
+    assert '<div class="label">Cost</div><div class="value ">unknown</div>' in report
+
+
 def test_a_cost_budget_for_a_model_without_a_price_is_refused_at_start(
     served: pytest.Pytester,
 ) -> None:
