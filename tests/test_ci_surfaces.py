@@ -120,27 +120,35 @@ def test_github_step_summary_and_annotations(
     ]
 
 
-def test_github_annotations_stop_at_ten_then_count(
+def test_github_annotations_stop_at_ten_per_config_then_count(
     pytester: pytest.Pytester, model_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 12 rows below the threshold, written as CSV (line 1 is the header).
+    # Two configs, 12 rows below the threshold each: one dataset written as CSV (line 1 is
+    # the header), the other as JSON lines.
     rows = "".join(f"What is {n} + 1?,{n}\n" for n in range(12))
     write_workspace(pytester.path, rows=[])
     (pytester.path / "data" / "calc.jsonl").unlink()
     (pytester.path / "data" / "calc.csv").write_text("user_prompt,ground_truth\n" + rows)
+    other = calc_rows([(f"What is {n} + 2?", str(n)) for n in range(12)])
+    write_workspace(pytester.path, name="other", dataset="other", rows=other)
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)  # annotations only
     monkeypatch.setenv("GITHUB_WORKSPACE", str(pytester.path))
-    result = pytester.runpytest(*BASE, "--osmosis-name", "many")
-    result.assert_outcomes(failed=12)
+    result = pytester.runpytest(*BASE)
+    result.assert_outcomes(failed=24)
     commands = annotations(result.stdout.lines)
-    assert len(commands) == 11
-    assert commands[0] == (
-        "::error file=data/calc.csv,line=2,title=many%3A row 0 run 0::"
-        "reward 0.00 < pass_threshold 1.00 (row 0, run 0)"
+    assert len(commands) == 22
+    by_file = {
+        name: [c for c in commands if c.startswith(f"::error file=data/{name},line=")]
+        for name in ("calc.csv", "other.jsonl")
+    }
+    assert [len(found) for found in by_file.values()] == [10, 10]
+    assert by_file["calc.csv"][0].endswith(
+        "row 0 run 0::reward 0.00 < pass_threshold 1.00 (row 0, run 0)"
     )
-    assert all(c.startswith("::error file=data/calc.csv,line=") for c in commands[:10])
-    assert commands[10] == "::warning::many: 2 more attempts did not pass (see the step summary)"
+    counts = [c for c in commands if c.startswith("::warning::")]
+    assert len(counts) == 2
+    assert all(c.endswith(": 2 more attempts did not pass (see the step summary)") for c in counts)
 
 
 # Row 4's workflow prints workflow commands (its own output reaches the terminal as it
