@@ -25,6 +25,7 @@ from pytest_osmosis.outcome import (
     no_trajectory_text,
     pytest_outcome,
 )
+from pytest_osmosis.words import safe_text
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -293,8 +294,10 @@ def pytest_verdict(
     if verdict == SKIPPED:
         headline = f"{result.get('message') or 'sample removed'} {where}{resumed}"
     elif verdict == FAILED:
-        text = f"{result.get('error_type') or 'failed'}: {result.get('message', '')}"
-        headline, detail = f"{text.rstrip(': ')} {where}{resumed}", result.get("detail", "")
+        # The rollout's own words: shown, never obeyed by a terminal or refused by an encoder.
+        text = safe_text(f"{result.get('error_type') or 'failed'}: {result.get('message', '')}")
+        headline = f"{text.rstrip(': ')} {where}{resumed}"
+        detail = safe_text(str(result.get("detail") or ""))
     elif verdict == BELOW_THRESHOLD:
         text = f"reward {result['reward']:.2f} < pass_threshold {threshold:.2f}"
         headline = f"{text} {where}{resumed}"
@@ -310,9 +313,9 @@ def junit_properties(
     The item's ``user_properties``: pytest's public way to give a test case properties.
     """
     properties: list[tuple[str, Any]] = [
-        (f"osmosis_{key}", result[key])
+        (f"osmosis_{key}", safe_text(value) if isinstance(value, str) else value)
         for key in ("reward", "pass_threshold", "error_type", "tokens")
-        if result.get(key) is not None
+        if (value := result.get(key)) is not None
     ]
     properties += [
         ("osmosis_duration_s", f"{row_seconds(result):.3f}"),
@@ -401,6 +404,8 @@ def describe_report(item: EvalItem, call: pytest.CallInfo[None], report: pytest.
     phases take no time. pytest's JUnit writer sums the phases' ``report.duration``
     (``junit_duration_report = total``), so a test case's ``time`` is the row's own.
     """
+    # What the rollout printed, as every surface shows it (pytest prints it on a failure).
+    report.sections = [(title, safe_text(text)) for title, text in report.sections]
     result = item.stash.get(RESULT_KEY, None)
     if result is None:
         return

@@ -21,7 +21,6 @@ import pytest
 # thread while rows run is parsed there (pytest rewrites a plugin's asserts), which
 # EvalItem._repr_failure_py keeps the main thread from doing (CPython gh-106905 on 3.11).
 from pytest_osmosis.results.row_metrics import cost_of
-from pytest_osmosis.words import dollars
 
 if TYPE_CHECKING:
     from pytest_osmosis.progress import Progress
@@ -43,10 +42,6 @@ class Controller:
         self._letterless: pytest.TestReport | None = None  # live progress: see letterless
         self.progress_option = progress_option(session.config)
         self.started = time.monotonic()  # live progress counts elapsed time from here
-        #: What this session's rows spent (the budgets count this session only, so that
-        #: running the same command again resumes with a fresh budget).
-        self.spent_tokens = 0
-        self.spent_cost = 0.0
         #: A result's "config" string -> its Path, made once (a Path's str and hash are
         #: computed once per object: a new one per row cost more than the lookup).
         self._config_paths: dict[str, Path] = {}
@@ -107,13 +102,17 @@ class Controller:
             if run.rundir.pending(run_keys(run.plan))
         ]
         self._check_gate(models)
+        gate = self.session.options.gate
+        if gate.budgeted and self.session.budget is None and not xdist_controller(session):
+            from pytest_osmosis.budget import Budget, budget_values
+
+            self.session.budget = Budget(*budget_values(gate.values))
         if not models:
             milestones.finish()
             self._announce(session.config)
             return
         # xdist's controller runs no rows (no LiteLLM here): its workers start once the
         # model is known good, and each imports LiteLLM before its first row.
-        controller = session.config.pluginmanager.has_plugin("dsession")
         try:
             # The model-call cache is opened here first: a bad one stops the session.
             checked = [
@@ -122,7 +121,7 @@ class Controller:
                 if run.rundir.pending(run_keys(run.plan))
                 for model in self.session.models_to_check(run)
             ]
-            self.session.preflight(checked, in_process=not controller)
+            self.session.preflight(checked, in_process=not xdist_controller(session))
         except OsmosisError as exc:
             # pytest_sessionfinish does not run after a usage error: nothing is recorded.
             self.session.abandon_runs()
@@ -247,7 +246,7 @@ class Controller:
                 record = run.rundir.append(result)
                 run.executed += 1
             run.rate_limited += int(result.get("rate_limited") or 0)
-            self._spend(run, result)
+            self._spend(run, result, report)
             run.cache_calls += int(result.get("cache_calls") or 0)
             run.cache_hits += int(result.get("cache_hits") or 0)
             if str(report.when) == "???":
@@ -278,29 +277,35 @@ class Controller:
                 )
         run.rundir.settle((record["row_index"], record["run_index"]))
 
-    def _spend(self, run: ControllerRun, result: dict[str, Any]) -> None:
+    def _spend(self, run: ControllerRun, result: dict[str, Any], report: Any) -> None:
         """Count what the row spent; once a budget is spent no new row starts."""
         cost = cost_of(result.get("cost_usd"))
         run.costs[str(result["rollout_id"])] = cost
-        self.spent_tokens += int(result.get("tokens") or 0)
-        self.spent_cost += cost or 0.0
-        if self.session.stop_line is not None:
+        budget = self.session.budget
+        if budget is None:
             return
-        values = self.session.options.gate.values
-        max_tokens, max_cost = values.get("max_tokens"), values.get("max_cost")
-        spent = None
-        if max_tokens is not None and self.spent_tokens >= max_tokens:
-            spent = f"{self.spent_tokens} tokens of --osmosis-max-tokens {max_tokens}"
-        elif max_cost is not None and self.spent_cost >= max_cost:
-            spent = f"{dollars(self.spent_cost)} of --osmosis-max-cost {dollars(max_cost)}"
-        if spent is not None:
-            line = (
-                f"osmosis: budget spent ({spent}): rows in flight finished, rows not started "
-                "stay pending; run the same command again to resume"
-            )
-            self.session.stop_starting(line)
-            for each in self.session.runs.values():
-                each.log.warning("budget", line)
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+        budget.record(int(result.get("tokens") or 0), cost, worker)
+        self._budget_check()
+
+    def _budget_check(self) -> None:
+        """xdist: once a budget is spent and no row is in flight, the workers stop; in one
+        process the queued rows are offered the room the row just recorded left."""
+        budget = self.session.budget
+        if budget is None or self.session.stop_line is not None:
+            return
+        if budget.shared is None:
+            if self.session._executor is not None:
+                self.session._executor.pump()
+        elif budget.spent() and budget.in_flight() == 0:
+            self.session.stop_starting(budget.stop_line())
+
+    def worker_gone(self, node: Any) -> None:
+        """xdist: a worker is down; the rows it started and never reported do not count."""
+        budget = self.session.budget
+        if budget is not None:
+            budget.worker_gone(str(node.gateway.id))
+            self._budget_check()
 
     def after_report(self, nodeid: str) -> None:
         """Progress, after pytest has shown the row's letter."""
@@ -614,6 +619,11 @@ def progress_option(config: pytest.Config) -> str:
         return parse_mode(*given)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def xdist_controller(session: pytest.Session) -> bool:
+    """Whether this process is xdist's controller (its workers run the rows)."""
+    return bool(session.config.pluginmanager.has_plugin("dsession"))
 
 
 def run_keys(plan: Any) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ import pytest
 if TYPE_CHECKING:
     from pytest_osmosis.session import ControllerRun, EvalSession
 
-#: GitHub shows at most 10 error annotations of a step; the rest are one count.
+#: Annotations of one config's attempts (GitHub shows 10 errors a step); the rest are one count.
 MAX_ANNOTATIONS = 10
 #: Attempts listed in a run's "worst attempts" table.
 MAX_WORST = 10
@@ -56,12 +56,38 @@ class Attempt:
 
 
 class GitHubHooks:
-    """Controller only: remember this session's headlines, then write at the end."""
+    """Controller only: remember this session's headlines, then write at the end.
+
+    Everything the session prints between its start and its end can carry what a rollout
+    or a model wrote (tracebacks, captured output, headlines): the runner is told to obey
+    no workflow command in it (``::stop-commands::<token>``, a token nothing else knows),
+    except for our own annotations, printed while commands are briefly on again.
+    """
 
     def __init__(self, session: EvalSession) -> None:
         self.session = session
         #: (config path, row_index, run_index) -> this session's headline of the attempt.
         self.headlines: dict[tuple[str, int, int], str] = {}
+        self._stopped: str | None = None  # the token commands are off under, while they are
+
+    def _stop_commands(self, config: pytest.Config) -> None:
+        import secrets
+
+        self._stopped = secrets.token_hex(16)
+        _print(config, f"::stop-commands::{self._stopped}")
+
+    def _resume_commands(self, config: pytest.Config) -> None:
+        if self._stopped is not None:
+            _print(config, f"::{self._stopped}::")
+            self._stopped = None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self._stop_commands(session.config)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._resume_commands(config)  # what the job prints after pytest is obeyed again
 
     def pytest_osmosis_row_result(self, config: pytest.Config, result: dict[str, Any]) -> None:
         from pytest_osmosis.collect import pytest_verdict
@@ -75,26 +101,50 @@ class GitHubHooks:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """After the controller wrote metrics.json and applied the gate (its hook is tryfirst)."""
         path = os.environ.get("GITHUB_STEP_SUMMARY")
-        text = step_summary(self.session, self.headlines)
-        if path and text:
-            try:
+        if not path:
+            return
+        try:
+            text = step_summary(self.session, self.headlines)
+            if text:
                 with open(path, "a", encoding="utf-8") as handle:
                     handle.write(text)
-            except OSError as exc:
-                import warnings
-
-                warnings.warn(
-                    f"osmosis: cannot write the GitHub step summary {path}: {exc.strerror or exc}",
-                    pytest.PytestWarning,
-                    stacklevel=1,
-                )
+        except Exception as exc:  # a CI surface never changes the exit status
+            _surface_failed(session.config, f"the GitHub step summary {path}", exc)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        base = Path(os.environ.get("GITHUB_WORKSPACE") or self.session.config.rootpath)
-        runs = self.session.runs.values()
-        attempts = [a for run in runs if run.metrics for a in not_passed(run, self.headlines)]
-        for line in annotation_lines(attempts, base):
+        config = self.session.config
+        try:
+            base = Path(os.environ.get("GITHUB_WORKSPACE") or config.rootpath)
+            runs = [run for run in self.session.runs.values() if run.metrics]
+            lines = [
+                line
+                for run in runs
+                for line in annotation_lines(not_passed(run, self.headlines), base)
+            ]
+        except Exception as exc:  # a CI surface never changes the exit status
+            _surface_failed(config, "the GitHub annotations", exc)
+            return
+        self._resume_commands(config)
+        for line in lines:
             terminalreporter.write_line(line)
+        self._stop_commands(config)  # pytest's short summary (headlines) comes next
+
+
+def _print(config: pytest.Config, line: str) -> None:
+    """A line of ours on the terminal, past any row's captured output."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        print(line, flush=True)
+
+
+def _surface_failed(config: pytest.Config, surface: str, exc: BaseException) -> None:
+    """One warning line: a CI surface that could not be written changes nothing else."""
+    from pytest_osmosis.words import one_line, safe_text
+
+    why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
+    _print(config, f"osmosis: warning: cannot write {surface}: {one_line(safe_text(str(why)))}")
 
 
 def not_passed(run: ControllerRun, headlines: Mapping[tuple[str, int, int], str]) -> list[Attempt]:
@@ -213,16 +263,17 @@ def _regression(item: Any) -> str:
 
 def _cell(value: Any) -> str:
     """Text safe inside a Markdown table cell: one line, no pipe to split the cell."""
-    from pytest_osmosis.words import one_line
+    from pytest_osmosis.words import one_line, safe_text
 
-    return one_line(str(value), 300).replace("|", "\\|")
+    return one_line(safe_text(str(value)), 300).replace("|", "\\|")
 
 
 # -- annotations ------------------------------------------------------------------------
 
 
 def annotation_lines(attempts: list[Attempt], base: Path) -> list[str]:
-    """``::error`` workflow commands at each attempt's dataset line; past the limit, a count."""
+    """``::error`` workflow commands at a run's attempts' dataset lines (each config gets its
+    own ``MAX_ANNOTATIONS``); past the limit, one count."""
     lines = []
     for attempt in attempts[:MAX_ANNOTATIONS]:
         where = {"file": _relative(attempt.dataset, base)}
@@ -233,7 +284,11 @@ def annotation_lines(attempts: list[Attempt], base: Path) -> list[str]:
     if len(attempts) > MAX_ANNOTATIONS:
         more = len(attempts) - MAX_ANNOTATIONS
         lines.append(
-            command("warning", {}, f"{more} more attempts did not pass (see the step summary)")
+            command(
+                "warning",
+                {},
+                f"{attempts[0].run_name}: {more} more attempts did not pass (see the step summary)",
+            )
         )
     return lines
 
@@ -245,10 +300,12 @@ def command(name: str, properties: Mapping[str, str], message: str) -> str:
 
 
 def _escape(value: str, is_property: bool) -> str:
+    from pytest_osmosis.words import safe_text
+
     value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
     if is_property:
         value = value.replace(":", "%3A").replace(",", "%2C")
-    return value
+    return safe_text(value)
 
 
 def _relative(path: Path, base: Path) -> str:

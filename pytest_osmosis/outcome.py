@@ -116,6 +116,13 @@ class RowResult:
         # stay the one raised in the rollout's frames.
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         values.update(self.extra)
+        # The rollout's own words (an exception's message): escaped once, here, so the journal,
+        # the xdist channel and every surface can carry them (a lone surrogate cannot).
+        from pytest_osmosis.words import safe_text
+
+        for key in ("error_type", "message", "detail", "trajectory_problem"):
+            if isinstance(values.get(key), str):
+                values[key] = safe_text(values[key])
         values["passed"] = classify(values, self.pass_threshold) == PASSED
         return values
 

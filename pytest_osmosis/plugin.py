@@ -873,8 +873,8 @@ class EvalHooks:
 
         if not isinstance(item, EvalItem):
             return None
-        line = self.session.budget_stop()
-        if line is None or self.session.may_report(item):
+        line = self.session.wait_to_start(item)
+        if line is None:
             return None
         item.session.shouldstop = line
         return True
@@ -1095,13 +1095,16 @@ class XdistControllerHooks:
         node.workerinput["osmosis_prefetch"] = prefetch
         node.workerinput["osmosis_controller_pid"] = os.getpid()  # workers watch it (xdist.py)
         node.workerinput["osmosis_junit"] = bool(self.session.config.option.xmlpath)
-        if self.session.options.gate.budgeted:  # the controller tells workers a budget is spent
-            if self.session.stop_file is None:
+        if self.session.options.gate.budgeted:  # the controller admits each row (budget.py)
+            if self.session.budget is None or self.session.budget.shared is None:
                 import tempfile
 
-                directory = tempfile.mkdtemp(prefix="osmosis-budget-")
-                self.session.stop_file = os.path.join(directory, "spent")
-            node.workerinput["osmosis_stop_file"] = self.session.stop_file
+                from pytest_osmosis.budget import Budget, budget_values
+
+                directory = Path(tempfile.mkdtemp(prefix="osmosis-budget-"))
+                values = budget_values(self.session.options.gate.values)
+                self.session.budget = Budget(*values, shared=directory)
+            node.workerinput["osmosis_budget_dir"] = str(self.session.budget.shared)
         from pytest_osmosis.regrade import worker_input
 
         node.workerinput["osmosis_regrade"] = worker_input(self.session)
@@ -1141,7 +1144,9 @@ class XdistControllerHooks:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """A worker's list of a finished run's deselected items (for --junitxml)."""
+        """A worker is down: its rows are not in flight (budgets); its list of a finished
+        run's deselected items (for --junitxml)."""
+        self.controller.worker_gone(node)
         entries = getattr(node, "workeroutput", {}).get("osmosis_recorded")
         if entries and not any(run.recorded_items for run in self.session.runs.values()):
             self.controller.keep_recorded(entries)
@@ -1156,10 +1161,11 @@ class XdistControllerHooks:
         return running(self.blame_dir, str(node.gateway.id))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        if self.session.stop_file is not None:
+        budget = self.session.budget
+        if budget is not None and budget.shared is not None:
             import shutil
 
-            shutil.rmtree(os.path.dirname(self.session.stop_file), ignore_errors=True)
+            shutil.rmtree(budget.shared, ignore_errors=True)
         if self.blame_dir is not None:
             import shutil
 

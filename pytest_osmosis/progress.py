@@ -38,9 +38,9 @@ from pytest_osmosis.outcome import (
 from pytest_osmosis.words import (
     ATTEMPTS,
     OUTCOME_WORDS,
+    cost_words,
     outcomes_text,
     rate_text,
-    short_dollars,
 )
 
 #: What ``--osmosis-progress`` accepts: ``auto`` draws the status line on a terminal that can
@@ -123,6 +123,8 @@ class Snapshot:
     eta: float | None = None
     in_flight: int | None = None  # None: not known here (the xdist controller)
     cost: float | None = None  # None: no result carried a cost
+    priced: int = 0  # attempts with a cost, of ``costed`` attempts seen
+    costed: int = 0
 
 
 def status_line(snap: Snapshot, width: int = MAX_WIDTH) -> str:
@@ -146,7 +148,7 @@ def status_line(snap: Snapshot, width: int = MAX_WIDTH) -> str:
         tail.append((f"{snap.in_flight} in flight", 3))
     tail.append((f"{compact(snap.tokens)} tokens", 1))
     if snap.cost is not None:
-        tail.append((short_dollars(snap.cost), 4))
+        tail.append((cost_words(snap.cost, snap.priced, snap.costed, short=True), 4))
     tail.append((f"{clock_text(snap.elapsed)} elapsed", 2))
     if snap.eta is not None:
         tail.append((f"ETA {clock_text(snap.eta)}", 5))
@@ -211,6 +213,7 @@ class Progress:
         self.executed = 0
         self.tokens = recorded_tokens
         self.cost: float | None = None
+        self.priced = self.costed = 0  # attempts with a cost, of those seen
         self._in_flight = in_flight
         self._last_heartbeat = self.paced_from
         self.status: StatusLine | None = None
@@ -290,6 +293,8 @@ class Progress:
             eta=eta,
             in_flight=self._in_flight() if self._in_flight is not None else None,
             cost=self.cost,
+            priced=self.priced,
+            costed=self.costed,
         )
 
     def add_cost(self, row: Mapping[str, Any]) -> None:
@@ -297,8 +302,10 @@ class Progress:
         from pytest_osmosis.results.runs import COST_KEY
 
         cost = row.get(COST_KEY)
+        self.costed += 1
         if isinstance(cost, (int, float)) and not isinstance(cost, bool):
             self.cost = (self.cost or 0.0) + float(cost)
+            self.priced += 1
 
     def _per_row(self, now: float) -> float:
         """Seconds per row at this session's pace: from its first result on, once there
@@ -314,7 +321,11 @@ class Progress:
         counted = self.done - self.counts[SKIPPED]
         rate = rate_text(self.counts[PASSED], counted)
         eta = f", ETA {_duration(snap.eta)}" if snap.eta is not None else ""
-        cost = f"; {short_dollars(snap.cost)}" if snap.cost is not None else ""
+        cost = (
+            f"; cost {cost_words(snap.cost, snap.priced, snap.costed)}"
+            if snap.cost is not None
+            else ""
+        )
         earlier = f" ({self.recorded} recorded earlier)" if self.recorded else ""
         return (
             f"{self.done}/{self.total} {ATTEMPTS} done{earlier}: {outcomes_text(self.counts)}; "

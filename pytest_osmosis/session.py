@@ -60,6 +60,7 @@ from pytest_osmosis.workspace.plan import (
 )
 
 if TYPE_CHECKING:
+    from pytest_osmosis.budget import Budget, Tickets
     from pytest_osmosis.collect import EvalItem
     from pytest_osmosis.gate import GateOptions, Verdict
     from pytest_osmosis.milestones import Milestones
@@ -194,10 +195,11 @@ class EvalSession:
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
         self._positions: dict[Path, dict[int, int]] = {}  # dataset row -> selection position
         self._warned: set[str] = set()  # the lines warn_once has written
-        #: Why no new row may start (a spent budget), set by the controller; an xdist
-        #: worker reads it from ``stop_file``, which the controller writes.
+        #: Why no new row may start (a spent budget), once the controller said so.
         self.stop_line: str | None = None
-        self.stop_file: str | None = None
+        #: The budgets (budget.py): the controller's accounts, or an xdist worker's tickets.
+        self.budget: Budget | None = None
+        self.tickets: Tickets | None = None
         self.milestones: Milestones | None = None
         """Start-up phases on the controller's terminal (set by the controller role)."""
         self.faulted = False
@@ -235,7 +237,12 @@ class EvalSession:
         """What the xdist controller decided: run directory names, whether shards are ours."""
         self._run_names.update(workerinput.get("osmosis_runs", {}))
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
-        self.stop_file = workerinput.get("osmosis_stop_file")
+        if workerinput.get("osmosis_budget_dir"):
+            from pytest_osmosis.budget import Tickets
+
+            self.tickets = Tickets(
+                Path(workerinput["osmosis_budget_dir"]), str(workerinput["workerid"])
+            )
         blame_dir = workerinput.get("osmosis_blame_dir")
         self._blame_slot = (str(blame_dir), str(workerinput["workerid"])) if blame_dir else None
         if workerinput.get("osmosis_regrade"):
@@ -616,9 +623,7 @@ class EvalSession:
     @property
     def executor(self) -> Executor:
         if self._executor is None:
-            self._executor = Executor(
-                self._concurrency(), may_start=lambda: self.budget_stop() is None
-            )
+            self._executor = Executor(self._concurrency(), may_start=self._may_start)
             if self._blame_slot:
                 # Which row's code runs, for whoever reads it if this process dies (blame.py):
                 # the xdist controller, or the next single-process session.
@@ -704,25 +709,44 @@ class EvalSession:
 
     # -- budgets ---------------------------------------------------------------------
 
+    def _may_start(self) -> bool:
+        """Whether the budgets let one more row start now (it counts as started if so)."""
+        if self.tickets is not None:
+            return self.tickets.take()
+        return self.budget is None or self.is_worker or self.budget.admit()
+
     def stop_starting(self, line: str) -> None:
         """Controller: a budget is spent; no new row starts here or on any xdist worker.
 
         Rows in flight finish and are recorded; the rows not started stay pending.
         """
         self.stop_line = line
-        if self.stop_file is not None:
-            from pytest_osmosis.results.atomic import atomic_write_bytes
+        if self.budget is not None:
+            self.budget.publish_stop(line)
+        for run in self.runs.values():
+            run.log.warning("budget", line)
 
-            atomic_write_bytes(Path(self.stop_file), line.encode(), durable=False)
+    def wait_to_start(self, item: EvalItem) -> str | None:
+        """Under a budget: start ``item`` once the controller admits it (budget.py), or
+        return the line that stops the session when it never will."""
+        if self.stop_line is not None:
+            return None if self.may_report(item) else self.stop_line
+        if (self.budget is None and self.tickets is None) or self.carried_forward(item):
+            return None
+        from pytest_osmosis.budget import wait_between_looks
 
-    def budget_stop(self) -> str | None:
-        """The line a spent budget stops the session with, once the controller said so."""
-        if self.stop_line is None and self.is_worker and self.stop_file:
-            try:
-                self.stop_line = Path(self.stop_file).read_text() or None
-            except OSError:
-                return None
-        return self.stop_line
+        factory = lambda: self._execute(item)  # noqa: E731
+        while not self.executor.start(item.nodeid, factory):
+            if self.tickets is None:  # one process: no row in flight can free room now
+                assert self.budget is not None
+                self.stop_starting(self.budget.stop_line())
+                return self.stop_line
+            line = self.tickets.stop_line()
+            if line is not None:
+                self.stop_line = line
+                return line
+            wait_between_looks()
+        return None
 
     def may_report(self, item: EvalItem) -> bool:
         """Whether ``item`` can run after a budget is spent: it is in flight, or recorded."""

@@ -39,6 +39,10 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
             terminal.write_line(line)
         if run.upload_line:
             terminal.write_line(f"upload     {run.upload_line}")
+    if session.budget is not None and any(run.metrics for run in session.runs.values()):
+        # The budget counts this session's rows (each session has its own budget).
+        spent = "spent: " if session.budget.spent() else ""
+        terminal.write_line(f"budget     {spent}{session.budget.spend_text()} (this session)")
     verdict = session.verdict
     if verdict is not None:
         word = "PASSED" if verdict.passed else "FAILED"
@@ -171,7 +175,10 @@ def row_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def cost_text(doc: dict[str, Any]) -> str:
-    """``   cost $0.000123``, or ``   cost unknown`` when a model has no price."""
-    from pytest_osmosis.words import dollars
+    """``   cost $0.000123 for 3 of 5 priced attempts``, or ``   cost unknown``."""
+    from pytest_osmosis.words import costs_text
 
-    return f"   cost {dollars(doc['cost_usd'])}" if "cost_usd" in doc else ""
+    costs = doc.get("cost_usd_by_rollout")
+    if not isinstance(costs, dict):
+        return ""
+    return f"   cost {costs_text(costs.values())}"

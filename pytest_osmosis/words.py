@@ -13,7 +13,8 @@ always used; only what a person reads is worded here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pytest_osmosis import outcome
@@ -90,9 +91,50 @@ def short_dollars(cost: float) -> str:
     return f"${cost:.2f}" if cost >= 0.005 or cost == 0 else "<$0.01"
 
 
+def cost_words(total: float, priced: int, attempts: int, *, short: bool = False) -> str:
+    """``$0.000123 for 3 of 5 priced attempts``, or ``unknown`` when no attempt had a priced
+    model call: the cost the results table, the status line and the report show (an attempt
+    without one has an unknown cost, never $0). ``short`` (the status line, once one attempt
+    was priced): :func:`short_dollars`, with ``(3/5 priced)`` while some attempts are not."""
+    if short:
+        partial = f" ({priced}/{attempts} priced)" if priced < attempts else ""
+        return short_dollars(total) + partial
+    if priced == 0:
+        return "unknown"
+    return f"{dollars(total)} for {priced} of {attempts} priced attempts"
+
+
+def costs_text(costs: Iterable[Any]) -> str:
+    """:func:`cost_words` of attempts' costs (anything but a number: not priced)."""
+    import math
+
+    every = list(costs)
+    known = [float(c) for c in every if isinstance(c, (int, float)) and not isinstance(c, bool)]
+    return cost_words(math.fsum(known), len(known), len(every))
+
+
 def one_line(text: str, limit: int | None = None) -> str:
     """Text as one line (white space folded), cut to *limit* characters with ``...``."""
     flat = " ".join(text.split())
     if limit is None or len(flat) <= limit:
         return flat
     return flat[: limit - 3] + "..."
+
+
+#: What no surface writes raw: C0 controls but tab and newline, DEL, C1 controls, the
+#: Unicode line and paragraph separators, and lone surrogates (a ``surrogateescape`` decode).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def safe_text(text: str) -> str:
+    """Any string as every surface can write it: what a terminal would obey (ESC, BEL, a
+    carriage return) or an encoder refuse (a lone surrogate) shown as its ``\\u001b`` or
+    ``\\udcff`` escape; tabs and newlines kept. Every surface calls this. The escapes are
+    JSON's, so JSON text stays valid JSON of the same strings."""
+    if text.isascii() and text.isprintable():
+        return text
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from test_gate import ROWS
-from workspaces import calc_rows, only_run_dir, read_index, write_workspace
+from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
 
 from pytest_osmosis.github import annotation_lines, command, gate_section
 
@@ -40,6 +40,31 @@ def run(pytester: pytest.Pytester, xdist: tuple[str, ...], *args: str) -> pytest
 
 
 # ------------------------------------------------------------------ GitHub Actions
+
+
+def runner_commands(lines: list[str]) -> list[str]:
+    """The workflow commands a GitHub runner obeys in this output, in order: lines that
+    start with ``::`` (after white space), none while ``::stop-commands::TOKEN`` holds
+    until the line ``::TOKEN::``. Commands must be on again when the output ends."""
+    obeyed: list[str] = []
+    token = None
+    for line in lines:
+        text = line.strip()
+        if token is not None:
+            if text == f"::{token}::":
+                token = None
+            continue
+        if text.startswith("::"):
+            obeyed.append(text)
+            if text.startswith("::stop-commands::"):
+                token = text[len("::stop-commands::") :]
+    assert token is None, "workflow commands are still off when the output ends"
+    return obeyed
+
+
+def annotations(lines: list[str]) -> list[str]:
+    """The commands obeyed, but for ours that turn commands off around the session's text."""
+    return [c for c in runner_commands(lines) if not c.startswith("::stop-commands::")]
 
 
 @pytest.fixture
@@ -89,34 +114,124 @@ def test_github_step_summary_and_annotations(
         "",
     ]
     # One workflow command per attempt that did not pass, at its dataset line.
-    commands = [line for line in result.stdout.lines if line.startswith("::")]
-    assert commands == [
+    assert annotations(result.stdout.lines) == [
         f"::error file=data/calc.jsonl,line=5,title=ci%3A row 4 run 0::{RAISED}",
         f"::error file=data/calc.jsonl,line=4,title=ci%3A row 3 run 0::{LOW}",
     ]
 
 
-def test_github_annotations_stop_at_ten_then_count(
+def test_github_annotations_stop_at_ten_per_config_then_count(
     pytester: pytest.Pytester, model_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 12 rows below the threshold, written as CSV (line 1 is the header).
+    # Two configs, 12 rows below the threshold each: one dataset written as CSV (line 1 is
+    # the header), the other as JSON lines.
     rows = "".join(f"What is {n} + 1?,{n}\n" for n in range(12))
     write_workspace(pytester.path, rows=[])
     (pytester.path / "data" / "calc.jsonl").unlink()
     (pytester.path / "data" / "calc.csv").write_text("user_prompt,ground_truth\n" + rows)
+    other = calc_rows([(f"What is {n} + 2?", str(n)) for n in range(12)])
+    write_workspace(pytester.path, name="other", dataset="other", rows=other)
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)  # annotations only
     monkeypatch.setenv("GITHUB_WORKSPACE", str(pytester.path))
-    result = pytester.runpytest(*BASE, "--osmosis-name", "many")
-    result.assert_outcomes(failed=12)
-    commands = [line for line in result.stdout.lines if line.startswith("::")]
-    assert len(commands) == 11
-    assert commands[0] == (
-        "::error file=data/calc.csv,line=2,title=many%3A row 0 run 0::"
-        "reward 0.00 < pass_threshold 1.00 (row 0, run 0)"
+    result = pytester.runpytest(*BASE)
+    result.assert_outcomes(failed=24)
+    commands = annotations(result.stdout.lines)
+    assert len(commands) == 22
+    by_file = {
+        name: [c for c in commands if c.startswith(f"::error file=data/{name},line=")]
+        for name in ("calc.csv", "other.jsonl")
+    }
+    assert [len(found) for found in by_file.values()] == [10, 10]
+    assert by_file["calc.csv"][0].endswith(
+        "row 0 run 0::reward 0.00 < pass_threshold 1.00 (row 0, run 0)"
     )
-    assert all(c.startswith("::error file=data/calc.csv,line=") for c in commands[:10])
-    assert commands[10] == "::warning::2 more attempts did not pass (see the step summary)"
+    counts = [c for c in commands if c.startswith("::warning::")]
+    assert len(counts) == 2
+    assert all(c.endswith(": 2 more attempts did not pass (see the step summary)") for c in counts)
+
+
+# Row 4's workflow prints workflow commands (its own output reaches the terminal as it
+# wrote it) and raises what a hostile or broken rollout could: workflow commands at the
+# start of lines, terminal controls, a lone surrogate (a surrogateescape decode of bytes
+# that are not UTF-8), which every surface of ours shows escaped.
+RAISE = '            raise RuntimeError("workflow exploded on purpose")\n'
+HOSTILE_ROLLOUT = CALC_ROLLOUT.replace(
+    RAISE,
+    "            print('::add-mask::leaked\\n::error::printed by the rollout\\n'\n"
+    "                  '::stop-commands::theirs')\n"
+    "            raise RuntimeError(\n"
+    "                'exploded\\n::error file=x,line=1::raised\\n::warning::raised\\x1b]0;t\\x07'\n"
+    "                '\\x00 ' + b'\\xff'.decode('utf-8', 'surrogateescape')\n"
+    "            )\n",
+)
+SURROGATE_ROLLOUT = CALC_ROLLOUT.replace(
+    RAISE,
+    "            raise RuntimeError(b'bytes \\xff'.decode('utf-8', 'surrogateescape'))\n",
+)
+assert RAISE in CALC_ROLLOUT and "surrogateescape" in HOSTILE_ROLLOUT
+
+
+@MODES
+def test_a_lone_surrogate_changes_no_exit_status(
+    workspace: pytest.Pytester, github: Path, xdist: tuple[str, ...]
+) -> None:
+    write_workspace(workspace.path, rows=ROWS, rollout_source=SURROGATE_ROLLOUT)
+    junit = workspace.path / "junit.xml"
+    result = run(
+        workspace,
+        xdist,
+        "--osmosis-min-pass-rate",
+        "0.5",
+        "--osmosis-name",
+        "ci",
+        f"--junitxml={junit}",
+        "--osmosis-report",
+    )
+    assert result.ret == 0, result.stdout.str()  # the gate's verdict: 3 of 5 pass
+    headline = "agent_error: workflow raised RuntimeError: bytes \\udcff (row 4, run 0)"
+    assert f"| 4 | 0 | errored |  | {headline} |" in github.read_text(encoding="utf-8")
+    assert annotations(result.stdout.lines)[0].endswith(f"::{headline}")
+    assert "bytes \\udcff" in junit.read_text(encoding="utf-8")
+    assert "cannot write" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
+def test_nothing_a_rollout_prints_is_obeyed_by_the_runner(
+    workspace: pytest.Pytester, github: Path, xdist: tuple[str, ...]
+) -> None:
+    write_workspace(workspace.path, rows=ROWS, rollout_source=HOSTILE_ROLLOUT)
+    junit = workspace.path / "junit.xml"
+    result = workspace.runpytest_subprocess(
+        *BASE,
+        *xdist,
+        "--osmosis-min-pass-rate",
+        "0.5",
+        "--osmosis-name",
+        "ci",
+        f"--junitxml={junit}",
+        "-rA",
+    )
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "::add-mask::leaked" in out and "::error::printed by the rollout" in out  # shown
+    obeyed = runner_commands(result.stdout.lines)
+    assert [c.split("::")[1] for c in obeyed] == [
+        "stop-commands",
+        "error file=data/calc.jsonl,line=5,title=ci%3A row 4 run 0",
+        "error file=data/calc.jsonl,line=4,title=ci%3A row 3 run 0",
+        "stop-commands",
+    ]
+    assert obeyed[1].endswith(
+        "::agent_error: workflow raised RuntimeError: exploded ::error file=x,line=1::raised"
+        " ::warning::raised\\u001b]0;t\\u0007\\u0000 \\udcff (row 4, run 0)"
+    )
+    for control in ("\x1b", "\x07", "\x00"):
+        assert control not in out and control not in result.stderr.str()
+    summary = github.read_text(encoding="utf-8")
+    assert "raised\\u001b]0;t\\u0007\\u0000 \\udcff (row 4, run 0) |" in summary
+    ET.parse(junit)  # well-formed
+    assert "\\u001b" in junit.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(

@@ -408,9 +408,11 @@ def test_direct_rows_are_priced_from_litellms_map_without_importing_it(
         )
     assert costs == pytest.approx(expected) and all(costs.values())
     assert "cost unknown" not in result.stdout.str()
-    # Progress says the running cost is under a cent, not "$0.00" (which reads as free).
+    # Progress says the running cost in the results table's words, never "$0.00" (which
+    # reads as free): every attempt so far priced, the sum above zero.
     rows = [line for line in result.stdout.lines if line.startswith("osmosis: row ")]
-    assert rows and all("; <$0.01; " in line and "$0.00;" not in line for line in rows), rows
+    found = [re.search(r"; cost \$(\d+\.\d{6}) for (\d+) of \2 priced attempts; ", r) for r in rows]
+    assert rows and all(m and float(m.group(1)) > 0 for m in found), rows
 
 
 # -- 6: a green local run says what it did not cover --------------------------------------------

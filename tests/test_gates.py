@@ -299,6 +299,58 @@ def test_a_spent_budget_stops_new_rows_and_the_run_resumes(
     assert _journalled(run_dir) > first, again.stdout.str()
 
 
+# Twelve rows that each spend the same (6 tokens): budgets of about three rows, four in flight.
+ALIKE_ROWS = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(10, 22)])
+TRIALS = 3
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
+@pytest.mark.parametrize(
+    ("budget", "delay"),
+    [
+        (("--osmosis-max-tokens", "20"), 0.0),
+        (("--osmosis-max-tokens", "20"), 0.2),
+        (("--osmosis-model", "openai/gpt-4o-mini", "--osmosis-max-cost", "0.000004"), 0.0),
+    ],
+    ids=["tokens-fast-model", "tokens-slow-model", "cost-fast-model"],
+)
+def test_a_budget_overshoots_by_at_most_one_rows_spend(
+    served: pytest.Pytester, model_server: Any, xdist: bool, budget: tuple[str, ...], delay: float
+) -> None:
+    """Rows start only while the spend plus a reserve for each row in flight stays below the
+    budget; the stop line and the results table say the final spend, metrics.json's."""
+    write_workspace(served.path, rows=ALIKE_ROWS)
+    model_server.delay = delay
+    tokens_budget = budget[0] == "--osmosis-max-tokens"
+    limit = float(budget[-1])
+    for trial in range(TRIALS):
+        name = f"b{trial}"
+        result = _run(served, xdist, "--osmosis-name", name, "--osmosis-concurrency", "4", *budget)
+        assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
+        rows = [json.loads(line) for line in (_run_dir(served, name) / "events.jsonl").open()]
+        assert 1 <= len(rows) < len(ALIKE_ROWS)
+        if tokens_budget:
+            spends = [int(row["tokens"]) for row in rows]
+            spent = f"{sum(spends)} tokens of --osmosis-max-tokens 20"
+            metrics = json.loads((_run_dir(served, name) / "metrics.json").read_text())
+            assert metrics["summary"]["tokens_used"] == sum(spends)
+        else:
+            doc = json.loads((_run_dir(served, name) / ROW_METRICS_FILENAME).read_text())
+            spends = list(doc["cost_usd_by_rollout"].values())
+            assert doc["cost_usd"] == pytest.approx(sum(spends))
+            spent = f"${sum(spends):.6f} of --osmosis-max-cost $0.000004"
+        assert sum(spends) >= limit  # the budget was spent ...
+        assert sum(spends) - limit <= max(spends)  # ... and overshot by one row's spend at most
+        result.stdout.fnmatch_lines(
+            [
+                f"budget     spent: {spent} (this session)",
+                f"*Interrupted: osmosis: budget spent ({spent}): rows in flight finished, "
+                "rows not started stay pending; run the same command again to resume*",
+            ]
+        )
+
+
 @pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
 def test_budgets_not_spent_run_every_row_and_show_the_cost(
     served: pytest.Pytester, xdist: bool
@@ -329,6 +381,34 @@ def test_budgets_not_spent_run_every_row_and_show_the_cost(
     assert [row["cost_usd"] for row in rows] == [
         doc["cost_usd_by_rollout"][row["rollout_id"]] for row in rows
     ]
+
+
+def test_an_attempt_without_a_priced_call_has_an_unknown_cost_everywhere(
+    served: pytest.Pytester,
+) -> None:
+    """Row 3 raises before any model call: its cost is unknown, not $0, and the results
+    table, the progress line and the report's cost card say so in the same words."""
+    rows = calc_rows([("What is 2 + 2?", "4"), ("What is 3 + 3?", "6"), ("What is 4 + 4?", "8")])
+    write_workspace(
+        served.path, rows=[*rows, *calc_rows([("What is 1 + 1?", "2", "workflow_raise")])]
+    )
+    args = ("--osmosis-name", "c", "--osmosis-report", "--osmosis-progress", "log")
+    result = served.runpytest(*BASE, *args, "--osmosis-model", "openai/gpt-4o-mini")
+    doc = json.loads((_run_dir(served, "c") / ROW_METRICS_FILENAME).read_text())
+    known = [cost for cost in doc["cost_usd_by_rollout"].values() if cost is not None]
+    assert len(known) == 3 and len(doc["cost_usd_by_rollout"]) == 4
+    words = f"${sum(known):.6f} for 3 of 4 priced attempts"
+    result.stdout.fnmatch_lines(
+        [f"*4/4 attempts done*; cost {words}; *", f"tokens * cost {words} *"]
+    )
+    report = (_run_dir(served, "c") / "report.html").read_text()
+    assert f'<div class="sub">{words}; ' in report
+    # A model without a price: nothing was priced, so every surface says unknown.
+    unpriced = served.runpytest(*BASE, "--osmosis-name", "u", "--osmosis-report")
+    unpriced.stdout.fnmatch_lines(["tokens * cost unknown *"])
+    assert "$" not in unpriced.stdout.str()
+    report = (_run_dir(served, "u") / "report.html").read_text()
+    assert '<div class="label">Cost</div><div class="value ">unknown</div>' in report
 
 
 def test_a_cost_budget_for_a_model_without_a_price_is_refused_at_start(

@@ -152,7 +152,7 @@ def test_a_cost_is_shown_once_results_carry_one() -> None:
     progress = Progress(reporter, total=2, mode="log")
     progress.add({**RESULTS[0], "cost_usd": 0.0125})
     progress.add({**RESULTS[1], "cost_usd": 0.0100})
-    assert "; 20 tokens; $0.02; " in reporter.lines[1]
+    assert "; 20 tokens; cost $0.022500 for 2 of 2 priced attempts; " in reporter.lines[1]
     assert status_line(progress.snapshot()).count("$0.02") == 1
 
 

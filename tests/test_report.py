@@ -224,6 +224,7 @@ def test_header_cards_show_the_metrics(run_dir: Path) -> None:
         ("Pass rate", "40.0%"),
         ("Outcomes", "12 / 12"),
         ("Tokens", "150"),
+        ("Cost", "unknown"),
         ("Duration", "69.4 s"),
         ("pass@2", "60.0%"),
         ("Mean reward", "0.667"),
@@ -510,7 +511,8 @@ def test_no_cost_or_explanation_column_when_no_row_has_one(run_dir: Path) -> Non
     assert {"q_in", "lab", "ans"} <= set(heads)
     assert "cost" not in heads and "expl" not in heads
     assert not any("cost" in r or "expl" in r for r in page.data["rows"])
-    assert ">Cost<" not in text
+    # The cost card says what the results table says: no attempt was priced.
+    assert '<div class="label">Cost</div><div class="value ">unknown</div>' in text
 
 
 def test_cost_from_the_journal_row_wins_over_the_trajectory(run_dir: Path) -> None:

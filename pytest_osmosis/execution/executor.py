@@ -304,6 +304,21 @@ class Executor:
             self._futures.pop(key, None)
         return result
 
+    def start(self, key: str, factory: CoroFactory) -> bool:
+        """Start ``key`` now unless ``may_start`` holds it (a budget): True when it runs or
+        ran. Unlike ``result``, a budget is never bypassed."""
+        self.submit(key, factory)
+        with self._lock:
+            entry = self._queue.get(key)
+            if entry is None:
+                return True
+            if not self.may_start():
+                return False
+            del self._queue[key]
+            self._running += 1
+        self._launch(*entry)
+        return True
+
     def finished(self, *, wait: bool = True) -> dict[str, Any]:
         """Results of items that completed but nobody has taken yet (key -> result).
 
@@ -389,6 +404,10 @@ class Executor:
             self._stopping = True
             self.loop.call_soon_threadsafe(self._stop_loop)
             self._thread.join(5.0)
+
+    def pump(self) -> None:
+        """Start queued work while slots are free (``may_start`` may say yes now)."""
+        self._pump()
 
     def _pump(self) -> None:
         """Start queued work while slots are free; re-entrant calls just ask for another pass."""

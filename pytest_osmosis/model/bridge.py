@@ -135,7 +135,9 @@ class Bridge:
         """Per rollout: reasoning fields by the id of the tool call they came with."""
         self._rate_limited: dict[str, int] = {}
         self._costs: dict[str, float | None] = {}
-        """Per open rollout: dollars spent so far by LiteLLM's cost map (None: unpriced)."""
+        """Per open rollout: dollars spent so far by LiteLLM's cost map (None: no priced call
+        yet); in ``_unpriced`` once a call had no usage or no price (its cost is unknown)."""
+        self._unpriced: set[str] = set()
         self._cached: dict[str, CachedAttempt] = {}
         """Per open rollout using the model-call cache: its row and attempt there."""
         self.offline = False
@@ -280,7 +282,7 @@ class Bridge:
                 self._keys[rollout_id] = key
             self._tokens.setdefault(rollout_id, None)
             self._calls.setdefault(rollout_id, [])
-            self._costs.setdefault(rollout_id, 0.0)
+            self._costs.setdefault(rollout_id, None)
             if cache is not None:
                 self._cached[rollout_id] = cache
         return f"{self.base_url}/v1/rollouts/{rollout_id}", key.decode()[len("Bearer ") :]
@@ -300,9 +302,14 @@ class Bridge:
             self._allowed_judges.update(_model_ids(models))
 
     def pop_cost(self, rollout_id: str) -> float | None:
-        """What `rollout_id`'s calls cost in dollars (None: a call's model has no price)."""
+        """What `rollout_id`'s calls cost in dollars; None when unknown: no call was priced,
+        or one had no usage or no price (an attempt that made no call has no price: not $0)."""
         with self._lock:
-            return self._costs.pop(rollout_id, None)
+            cost = self._costs.pop(rollout_id, None)
+            if rollout_id in self._unpriced:
+                self._unpriced.discard(rollout_id)
+                return None
+            return cost
 
     def pop_rate_limited(self, rollout_id: str) -> int:
         """How many of `rollout_id`'s calls the provider answered with 429 (then retried)."""
@@ -678,6 +685,9 @@ class Bridge:
             if calls is not None:
                 calls.append(call)
         if usage is None:
+            with self._lock:
+                if rollout_id in self._costs:
+                    self._unpriced.add(rollout_id)
             return
         total = usage["total_tokens"]
         self.tokens_total += total
@@ -687,8 +697,10 @@ class Bridge:
             if rollout_id in self._tokens:
                 self._tokens[rollout_id] = (self._tokens[rollout_id] or 0) + total
             if rollout_id in self._costs:
-                spent = self._costs[rollout_id]
-                self._costs[rollout_id] = None if spent is None or cost is None else spent + cost
+                if cost is None:
+                    self._unpriced.add(rollout_id)
+                else:
+                    self._costs[rollout_id] = (self._costs[rollout_id] or 0.0) + cost
 
     async def _stream(
         self,

@@ -70,12 +70,14 @@ def _writable(directory: Path) -> bool:
 
 def _write_text(path: Path, text: str) -> None:
     """Atomic replace, so a browser tab reloading the report never sees half a file."""
+    from pytest_osmosis.words import safe_text
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(text)
+                handle.write(safe_text(text))  # a lone surrogate in a row cannot fail it
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:

@@ -42,6 +42,7 @@ from pytest_osmosis.words import (
     PASS_RATE_BASIS,
     PASSED,
     SKIPPED,
+    costs_text,
     one_line,
     pass_rate_basis,
     percent,
@@ -164,15 +165,13 @@ def _cards(
         )
     )
     costs = [float(r["cost"]) for r in records if isinstance(r.get("cost"), (int, float))]
+    # In the results table's words (an attempt without a priced model call: unknown, not $0).
     if costs:
-        cards.append(
-            _card(
-                "Cost",
-                _cost_text(math.fsum(costs)),
-                f"{_cost_text(math.fsum(costs) / len(costs))} per priced attempt; "
-                f"{len(costs)} of {len(records)} priced",
-            )
-        )
+        mean = _cost_text(math.fsum(costs) / len(costs))
+        priced = f"{costs_text(r.get('cost') for r in records)}; {mean} per priced attempt"
+        cards.append(_card("Cost", _cost_text(math.fsum(costs)), priced))
+    else:
+        cards.append(_card("Cost", "unknown", "no attempt had a priced model call"))
     durations = [float(row["duration_ms"]) for row in rows if "duration_ms" in row]
     sub = (
         f"per attempt: median {format_duration(quantile(durations, 0.5))}, "
