@@ -38,6 +38,7 @@ from pytest_osmosis.execution.serve_child import LIFELINE_ENV
 from pytest_osmosis.outcome import RowResult
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace import environment
+from pytest_osmosis.workspace.loader import SERVE_ADVICE
 
 if TYPE_CHECKING:
     import aiohttp
@@ -251,10 +252,16 @@ class RolloutServer:
             if self._child.returncode is not None:
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(self._tee), 2.0)  # type: ignore[arg-type]
+                code = self._child.returncode
+                if code == 0:  # the entrypoint ran to its end: nothing in it serves
+                    raise ServerStartError(
+                        f"{self.entrypoint}: the rollout server ended (exit code 0) without "
+                        f"serving: `osmosis eval run` runs the entrypoint as __main__ and "
+                        f"needs it to {SERVE_ADVICE}; see {self.log.path}"
+                    )
                 raise ServerStartError(
                     f"{self.entrypoint}: the rollout server exited with code "
-                    f"{self._child.returncode} before becoming healthy{self._last()}; "
-                    f"see {self.log.path}"
+                    f"{code} before becoming healthy{self._last()}; see {self.log.path}"
                 )
             try:
                 async with self._http.get(
@@ -277,8 +284,8 @@ class RolloutServer:
             if time.monotonic() >= deadline:
                 raise ServerStartError(
                     f"{self.entrypoint}: the rollout server did not become healthy within "
-                    f"{self.start_timeout:g} s (it must serve on _OSMOSIS_ROLLOUT_PORT, as "
-                    f"`osmosis eval run` requires){self._last()}; see {self.log.path}"
+                    f"{self.start_timeout:g} s (`osmosis eval run` needs it to {SERVE_ADVICE})"
+                    f"{self._last()}; see {self.log.path}"
                 )
             await asyncio.sleep(_HEALTH_POLL_S)
 
