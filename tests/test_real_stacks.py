@@ -85,8 +85,20 @@ def workspace(root: Path, rollouts: Rollouts, rows: dict[str, list[dict[str, Any
         (root / "data" / f"{name}.jsonl").write_text(lines)
 
 
-def ends(run_dir: Path) -> list[tuple[int, str, float | None]]:
-    return sorted((r["row_index"], r["status"], r.get("reward")) for r in read_index(run_dir))
+def ends(run_dir: Path) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    """How a run ended each row (status, reward, error type, tokens) and its metrics
+    summary (durations aside: they are the only thing that may differ)."""
+    rows = sorted(
+        (r["row_index"], r["status"], r.get("reward"), r.get("error_type"), r.get("tokens"))
+        for r in read_index(run_dir)
+    )
+    summary = json.loads((run_dir / "metrics.json").read_text())["summary"]
+    return rows, {k: v for k, v in summary.items() if "duration" not in k}
+
+
+#: Each workspace runs in both of our execution modes: imported into the session, and on
+#: its own server as ``osmosis eval run`` runs it (issue 24, part 2).
+MODES = pytest.mark.parametrize("mode", ["in-process", "server"])
 
 
 def run_both(
@@ -95,12 +107,14 @@ def run_both(
     python: Path,
     rollouts: Rollouts,
     rows: dict[str, list[dict[str, Any]]],
-) -> tuple[dict[str, list[Any]], dict[str, list[Any]], str]:
-    """Each rollout's rows as ``osmosis eval run`` ends them and as one fresh
-    ``pytest --osmosis-eval`` session ends them, and that session's output."""
+    mode: str,
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, int], str]:
+    """Each rollout's rows and summary as ``osmosis eval run`` ends them and as one fresh
+    ``pytest --osmosis-eval --osmosis-execution <mode>`` session ends them, with that
+    session's outcomes and output."""
     env = {**os.environ, **model_server.env(), "OPENAI_AGENTS_DISABLE_TRACING": "1"}
     env.pop("PYTEST_ADDOPTS", None)
-    sdk: dict[str, list[Any]] = {}
+    sdk: dict[str, Any] = {}
     sdk_root = tmp_path / "sdk"
     workspace(sdk_root, rollouts, rows)
     for name, (_, entrypoint) in rollouts.items():
@@ -120,10 +134,16 @@ def run_both(
         sdk[name] = ends(sdk_root / "sdk-evals" / name)
     ours_root = tmp_path / "ours"
     workspace(ours_root, rollouts, rows)
+    execution = ["--osmosis-execution", mode]
+    if mode == "server" and any(
+        (source / "pyproject.toml").is_file() for source, _ in rollouts.values()
+    ):
+        # The SDK run above serves on this Python (server_interpreter), not a uv-synced
+        # environment (that would reach PyPI): so does ours. Rollouts without a
+        # pyproject.toml run on the session's Python through the SDK's bootstrap.
+        execution += ["--osmosis-server-python", str(python)]
     done = subprocess.run(
-        # In process: this file is about importing rollouts (server mode has its own tests).
-        [str(python), "-m", "pytest", "--osmosis-eval", "--osmosis-execution", "in-process"]
-        + ["-p", "no:cacheprovider"],
+        [str(python), "-m", "pytest", "--osmosis-eval", *execution, "-p", "no:cacheprovider"],
         cwd=ours_root,
         env=env,
         capture_output=True,
@@ -132,12 +152,15 @@ def run_both(
         check=False,
     )
     output = done.stdout + done.stderr
-    ours: dict[str, list[Any]] = {}
+    ours: dict[str, Any] = {}
     for name in rollouts:
         run_dirs = [p for p in (ours_root / ".osmosis" / "evals").glob(f"{name}*") if p.is_dir()]
         assert len(run_dirs) == 1, output[-4000:]
         ours[name] = ends(run_dirs[0])
-    return sdk, ours, output
+        served = "[rollout-server]" in (run_dirs[0] / "logs.txt").read_text()
+        assert served == (mode == "server"), f"{name} did not run {mode}"
+    outcomes = pytest.RunResult(done.returncode, output.splitlines(), [], 0).parseoutcomes()
+    return sdk, ours, outcomes, output
 
 
 TIMES_ROWS = [
@@ -146,56 +169,72 @@ TIMES_ROWS = [
 ]
 
 
+#: Both modes: the row the model answers right passes, the wrong one fails.
+OUTCOMES = {"passed": 1, "failed": 1}
+
+
 def _tools(model_server: ModelServer) -> None:
     model_server.tool_rules = [ToolRule("Multiply 6 by 7", "multiply", {"a": 6, "b": 7})]
     model_server.tool_answer = "{result}"
 
 
+def statuses(ended: dict[str, Any]) -> dict[str, list[tuple[Any, ...]]]:
+    """Row index, status and reward of each rollout's rows."""
+    return {name: [row[:3] for row in rows] for name, (rows, _) in ended.items()}
+
+
+@MODES
 def test_openai_agents_package_rollout_runs_as_osmosis_eval_run_runs_it(
-    tmp_path: Path, model_server: ModelServer
+    tmp_path: Path, model_server: ModelServer, mode: str
 ) -> None:
     """Refused at every row before: "it starts a server (binds ::1:0)" (urllib3's probe)."""
     if not sdk_python_imports("osmosis_ai.rollout.integrations.agents.openai_agents"):
         pytest.skip("needs osmosis-ai's OpenAI Agents integration (openai-agents)")
     _tools(model_server)
     assert SDK_PYTHON is not None
-    sdk, ours, output = run_both(
+    sdk, ours, outcomes, output = run_both(
         tmp_path,
         model_server,
         SDK_PYTHON,
         {"agents_package": (ROLLOUTS / "agents_package", "main.py")},
         {"agents_package": TIMES_ROWS},
+        mode,
     )
     expected = [(0, "success", 1.0), (1, "success", 0.0)]
-    assert sdk == {"agents_package": expected}
+    assert statuses(sdk) == {"agents_package": expected}
     assert ours == sdk, output[-4000:]
+    assert outcomes == OUTCOMES, output[-4000:]
     assert (
         "osmosis: warning" not in output
     )  # it serves on _OSMOSIS_ROLLOUT_PORT, in a full workspace
 
 
+@MODES
 def test_strands_rollout_runs_as_osmosis_eval_run_runs_it(
-    tmp_path: Path, model_server: ModelServer
+    tmp_path: Path, model_server: ModelServer, mode: str
 ) -> None:
     """Refused before, as the OpenAI Agents rollout was; its tool call really runs."""
     python = _stacks_python()
     if python is None:
         pytest.skip("needs osmosis-ai's Strands integration (OSMOSIS_STACKS_PYTHON)")
     _tools(model_server)
-    sdk, ours, output = run_both(
+    sdk, ours, outcomes, output = run_both(
         tmp_path,
         model_server,
         python,
         {"strands_tools": (ROLLOUTS / "strands_tools", "main.py")},
         {"strands_tools": TIMES_ROWS},
+        mode,
     )
     expected = [(0, "success", 1.0), (1, "success", 0.0)]
-    assert sdk == {"strands_tools": expected}
+    assert statuses(sdk) == {"strands_tools": expected}
     assert ours == sdk, output[-4000:]
+    assert outcomes == OUTCOMES, output[-4000:]
 
 
+@MODES
 def test_subfolder_entrypoints_import_their_own_neighbours(
-    tmp_path: Path, model_server: ModelServer
+    tmp_path: Path, model_server: ModelServer, mode: str
 ) -> None:
     """``entrypoint = "agent/main.py"`` imports ``agent/helpers.py`` as ``helpers`` (it failed
     with ModuleNotFoundError before), and two such rollouts in one session each get their
@@ -215,7 +254,7 @@ def test_subfolder_entrypoints_import_their_own_neighbours(
     shutil.copytree(ROLLOUTS / "subfolder_entry", twin)
     helpers = twin / "agent" / "helpers.py"
     helpers.write_text(helpers.read_text().replace('FLAVOUR = "plain"', 'FLAVOUR = "twin"'))
-    sdk, ours, output = run_both(
+    sdk, ours, outcomes, output = run_both(
         tmp_path,
         model_server,
         SDK_PYTHON,
@@ -224,9 +263,11 @@ def test_subfolder_entrypoints_import_their_own_neighbours(
             "twin": (twin, "agent/main.py"),
         },
         rows,
+        mode,
     )
-    assert sdk == {
+    assert statuses(sdk) == {
         "plain": [(0, "success", 1.0), (1, "success", 0.0)],
         "twin": [(0, "success", 1.0), (1, "success", 0.0)],
     }
     assert ours == sdk, output[-4000:]
+    assert outcomes == {"passed": 2, "failed": 2}, output[-4000:]

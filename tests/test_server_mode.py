@@ -345,6 +345,29 @@ def test_a_server_that_exits_at_start_is_the_configs_error_with_its_last_line(
     assert "no GPU here" in (only_run_dir(pytester.path) / "logs.txt").read_text()
 
 
+@pytest.mark.parametrize(
+    "serve", ["", "\n\ndef main() -> None:\n    pass\n"], ids=["no-main", "idle-main"]
+)
+def test_an_entrypoint_that_ends_without_serving_is_told_what_the_sdk_needs(
+    pytester: pytest.Pytester, model_env: Any, serve: str
+) -> None:
+    """It ran to its end (exit code 0): the line says what the SDK's bootstrap expects of it
+    (before: "the rollout server exited with code 0 before becoming healthy", no reason)."""
+    add_config(pytester.path, ROWS[:2], name="idle", rollout="idle", serve=serve)
+    result = run(pytester, "--osmosis-execution", "server")
+    said = (
+        f"{pytester.path / 'rollouts' / 'idle' / 'main.py'}: the rollout server ended (exit "
+        "code 0) without serving: `osmosis eval run` runs the entrypoint as __main__ and "
+        'needs it to serve from main(), called under `if __name__ == "__main__":`, with '
+        "create_rollout_server(backend=...) run by uvicorn on "
+        f'int(os.environ["_OSMOSIS_ROLLOUT_PORT"]); see {only_run_dir(pytester.path)}/logs.txt'
+    )
+    assert said in result.stdout.lines, result.stdout.str()
+    assert "exited with code 0" not in result.stdout.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+    assert servers_left(pytester.path) == []
+
+
 def test_a_server_that_dies_mid_run_stops_the_session_with_the_rows_pending(
     pytester: pytest.Pytester, model_env: Any
 ) -> None:

@@ -38,6 +38,7 @@ from pytest_osmosis.execution.serve_child import LIFELINE_ENV
 from pytest_osmosis.outcome import RowResult
 from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace import environment
+from pytest_osmosis.workspace.loader import SERVE_ADVICE
 
 if TYPE_CHECKING:
     import aiohttp
@@ -52,6 +53,7 @@ HEALTH_TIMEOUT_S = 90.0  # the SDK's _HEALTH_TIMEOUT_SEC
 _HEALTH_POLL_S = 0.2
 _PORT_ATTEMPTS = 2
 _TERM_GRACE_S = 5.0
+_EXIT_GRACE_S = 10.0  # a reset connection to a dying server, until its exit is seen
 _TRAJECTORY_GRACE_S = 30.0
 _RESULT_GRACE_S = 60.0  # beyond both budgets before the supervisor gives up on a row
 _DEFAULT_DEADLINE_S = 3600.0
@@ -251,10 +253,16 @@ class RolloutServer:
             if self._child.returncode is not None:
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(asyncio.shield(self._tee), 2.0)  # type: ignore[arg-type]
+                code = self._child.returncode
+                if code == 0:  # the entrypoint ran to its end: nothing in it serves
+                    raise ServerStartError(
+                        f"{self.entrypoint}: the rollout server ended (exit code 0) without "
+                        f"serving: `osmosis eval run` runs the entrypoint as __main__ and "
+                        f"needs it to {SERVE_ADVICE}; see {self.log.path}"
+                    )
                 raise ServerStartError(
                     f"{self.entrypoint}: the rollout server exited with code "
-                    f"{self._child.returncode} before becoming healthy{self._last()}; "
-                    f"see {self.log.path}"
+                    f"{code} before becoming healthy{self._last()}; see {self.log.path}"
                 )
             try:
                 async with self._http.get(
@@ -277,8 +285,8 @@ class RolloutServer:
             if time.monotonic() >= deadline:
                 raise ServerStartError(
                     f"{self.entrypoint}: the rollout server did not become healthy within "
-                    f"{self.start_timeout:g} s (it must serve on _OSMOSIS_ROLLOUT_PORT, as "
-                    f"`osmosis eval run` requires){self._last()}; see {self.log.path}"
+                    f"{self.start_timeout:g} s (`osmosis eval run` needs it to {SERVE_ADVICE})"
+                    f"{self._last()}; see {self.log.path}"
                 )
             await asyncio.sleep(_HEALTH_POLL_S)
 
@@ -431,12 +439,27 @@ class RolloutServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            raise SessionFaultError(
-                f"the rollout server of {self.rollout_dir.name} exited with code "
-                f"{child.returncode}{self._last()}; see {self.log.path}"
-            )
+            raise self._died()
         answer: dict[str, Any] = task.result()
         return answer
+
+    async def _exited(self) -> bool:
+        """Whether the server has exited. A connection its death reset can arrive before
+        the exit is seen, so this waits for the exit event (bounded: a live server that
+        resets connections is "cannot be reached")."""
+        child = self._child
+        if child is None:
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(child.wait()), _EXIT_GRACE_S)
+        return child.returncode is not None
+
+    def _died(self) -> SessionFaultError:
+        code = self._child.returncode if self._child is not None else None
+        return SessionFaultError(
+            f"the rollout server of {self.rollout_dir.name} exited with code "
+            f"{code}{self._last()}; see {self.log.path}"
+        )
 
     async def _dispatch(self, request: dict[str, Any], budgets: Budgets) -> dict[str, Any]:
         """Admit the row, then wait for its terminal result within the supervisor deadline."""
@@ -464,8 +487,10 @@ class RolloutServer:
                 "err_message": f"no result within {_deadline(budgets):g} s of dispatch",
             }
         except (aiohttp.ClientError, ValueError, KeyError) as exc:
-            if self._stopping or (self._child is not None and self._child.returncode is not None):
+            if self._stopping:
                 raise
+            if await self._exited():  # its death reset the connection: say it died
+                raise self._died() from None
             raise SessionFaultError(
                 f"the rollout server of {self.rollout_dir.name} cannot be reached: "
                 f"{type(exc).__name__}: {one_line(str(exc), 200)}"

@@ -91,6 +91,13 @@ class _Load:
 
 #: Where ``osmosis eval run`` tells the rollout's server which port to serve on.
 ROLLOUT_PORT_VARIABLE = "_OSMOSIS_ROLLOUT_PORT"
+#: What ``osmosis eval run`` needs of an entrypoint it starts (its bootstrap runs the file as
+#: ``__main__`` and waits for ``/health`` on this port), in the words every message uses.
+SERVE_ADVICE = (
+    'serve from main(), called under `if __name__ == "__main__":`, with '
+    "create_rollout_server(backend=...) run by uvicorn on "
+    f'int(os.environ["{ROLLOUT_PORT_VARIABLE}"])'
+)
 DEFAULT_MAIN_TIMEOUT = 30.0  # generous: a loaded CI machine must not refuse a sound main()
 
 _lock = threading.Lock()
@@ -347,8 +354,7 @@ def _call_main(
         ended = "returned" if exc is None else f"ended ({_exception_line(exc)})"
         return [
             f"{entrypoint}: main() builds its LocalBackend but {ended} without serving it: "
-            f"{unreachable} (serve create_rollout_server(backend=...) with uvicorn on "
-            f'int(os.environ["{ROLLOUT_PORT_VARIABLE}"]))'
+            f"{unreachable} ({SERVE_ADVICE})"
         ]
     if exc is None or isinstance(exc, SystemExit):
         return []
