@@ -21,6 +21,29 @@ if TYPE_CHECKING:
 
 #: Flags that change what a run does once: never part of the command that resumes it.
 _ONCE = ("--osmosis-fresh", "--osmosis-retry-failed", "--osmosis-retry-below-threshold")
+#: pytest's selections: a command that deselects some of a run's items can never finish it,
+#: so the command that resumes the run leaves them out (flags alone, then flags with a value).
+_SELECTING = ("--lf", "--last-failed", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip")
+_SELECTING_VALUE = ("-k", "-m", "--deselect")
+
+
+def _without_selection(args: list[str]) -> list[str]:
+    """``args`` minus pytest's item selections (``--lf``, ``-k``, ``-m``, ``--deselect``,
+    node ids): what resumes a run runs all of its pending items."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in args:
+        if skip_value:
+            skip_value = False
+        elif arg in _SELECTING or "::" in arg:
+            pass
+        elif arg in _SELECTING_VALUE:
+            skip_value = True
+        elif arg.startswith("--deselect=") or arg[:2] in _SELECTING_VALUE:
+            pass  # --deselect=ID, -kEXPR, -mEXPR
+        else:
+            kept.append(arg)
+    return kept
 
 
 def _shown(path: Path, base: Path) -> str:
@@ -158,8 +181,10 @@ def _command(session: EvalSession, run: ControllerRun, *extra: str) -> str:
 
     config = session.config
     params = config.invocation_params
-    args = [arg for arg in params.args if arg not in _ONCE]
-    if not (session.options.name and len(session.runs) == 1):  # else: the same command
+    given = [arg for arg in params.args if arg not in _ONCE]
+    args = _without_selection(given)
+    if args != given or not (session.options.name and len(session.runs) == 1):
+        # else: the same command
         args = joined_option_values(args, params.dir, even_if_read_right=True) or args
         args = [
             arg

@@ -209,9 +209,7 @@ def test_the_block_on_a_terminal_stays_above_the_status_line(
     assert any(line.startswith("upload   osmosis eval upload .osmosis/evals/tty") for line in final)
 
 
-def test_after_the_table_the_commands_that_come_next(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+def test_after_the_table_the_commands_that_come_next(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     _low(pytester.path)
     first = pytester.runpytest("--osmosis-eval", "--osmosis-name", "monday", *PLAIN)
     first.stdout.fnmatch_lines(
@@ -237,9 +235,30 @@ def test_after_the_table_the_commands_that_come_next(
     )
 
 
-def test_after_ctrl_c_run_the_same_command_again(
+def test_the_resume_command_after_a_selection_finishes_the_run(
     pytester: pytest.Pytester, model_env
 ) -> None:  # type: ignore[no-untyped-def]
+    """A session that deselected some of a run's items (``-k``, ``--lf``) could never finish
+    the run with its own command: the resume command leaves the selection out."""
+    import shlex
+
+    write_workspace(
+        pytester.path, rows=calc_rows([("What is 2 + 2?", "4"), ("What is 1 + 1?", "2")])
+    )
+    first = pytester.runpytest("--osmosis-eval", "--osmosis-name", "kk", "-k", "row_0_", *PLAIN)
+    first.assert_outcomes(passed=1, deselected=1)
+    resume = [line for line in first.outlines if line.startswith("resume   ")]
+    assert len(resume) == 1, first.outlines
+    command = shlex.split(resume[0].split("  (")[0].removeprefix("resume   "))
+    assert "-k" not in command and "row_0_" not in command, command
+    again = pytester.runpytest(*command[1:])
+    again.assert_outcomes(passed=2)  # the pending row ran; the recorded one reports its record
+    assert "resume   " not in again.stdout.str()
+    info = json.loads((pytester.path / ".osmosis" / "evals" / "kk" / "metrics.json").read_text())
+    assert info["eval_run"]["status"] == "finished"
+
+
+def test_after_ctrl_c_run_the_same_command_again(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
     import signal
     import subprocess
     import sys
@@ -387,7 +406,11 @@ def test_direct_rows_are_priced_from_litellms_map_without_importing_it(
         """
     )
     result = pytester.runpytest_subprocess(
-        "--osmosis-eval", "--osmosis-name", "priced", "--osmosis-model", "openai/gpt-4o-mini",
+        "--osmosis-eval",
+        "--osmosis-name",
+        "priced",
+        "--osmosis-model",
+        "openai/gpt-4o-mini",
         *PLAIN,
     )
     result.assert_outcomes(passed=2)
@@ -496,7 +519,10 @@ def test_the_report_shows_a_metadata_rows_input(pytester: pytest.Pytester, model
     shared = data["inputs"]
     inputs = [[shared[i] for i in row.get("ii", [])] for row in data["rows"]]
     # The question the workflow built (its trajectory); without one, the row's metadata.
-    assert inputs == [[["user", "What is 6 + 7?"]], [["metadata", '{"a": 1, "b": 1, "boom": true}']]]
+    assert inputs == [
+        [["user", "What is 6 + 7?"]],
+        [["metadata", '{"a": 1, "b": 1, "boom": true}']],
+    ]
     assert [row["in_src"] for row in data["rows"]] == ["trajectory", "dataset"]
 
 
@@ -542,7 +568,9 @@ def test_per_row_tick_labels_do_not_overlap_at_30_rows() -> None:
 
     bars = [(str(row), 1.0, "pass", f"row {row}") for row in range(30)]
     svg = bar_chart("per-row", "rows", bars, x_label="row", y_label="passed", pct=True)
-    ticks = re.findall(r'<text class="tick" x="([\d.]+)" y="[\d.]+" text-anchor="middle">(\d+)<', svg)
+    ticks = re.findall(
+        r'<text class="tick" x="([\d.]+)" y="[\d.]+" text-anchor="middle">(\d+)<', svg
+    )
     assert [label for _, label in ticks] == [str(row) for row in range(0, 30, 2)]
     xs = [float(x) for x, _ in ticks]
     gaps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
