@@ -47,8 +47,9 @@ def outcomes_text(counts: Mapping[str, int], total: int | None = None) -> str:
 
 
 def pass_rate_basis(passed: int, counted: int) -> str:
-    """``5 passed / 8 attempts not skipped``: what the pass rate divides."""
-    return f"{passed} {PASSED} / {counted} {PASS_RATE_BASIS}"
+    """``5 passed / 8 attempts not skipped``: what the pass rate divides (``1 attempt``)."""
+    basis = PASS_RATE_BASIS.replace("attempts", "attempt", 1) if counted == 1 else PASS_RATE_BASIS
+    return f"{passed} {PASSED} / {counted} {basis}"
 
 
 #: A rate of nothing (0 of 0 attempts): not 0.0%, which reads as "every attempt failed".
