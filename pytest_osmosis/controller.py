@@ -460,10 +460,16 @@ class Controller:
             costs=costs,
         )
         from pytest_osmosis.baseline import DIGESTS_KEY
+        from pytest_osmosis.errors import OsmosisError
 
-        # Rows by content, so a later run can use this one as its baseline (baseline.py).
-        digests = plan.dataset.row_digests(sorted({row for row, _ in run.rundir.records}))
-        doc[DIGESTS_KEY] = {str(row): digest for row, digest in sorted(digests.items())}
+        # Rows by content, so a later run can use this one as its baseline (baseline.py);
+        # none from a dataset that changed under the run (its session fault says so).
+        try:
+            digests = plan.dataset.row_digests(sorted({row for row, _ in run.rundir.records}))
+        except OsmosisError:
+            digests = {}
+        if digests:
+            doc[DIGESTS_KEY] = {str(row): digest for row, digest in sorted(digests.items())}
         if run.executed or run.reused:
             try:
                 write_row_metrics(plan.run_dir, doc)
@@ -671,11 +677,16 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             started_at=run.started_at,
             expected_keys=run_keys(plan) if plan.shard is not None else None,
         )
+        from pytest_osmosis.errors import DatasetError
         from pytest_osmosis.results.reuse import ROWS_FILENAME, write_row_digests
 
-        # Once per run directory: what a later --osmosis-reuse finds its rows by.
+        # Once per run directory: what a later --osmosis-reuse finds its rows by (not from a
+        # dataset that changed under the run: its session fault is reported instead).
         if not (plan.run_dir / ROWS_FILENAME).is_file():
-            write_row_digests(plan.run_dir, plan.row_digests())
+            try:
+                write_row_digests(plan.run_dir, plan.row_digests())
+            except DatasetError:
+                pass
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4
         run.storage_fault = str(exc)
         result = {}
