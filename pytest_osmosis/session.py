@@ -395,7 +395,8 @@ class EvalSession:
         from pytest_osmosis.results.reuse import reuse_into, take
 
         if source.differs:
-            note = f"nothing reused from run {source.name!r}: {', '.join(source.differs)} differ"
+            verb = "differs" if len(source.differs) == 1 else "differ"
+            note = f"nothing reused from run {source.name!r}: {', '.join(source.differs)} {verb}"
             log.warning("reuse", note)
             return 0, note
         records = take(

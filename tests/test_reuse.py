@@ -98,7 +98,7 @@ def test_a_different_model_runs_everything(
     result = _reuse(pytester, *change)
     out = result.stdout.str()
     if differs:
-        assert f"nothing reused from run 'main': {differs} differ" in out, out
+        assert f"nothing reused from run 'main': {differs} differs" in out, out
         assert not any(row.get("reused") for row in read_index(pytester.path / EVALS / "pr"))
     else:
         assert "reuse      20 reused, 10 run (from run 'main')" in out, out
