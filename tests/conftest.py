@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -30,6 +31,12 @@ os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
+
+# A suite started where Ctrl-C is ignored (a background job of a non-interactive shell:
+# SIG_IGN survives exec) would pass that on to every session its tests interrupt, which
+# would then run to the end. Python's own handler here gives each child its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # The browser tests' plugin module (fixtures `browser`, `watched`): rewrite its asserts.
 pytest.register_assert_rewrite("chromium_page")
 
