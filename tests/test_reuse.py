@@ -109,7 +109,7 @@ def test_a_changed_rollout_runs_everything(pytester: pytest.Pytester, model_env)
     main_py = pytester.path / "rollouts" / "calc" / "main.py"
     main_py.write_text(main_py.read_text() + "\n# a change\n")
     out = _reuse(pytester).stdout.str()
-    assert "nothing reused from run 'main': rollout differ" in out, out
+    assert "nothing reused from run 'main': rollout differs" in out, out
 
 
 def test_a_bad_reuse_run_is_one_line(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
