@@ -464,11 +464,15 @@ class Controller:
 
         # Rows by content, so a later run can use this one as its baseline (baseline.py);
         # none from a dataset that changed under the run (its session fault says so).
+        # The plan's digests (computed once a run: finalize_run's osmosis_rows.json reads them
+        # too), by dataset row.
         try:
-            digests = plan.dataset.row_digests(sorted({row for row, _ in run.rundir.records}))
+            by_position = plan.row_digests()
         except OsmosisError:
-            digests = {}
-        if digests:
+            by_position = []
+        if by_position:
+            recorded = sorted({row for row, _ in run.rundir.records})
+            digests = {plan.dataset.source_row_index(row): by_position[row] for row in recorded}
             doc[DIGESTS_KEY] = {str(row): digest for row, digest in sorted(digests.items())}
         if run.executed or run.reused:
             try:
