@@ -121,3 +121,50 @@ def test_bad_gate_values_are_usage_errors(workspace: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(
         ["*--osmosis-min-pass-rate: must be a number from 0 to 1, got '80'*"]
     )
+
+
+#: A project's own gate rule (README "A gate rule of your own"): no run may spend more
+#: than LIMIT tokens. Its verdict joins the built-in rules'.
+TOKEN_RULE = """
+from pytest_osmosis.gate import Verdict
+
+LIMIT = {limit}
+
+def pytest_osmosis_gate_verdict(config, runs):
+    over = [run.name for run in runs if run.metrics["summary"]["tokens_used"] > LIMIT]
+    lines = [f"{{name}}: more than {{LIMIT}} tokens" for name in over]
+    return Verdict(passed=not over, reasons=lines or [f"every run under {{LIMIT}} tokens"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("limit", "args", "code", "lines"),
+    [
+        # alone, the rule decides: failed rows no longer fail the session...
+        (10**9, (), 0, ["*osmosis gate PASSED*", "*every run under 1000000000 tokens*"]),
+        # ...and it fails a run the built-in rules pass; both say why
+        (
+            1,
+            ("--osmosis-min-pass-rate", "0.6"),
+            1,
+            ["*osmosis gate FAILED*", "*pass rate 60.0%*>= 60.0%*", "*: more than 1 tokens*"],
+        ),
+    ],
+)
+def test_a_conftest_gate_rule_joins_the_built_in_gate(
+    workspace: pytest.Pytester, limit: int, args: tuple[str, ...], code: int, lines: list[str]
+) -> None:
+    workspace.makeconftest(TOKEN_RULE.format(limit=limit))
+    result = workspace.runpytest("--osmosis-eval", "-p", "no:cacheprovider", *args)
+    assert result.ret == code
+    result.stdout.fnmatch_lines(lines)
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+
+
+def test_a_gate_rule_that_returns_no_verdict_fails_the_gate(workspace: pytest.Pytester) -> None:
+    workspace.makeconftest("def pytest_osmosis_gate_verdict(config, runs):\n    return True\n")
+    result = workspace.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-min-pass-rate", "0.1")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*osmosis gate FAILED*", "*pytest_osmosis_gate_verdict returned bool True, not a pytest_osmosis.gate.Verdict or None*"]
+    )
