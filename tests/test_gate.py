@@ -163,8 +163,13 @@ def test_a_conftest_gate_rule_joins_the_built_in_gate(
 
 def test_a_gate_rule_that_returns_no_verdict_fails_the_gate(workspace: pytest.Pytester) -> None:
     workspace.makeconftest("def pytest_osmosis_gate_verdict(config, runs):\n    return True\n")
-    result = workspace.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-min-pass-rate", "0.1")
+    result = workspace.runpytest(
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-min-pass-rate", "0.1"
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(
-        ["*osmosis gate FAILED*", "*pytest_osmosis_gate_verdict returned bool True, not a pytest_osmosis.gate.Verdict or None*"]
+        [
+            "*osmosis gate FAILED*",
+            "*pytest_osmosis_gate_verdict returned bool True, not a pytest_osmosis.gate.Verdict or None*",
+        ]
     )
