@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from readme_examples import readme_example
 from workspaces import only_run_dir, read_index, write_workspace
 
 import pytest_osmosis.dataset.formats as formats
@@ -106,36 +107,18 @@ def test_a_registered_format_is_collected_and_run(
     assert manifest["inputs"]["dataset"]["selected_source_rows"] == "1"
 
 
-#: A format a separate distribution adds (README "A dataset format of your own"): installed
-#: as a dist-info on sys.path, as pip leaves it; importing it leaves a mark in $MARK.
-_TSV_PLUGIN = """
-import os
-
-from pytest_osmosis.dataset import RowList, Scan, read_all
-
-with open(os.environ["MARK"], "a") as mark:
-    mark.write("imported\\n")
-
-
-def scan_tsv(path, selection):
-    data, sha256, identity = read_all(path)
-    store = RowList()
-    scan = Scan(store, selection.sampling, sha256, identity)
-    header, *lines = data.decode("utf-8").splitlines()
-    for source, line in enumerate(lines):
-        scan.total += 1
-        if selection.pick(source):
-            raw = dict(zip(header.split("\\t"), line.split("\\t")))
-            scan.add(raw, source, (path, source + 2))
-            store.values.append(raw)
-    return scan
-"""
+def _tsv_plugin() -> str:
+    """The README's dataset format (``Extending``), as printed; importing it leaves a mark
+    in $MARK."""
+    mark = 'import os\nwith open(os.environ["MARK"], "a") as mark:\n    mark.write("imported\\n")\n'
+    return mark + readme_example(1)
 
 
 def _install_distribution(site: Path, entry_points: str) -> None:
-    """What pip install leaves for a distribution: its module and its dist-info."""
-    (site / "osmosis_tsv.py").parent.mkdir(parents=True, exist_ok=True)
-    (site / "osmosis_tsv.py").write_text(_TSV_PLUGIN)
+    """What pip install leaves for a distribution (an installed package): its module and
+    its dist-info, which importlib.metadata finds on sys.path."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "osmosis_tsv.py").write_text(_tsv_plugin())
     info = site / "osmosis_tsv-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: osmosis-tsv\nVersion: 0.1\n")

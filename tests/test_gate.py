@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+from readme_examples import readme_example
 from workspaces import calc_rows, write_workspace
 
 # 3 of 5 attempts pass (60%); one row is a workflow error (20% error rate).
@@ -123,18 +124,11 @@ def test_bad_gate_values_are_usage_errors(workspace: pytest.Pytester) -> None:
     )
 
 
-#: A project's own gate rule (README "A gate rule of your own"): no run may spend more
-#: than LIMIT tokens. Its verdict joins the built-in rules'.
-TOKEN_RULE = """
-from pytest_osmosis.gate import Verdict
-
-LIMIT = {limit}
-
-def pytest_osmosis_gate_verdict(config, runs):
-    over = [run.name for run in runs if run.metrics["summary"]["tokens_used"] > LIMIT]
-    lines = [f"{{name}}: more than {{LIMIT}} tokens" for name in over]
-    return Verdict(passed=not over, reasons=lines or [f"every run under {{LIMIT}} tokens"])
-"""
+def token_rule(limit: int) -> str:
+    """The README's gate rule: no run may spend more than *limit* tokens."""
+    rule = readme_example(0)
+    assert "LIMIT = 50_000\n" in rule
+    return rule.replace("LIMIT = 50_000\n", f"LIMIT = {limit}\n")
 
 
 @pytest.mark.parametrize(
@@ -154,7 +148,7 @@ def pytest_osmosis_gate_verdict(config, runs):
 def test_a_conftest_gate_rule_joins_the_built_in_gate(
     workspace: pytest.Pytester, limit: int, args: tuple[str, ...], code: int, lines: list[str]
 ) -> None:
-    workspace.makeconftest(TOKEN_RULE.format(limit=limit))
+    workspace.makeconftest(token_rule(limit))
     result = workspace.runpytest("--osmosis-eval", "-p", "no:cacheprovider", *args)
     assert result.ret == code
     result.stdout.fnmatch_lines(lines)
