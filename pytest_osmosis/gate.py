@@ -566,12 +566,15 @@ def judge_runs(options: GateOptions, runs: Sequence[GateRun]) -> Verdict:
     return verdict
 
 
-@dataclass(frozen=True)
 class BuiltinGate:
     """The built-in rules as an implementation of ``pytest_osmosis_gate_verdict`` (a pluggy
-    plugin: the method's name is the hook's), so they are one rule among a project's."""
+    plugin: the method's name is the hook's), so they are one rule among a project's.
 
-    options: GateOptions
+    A plain class: pytest hashes a plugin when it is registered (pytest 8.4), and the
+    options hold dicts."""
+
+    def __init__(self, options: GateOptions) -> None:
+        self.options = options
 
     def pytest_osmosis_gate_verdict(self, runs: Sequence[GateRun]) -> Verdict | None:
         if not self.options.active:
