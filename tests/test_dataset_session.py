@@ -22,6 +22,7 @@ import pytest_osmosis.dataset.formats as formats
 import pytest_osmosis.dataset.scan as dataset_scan
 from pytest_osmosis.dataset import (
     FORMATS,
+    RowList,
     Scan,
     SelectedDataset,
     clear_dataset_cache,
@@ -65,18 +66,8 @@ def open_ds(path: Path) -> SelectedDataset:
 def _scan_tsv(path: Path, selection: Selection) -> Scan:
     """A toy format: a header line, then tab-separated cells (what a plugin would add)."""
 
-    class Rows:
-        def __init__(self) -> None:
-            self.values: list[dict[str, Any]] = []
-
-        def raw(self, position: int) -> dict[str, Any]:
-            return dict(self.values[position])
-
-        def keep(self, positions: list[int]) -> None:
-            self.values = [self.values[at] for at in positions]
-
     data, sha256, identity = dataset_scan.read_all(path)
-    store = Rows()
+    store = RowList()
     scan = Scan(store, selection.sampling, sha256, identity)
     header, *lines = data.decode("utf-8").splitlines()
     for source, line in enumerate(lines):
