@@ -305,24 +305,9 @@ def _cost_text(value: Any) -> str:
 
 
 def _table(records: Sequence[Mapping[str, Any]]) -> str:
-    error_types = sorted({str(r["err"]) for r in records if r.get("err")})
+    """Every attempt, with its filters (``templates/attempts.html``)."""
     explained = any("expl" in r for r in records)
     priced = any("cost" in r for r in records)
-    options = "".join(f'<option value="{_e(t)}">{_e(t)}</option>' for t in error_types)
-    filters = (
-        '<div class="filters">'
-        '<label>outcome <select id="f-outcome"><option value="">all</option>'
-        + "".join(f'<option value="{o}">{OUTCOME_WORDS[o]}</option>' for o in OUTCOMES[:3])
-        + '<option value="not_passed">not passed</option>'
-        f'<option value="skipped">{SKIPPED}</option></select></label>'
-        f'<label>error type <select id="f-error"><option value="">any</option>{options}'
-        "</select></label>"
-        '<label>reward &ge; <input type="number" id="f-min" step="any"></label>'
-        '<label>&le; <input type="number" id="f-max" step="any"></label>'
-        '<input type="search" id="f-search" '
-        'placeholder="search input, label, answer, error, rollout id">'
-        '<span id="count"></span></div>'
-    )
     columns = [
         ("r", "row", "num"),
         ("n", "attempt", "num"),
@@ -338,40 +323,37 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
         ("err", "error type", ""),
         ("rid", "rollout id", ""),
     ]
-    head = "".join(
-        f'<th data-sort="{key}"' + (f' class="{css}"' if css else "") + f">{_e(label)}</th>"
-        for key, label, css in columns
-    )
-    body = []
-    for r in records:
-        reward = f"{r['reward']:.3f}" if isinstance(r.get("reward"), float) else "–"
-        cells = {
-            "r": f'<td class="num">{r["r"]}</td>',
-            "n": f'<td class="num">{r["n"]}</td>',
-            "outcome": f'<td><span class="pill o-{_e(r["outcome"])}">'
-            f"{_e(OUTCOME_WORDS.get(r['outcome'], r['outcome']))}</span></td>",
-            "reward": f'<td class="num">{reward}</td>',
-            "q_in": _clip_cell(input_text(r)),
-            "lab": _clip_cell(r.get("lab", ""), "clip short"),
-            "ans": _clip_cell(r.get("ans", "")),
-            "expl": _clip_cell(r.get("expl", "")),
-            "tokens": f'<td class="num">{_e(r.get("tokens", "–"))}</td>',
-            "cost": f'<td class="num">{_cost_text(r.get("cost"))}</td>',
-            "dur": f'<td class="num">{format_duration(r.get("dur"))}</td>',
-            "err": f"<td>{_e(r.get('err', ''))}</td>",
-            "rid": f'<td class="mono">{_e(str(r.get("rid", ""))[:8])}</td>',
+    rows = [
+        {
+            "i": r["i"],
+            "key": f"{r['r']}.{r['n']}",
+            "outcome": r["outcome"],
+            "status": r["status"],
+            "cells": {
+                "r": r["r"],
+                "n": r["n"],
+                "outcome": OUTCOME_WORDS.get(r["outcome"], r["outcome"]),
+                "reward": f"{r['reward']:.3f}" if isinstance(r.get("reward"), float) else "–",
+                "q_in": one_line(input_text(r), CELL_CHARS),
+                "lab": one_line(r.get("lab", ""), CELL_CHARS),
+                "ans": one_line(r.get("ans", ""), CELL_CHARS),
+                "expl": one_line(r.get("expl", ""), CELL_CHARS),
+                "tokens": r.get("tokens", "–"),
+                "cost": _cost_text(r.get("cost")),
+                "dur": format_duration(r.get("dur")),
+                "err": r.get("err", ""),
+                "rid": str(r.get("rid", ""))[:8],
+            },
         }
-        body.append(
-            f'<tr tabindex="0" data-i="{r["i"]}" data-key="{r["r"]}.{r["n"]}" '
-            f'data-outcome="{_e(r["outcome"])}" data-status="{_e(r["status"])}">'
-            + "".join(cells[key] for key, _, _ in columns)
-            + "</tr>"
-        )
-    return (
-        '<section id="attempts"><h2>Every attempt</h2>'
-        + filters
-        + f'<div class="tablewrap"><table id="rows"><thead><tr>{head}</tr></thead>'
-        + f"<tbody>{''.join(body)}</tbody></table></div></section>"
+        for r in records
+    ]
+    return render(
+        "attempts.html",
+        outcome_options=[(o, OUTCOME_WORDS[o]) for o in OUTCOMES[:3]],
+        skipped=SKIPPED,
+        error_types=sorted({str(r["err"]) for r in records if r.get("err")}),
+        columns=columns,
+        rows=rows,
     )
 
 
