@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 import pytest
 
-from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.core.errors import OsmosisError
 from pytest_osmosis.results.redact import Redactor, ambient_secret_values
 
 PLUGIN_NAME = "osmosis-redaction"

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_osmosis import outcome
-from pytest_osmosis.errors import (
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.errors import (
     ModelPreflightError,
     OsmosisError,
     RunDirectoryError,
     SessionFaultError,
 )
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution import blame
 from pytest_osmosis.execution.dispatch import AUTO, IN_PROCESS, SERVER, Dispatch, InProcess
 from pytest_osmosis.execution.executor import (
@@ -42,7 +43,6 @@ from pytest_osmosis.execution.executor import (
 )
 from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
 from pytest_osmosis.execution.streams import keep_streams_open, let_streams_close
-from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
     forget_loaded,
@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
-    from pytest_osmosis.results.regrade import SourceRun
     from pytest_osmosis.results.reuse import ReuseSource
+    from pytest_osmosis.results.source_run import SourceRun
     from pytest_osmosis.shard import Shard
 
 
@@ -267,7 +267,7 @@ class EvalSession:
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
         from pytest_osmosis.results import RunDirectory, RunLog
-        from pytest_osmosis.results.regrade import RegradeError
+        from pytest_osmosis.results.source_run import RegradeError
         from pytest_osmosis.secrets import (
             MissingSecretsError,
             SecretsFileError,
@@ -492,7 +492,7 @@ class EvalSession:
         return self._rollouts[plan.config_path]
 
     def _dispatch_for(self, plan: EvalPlan) -> Dispatch:
-        from pytest_osmosis.errors import ConfigError, NeedsServerError
+        from pytest_osmosis.core.errors import ConfigError, NeedsServerError
         from pytest_osmosis.workspace.environment import unmet_requirements
 
         mode = self.options.execution

@@ -38,7 +38,16 @@ def test_only_top_level_modules_import_pytest() -> None:
 
 def test_the_subpackages_exist_and_say_what_they_are() -> None:
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    assert packages == ["dataset", "execution", "model", "report", "results", "rubric", "workspace"]
+    assert packages == [
+        "core",
+        "dataset",
+        "execution",
+        "model",
+        "report",
+        "results",
+        "rubric",
+        "workspace",
+    ]
     for name in packages:
         assert ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text())), name
 

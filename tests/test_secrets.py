@@ -26,7 +26,7 @@ import pytest
 from model_server import ModelServer
 from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
 
-from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.core.errors import OsmosisError
 from pytest_osmosis.results import REDACTED, Redactor, validate_trajectory
 from pytest_osmosis.results.redact import redact_json, redact_trajectory
 from pytest_osmosis.secrets import (
@@ -252,10 +252,10 @@ def test_escaped_forms_of_a_value_are_redacted() -> None:
 
 
 def test_provider_messages_are_scrubbed_by_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bridge (model/errors.py), judge and the runner's headline all call secrets.scrub
+    """The bridge (model/provider_errors.py), judge and the runner's headline all call secrets.scrub
     (escaped forms too)."""
     from pytest_osmosis.execution import runner
-    from pytest_osmosis.model import errors as bridge
+    from pytest_osmosis.model import provider_errors as bridge
     from pytest_osmosis.rubric import judge
 
     monkeypatch.setenv("SOME_PROVIDER_TOKEN", QUOTED)

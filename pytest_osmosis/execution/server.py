@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_osmosis.errors import ResourceExhaustedError, RolloutLoadError, SessionFaultError
+from pytest_osmosis.core.errors import ResourceExhaustedError, RolloutLoadError, SessionFaultError
+from pytest_osmosis.core.outcome import RowResult
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution.runner import BridgeLike, Budgets, WorkItem
 from pytest_osmosis.execution.serve_child import LIFELINE_ENV
-from pytest_osmosis.outcome import RowResult
-from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace import environment
 from pytest_osmosis.workspace.loader import SERVE_ADVICE
 

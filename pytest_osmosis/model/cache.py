@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import ConfigError
+from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import ModelRoute, _Target
 from pytest_osmosis.model.wire import _plain, _usage

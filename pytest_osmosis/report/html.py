@@ -14,7 +14,21 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis import __version__, outcome
+from pytest_osmosis import __version__
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.words import (
+    ERRORED,
+    NO_RATE,
+    OUTCOME_WORDS,
+    OUTCOMES,
+    PASS_RATE_BASIS,
+    PASSED,
+    SKIPPED,
+    costs_text,
+    one_line,
+    pass_rate_basis,
+    percent,
+)
 from pytest_osmosis.report.assets import CSS, JS
 from pytest_osmosis.report.compare import p_text, side_by_side
 from pytest_osmosis.report.data import (
@@ -34,19 +48,6 @@ from pytest_osmosis.report.stats import (
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
-from pytest_osmosis.words import (
-    ERRORED,
-    NO_RATE,
-    OUTCOME_WORDS,
-    OUTCOMES,
-    PASS_RATE_BASIS,
-    PASSED,
-    SKIPPED,
-    costs_text,
-    one_line,
-    pass_rate_basis,
-    percent,
-)
 
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "

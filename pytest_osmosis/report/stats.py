@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from pytest_osmosis.outcome import PASSED, SKIPPED
+from pytest_osmosis.core.outcome import PASSED, SKIPPED
 from pytest_osmosis.results.metrics import pass_at_k
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_osmosis.core.errors import ConfigError, RolloutLoadError, RunDirectoryError
 from pytest_osmosis.dataset import format_row_selector as format_row_selector  # one formatter
-from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import atomic_write_bytes, digest_of, pretty_json, utc_now
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.outcome import ROW_CLASSES, ROW_FLAKY, classify, row_class, row_passes
+from pytest_osmosis.core.outcome import ROW_CLASSES, ROW_FLAKY, classify, row_class, row_passes
 from pytest_osmosis.results.metrics import ks_up_to, pass_hat_k
 
 ROW_METRICS_FILENAME = "osmosis_metrics.json"

@@ -29,8 +29,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.dataset import parse_row_selector
-from pytest_osmosis.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
