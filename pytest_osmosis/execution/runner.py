@@ -27,7 +27,7 @@ from pytest_osmosis.core.outcome import RowResult
 from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.execution.streams import keep_streams_open
-from pytest_osmosis.secrets import scrub
+from pytest_osmosis.results.redact import scrub
 from pytest_osmosis.workspace.loader import LoadedRollout
 
 if TYPE_CHECKING:

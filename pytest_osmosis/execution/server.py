@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     import aiohttp
 
     from pytest_osmosis.model.cache import CachedAttempt
-    from pytest_osmosis.results.redact import Redactor, RunLog
+    from pytest_osmosis.results.redact import Redactor
+    from pytest_osmosis.results.run_log import RunLog
 
 CHILD = str(Path(__file__).with_name("serve_child.py"))
 INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
@@ -114,7 +115,7 @@ class RolloutServer:
     def log(self) -> RunLog:
         """The run's ``logs.txt``, opened (append-only) once the run directory exists."""
         if self._log is None:
-            from pytest_osmosis.results.redact import RunLog
+            from pytest_osmosis.results.run_log import RunLog
 
             self._log = RunLog(self.run_dir / "logs.txt", self.log_redactor)
         return self._log

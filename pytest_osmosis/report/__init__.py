@@ -177,7 +177,7 @@ def redacted(text: str, *runs: Mapping[str, Any]) -> str:
     values the environment holds for the *runs*' ``[secrets]`` names are redacted, so a
     later ``pytest-osmosis report`` hides them too.
     """
-    from pytest_osmosis.secrets import MIN_REDACTED_LENGTH, scrub
+    from pytest_osmosis.results.redact import MIN_REDACTED_LENGTH, scrub
 
     names = {
         name
