@@ -20,9 +20,9 @@ from pytest_osmosis.core.words import (
 from pytest_osmosis.report.stats import (
     ALPHA,
     newcombe_difference,
-    per_row_passes,
     permutation_test,
 )
+from pytest_osmosis.results.row_metrics import per_row_passes
 from pytest_osmosis.results.runs import dataset_row
 
 

@@ -41,12 +41,12 @@ from pytest_osmosis.report.data import (
 from pytest_osmosis.report.stats import (
     ALPHA,
     pass_at_k_curve,
-    per_row_passes,
     quantile,
     wilson_interval,
 )
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
 from pytest_osmosis.results import stdjson as json
+from pytest_osmosis.results.row_metrics import per_row_passes
 from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
 
 CSP = (
