@@ -12,11 +12,11 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from pytest_osmosis.core.errors import DatasetError
 from pytest_osmosis.dataset.csv_format import scan_csv
 from pytest_osmosis.dataset.jsonl import scan_jsonl
 from pytest_osmosis.dataset.parquet import scan_parquet
 from pytest_osmosis.dataset.scan import Reader
-from pytest_osmosis.errors import DatasetError
 
 ENTRY_POINT_GROUP = "pytest_osmosis.dataset_formats"
 
