@@ -9,8 +9,8 @@ the line that shows it:
   completed row (``_common.sdk_cmd``: ``LocalEvalRunner``, the engine of
   ``osmosis eval run``, driven offline in process);
 - **failing model**: a dead endpoint, a missing key, an unknown model id (the loopback
-  server answers 404), an unknown provider (``nosuchprovider/x``): ours, to the ``ERROR:`` line; the SDK's, to its exit (in the
-  first run only: it takes 7-25 s to give up).
+  server answers 404), an unknown provider (``nosuchprovider/x``): ours, to the ``ERROR:``
+  line; the SDK's, to its exit (in the first run only: it takes 7-25 s to give up).
 
 A 5-row smoke test, one call a row to the loopback model (50 ms), rows written for
 ``osmosis_ai`` (both sides run the same files). With the embedded model installed, the

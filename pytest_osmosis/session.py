@@ -1120,9 +1120,8 @@ class EvalSession:
         if model_path == EMBEDDED_MODEL_PATH:
             return False
         from pytest_osmosis.model.direct import rows_go_direct
-        from pytest_osmosis.model.routes import resolve_route
-
         from pytest_osmosis.model.preflight import unknown_provider
+        from pytest_osmosis.model.routes import resolve_route
 
         route = resolve_route(model_path)
         if unknown_provider(route) is not None:

@@ -41,7 +41,11 @@ def _providers_litellm_lists() -> list[str]:
 
 PROVIDERS = _providers_litellm_lists()
 MODEL_NAMES = sorted(k.split("/")[-1] for k in json.loads(cost_map_text() or "{}"))
-_word = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.", min_size=1, max_size=16)
+_word = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.",
+    min_size=1,
+    max_size=16,
+)
 _prefix = st.one_of(
     st.sampled_from(PROVIDERS),
     st.sampled_from(PROVIDERS).map(str.upper),
