@@ -14,6 +14,7 @@ from pytest_osmosis.model.prices import cost_map_text, litellm_dir
 from pytest_osmosis.model.providers import certainly_unknown, unknown_by_files
 
 litellm = pytest.importorskip("litellm")
+litellm.suppress_debug_info = True  # no "Provider List" banner for each refusal
 
 
 def _litellm_accepts(model: str) -> bool:

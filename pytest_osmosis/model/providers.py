@@ -36,8 +36,9 @@ _STRING = re.compile(r'"([^"\\\n]{2,})"')
 
 
 @functools.cache
-def _known() -> tuple[str, frozenset[str], tuple[re.Pattern[str], ...]] | None:
-    """(every source lower-cased, LiteLLM's string literals, its routing rules); None: unsure."""
+def _known() -> tuple[frozenset[str], frozenset[str], tuple[re.Pattern[str], ...]] | None:
+    """(the sources' quoted names, lower-cased; the literals ``get_llm_provider`` matches
+    names against; the routing rules), read once; None: unsure."""
     root = litellm_dir()
     if root is None:
         return None
@@ -55,7 +56,15 @@ def _known() -> tuple[str, frozenset[str], tuple[re.Pattern[str], ...]] | None:
     rules = _routing_rules(texts[-1])
     if rules is None:
         return None
-    return "\n".join(text.lower() for text in texts), literals, rules
+    # Every run of text between two double quotes, and its part before a "/": a name is in
+    # here exactly when '"name"' or '"name/' occurs in some file (a name has no quotes).
+    quoted: set[str] = set()
+    for text in texts:
+        for segment in text.lower().split('"'):
+            quoted.add(segment)
+            if "/" in segment:
+                quoted.add(segment.split("/", 1)[0])
+    return frozenset(quoted), literals, rules
 
 
 def _routing_rules(cost_map: str) -> tuple[re.Pattern[str], ...] | None:
@@ -100,8 +109,8 @@ def unknown_by_files(model: str) -> bool:
     known = _known()
     if known is None:
         return False
-    text, literals, rules = known
-    if f'"{prefix}"' in text or f'"{prefix}/' in text:
+    quoted, literals, rules = known
+    if prefix in quoted:
         return False  # a provider, a JSON provider or a model id LiteLLM ships
     if any(lowered.startswith(literal) for literal in literals):
         return False  # a name LiteLLM's code matches by its start (e.g. "amazon_nova")
