@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 from test_gate import ROWS
-from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
+from workspaces import (
+    CALC_ROLLOUT,
+    calc_rows,
+    only_run_dir,
+    read_index,
+    run_session,
+    write_workspace,
+)
 
 from pytest_osmosis.github import annotation_lines, command, gate_section
 
@@ -34,9 +41,7 @@ def workspace(pytester: pytest.Pytester, model_env: Any) -> pytest.Pytester:
 
 
 def run(pytester: pytest.Pytester, xdist: tuple[str, ...], *args: str) -> pytest.RunResult:
-    if xdist:
-        return pytester.runpytest_subprocess(*BASE, *xdist, *args)
-    return pytester.runpytest(*BASE, *args)
+    return run_session(pytester, *BASE, *xdist, *args)
 
 
 # ------------------------------------------------------------------ GitHub Actions

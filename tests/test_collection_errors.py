@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from workspaces import calc_rows, read_index, write_workspace
+from workspaces import calc_rows, read_index, run_session, write_workspace
 
 pytest_plugins = ["pytester"]
 
@@ -76,8 +76,9 @@ def test_continue_on_collection_errors_runs_the_good_configs(
     pytester: pytest.Pytester, model_env, workers: tuple[str, ...]
 ) -> None:  # type: ignore[no-untyped-def]
     _workspace(pytester.path)
-    result = pytester.runpytest_subprocess(
-        "--osmosis-eval", "-p", "no:cacheprovider", "--continue-on-collection-errors", *workers
+    result = run_session(
+        pytester, "--osmosis-eval", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+        *workers,
     )
     result.assert_outcomes(passed=5, errors=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED  # the broken config still fails it
@@ -124,7 +125,7 @@ def test_an_interrupted_collection_opens_no_run_and_calls_no_model(
     was called for the preflight; under ``-n 2`` the session exited 1 with the other
     configs run, where a single process exits 2."""
     _workspace(pytester.path)
-    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", *workers)
+    result = run_session(pytester, "--osmosis-eval", "-p", "no:cacheprovider", *workers)
     output = "\n".join([*result.outlines, *result.errlines])
     assert result.ret == pytest.ExitCode.INTERRUPTED, output
     assert "Interrupted: 1 error during collection" in output

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from workspaces import calc_rows, write_workspace
+from workspaces import calc_rows, run_session, write_workspace
 
 PLAIN = ("-p", "no:cacheprovider", "-p", "no:randomly")
 
@@ -52,8 +52,8 @@ def test_plan_prints_and_spends_nothing(
     pytester: pytest.Pytester, model_env, workers: tuple[str, ...]
 ) -> None:  # type: ignore[no-untyped-def]
     _workspace(pytester.path)
-    result = pytester.runpytest_subprocess(
-        "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *workers, *PLAIN
+    result = run_session(
+        pytester, "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *workers, *PLAIN
     )
     assert result.ret == pytest.ExitCode.OK
     out = result.stdout.str()

@@ -10,24 +10,18 @@ from pathlib import Path
 
 import pytest
 from workspaces import (
+    MIXED_ROWS,
     calc_rows,
     only_run_dir,
     read_index,
+    run_session,
     toml_text,
     write_workspace,
 )
 
 pytest_plugins = ["pytester"]
 
-MIXED = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-        ("What is 2 + 3?", "5", "grader_raise"),
-        ("What is 4 + 4?", "8", "skip"),
-    ]
-)
+MIXED = MIXED_ROWS  # one of each outcome, and two errors
 
 
 def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
@@ -382,11 +376,11 @@ def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
 ) -> None:  # type: ignore[no-untyped-def]
     write_workspace(pytester.path, rows=MIXED)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "done", *xdist)
-    first = pytester.runpytest_subprocess(*args)
+    first = run_session(pytester, *args)
     first.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     journal = (pytester.path / ".osmosis" / "evals" / "done" / "events.jsonl").read_text()
     before = model_env.requests_total
-    again = pytester.runpytest_subprocess(*args)
+    again = run_session(pytester, *args)
     # Nothing runs, not even the preflight; the recorded failures still fail the session.
     assert again.ret == pytest.ExitCode.TESTS_FAILED, again.stdout.str()
     again.stdout.fnmatch_lines(["*already finished: every row is recorded, none ran again*"])
@@ -398,8 +392,8 @@ def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
     # A finished run where every row passed exits 0, though pytest itself ran no test.
     write_workspace(pytester.path, rows=MIXED[:1], name="good")
     good = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "good", *xdist)
-    pytester.runpytest_subprocess(*good, "configs/eval/good.toml").assert_outcomes(passed=1)
-    rerun = pytester.runpytest_subprocess(*good, "configs/eval/good.toml")
+    run_session(pytester, *good, "configs/eval/good.toml").assert_outcomes(passed=1)
+    rerun = run_session(pytester, *good, "configs/eval/good.toml")
     assert rerun.ret == pytest.ExitCode.OK, rerun.stdout.str()
     assert model_env.requests_total == before + 1 + 1  # the good run's preflight and its row
 

@@ -745,14 +745,14 @@ def test_trajectories_projections_and_report_are_redacted(
 
 
 @pytest.fixture
-def model_env(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def unset_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests below get their secrets from a file or not at all, never from the
+    environment of whoever runs the suite."""
     for name in NAMES:
         monkeypatch.delenv(name, raising=False)
-    return model_server
 
 
+@pytest.mark.usefixtures("unset_secrets")
 def test_missing_secrets_stop_the_session_naming_all_of_them(
     pytester: pytest.Pytester, model_env
 ) -> None:  # type: ignore[no-untyped-def]
@@ -764,6 +764,7 @@ def test_missing_secrets_stop_the_session_naming_all_of_them(
     assert not list((pytester.path / ".osmosis" / "evals").glob("*/events.jsonl"))
 
 
+@pytest.mark.usefixtures("unset_secrets")
 @pytest.mark.parametrize("source", ["file", "stdin"])
 def test_the_secrets_file_option_resolves_and_redacts(
     pytester: pytest.Pytester, model_env, source: str
@@ -799,6 +800,7 @@ def test_the_secrets_file_option_resolves_and_redacts(
     assert f"workflow leaked {REDACTED} {REDACTED}" in text
 
 
+@pytest.mark.usefixtures("unset_secrets")
 def test_missing_with_a_secrets_file_names_where_it_looked(
     pytester: pytest.Pytester, model_env
 ) -> None:  # type: ignore[no-untyped-def]
@@ -814,6 +816,7 @@ def test_missing_with_a_secrets_file_names_where_it_looked(
 TIMID_ROLLOUT = 'print("imported in a sandboxed process")\n' + CALC_ROLLOUT
 
 
+@pytest.mark.usefixtures("unset_secrets")
 def test_a_short_secret_is_left_in_the_output_and_named_once(
     pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
