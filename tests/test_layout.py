@@ -51,3 +51,16 @@ def test_the_public_import_paths_stay() -> None:
     from pytest_osmosis.cli import main
 
     assert callable(main)
+
+
+def test_the_fast_lane_mirrors_the_libraries_and_starts_no_session() -> None:
+    """``tests/unit/<package>/`` holds the tests of the pytest-free subpackages, and none of
+    them starts a pytest session (pytester), so a change to a library answers in seconds."""
+    unit = Path(__file__).resolve().parent / "unit"
+    mirrored = {p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert mirrored and mirrored <= subpackages, mirrored - subpackages
+    sessions = sorted(
+        str(path.relative_to(unit)) for path in unit.rglob("*.py") if "pytester" in path.read_text()
+    )
+    assert sessions == []
