@@ -25,7 +25,7 @@ from workspaces import (
     write_workspace,
 )
 
-from pytest_osmosis.github import annotation_lines, command, gate_section
+from pytest_osmosis.plugin.github import annotation_lines, command, gate_section
 
 # test_gate's five rows: 3 pass; row 3 is below the threshold; row 4 is an error.
 BASE = ("--osmosis-eval", "-p", "no:cacheprovider")
