@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 from workspaces import MIXED_ROWS, calc_rows, read_index, run_session, write_workspace
 
@@ -57,8 +58,8 @@ MIXED = [*MIXED_ROWS, *calc_rows([("What is 6 + 1?", "7", "no_reward")])]
 
 @pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_mixed_outcomes_are_accepted_with_the_sdks_metrics(
-    pytester: pytest.Pytester, model_env, xdist: tuple[str, ...]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, xdist: tuple[str, ...]
+) -> None:
     write_workspace(pytester.path, rows=MIXED, evaluation={"n": 2})
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "mixed", *xdist)
     result = run_session(pytester, *args)
@@ -75,8 +76,8 @@ def test_mixed_outcomes_are_accepted_with_the_sdks_metrics(
 
 
 def test_an_interrupted_run_is_refused_until_resumed_to_completion(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     rows = [dict(r) for r in MIXED[:4]]
     write_workspace(pytester.path, rows=rows)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "half")

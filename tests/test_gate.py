@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+from model_server import ModelServer
 from workspaces import calc_rows, write_workspace
 
 # 3 of 5 attempts pass (60%); one row is a workflow error (20% error rate).
@@ -20,7 +21,7 @@ ROWS = calc_rows(
 
 
 @pytest.fixture
-def workspace(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def workspace(pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch):
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
     write_workspace(pytester.path, rows=ROWS)

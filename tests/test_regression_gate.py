@@ -16,6 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from workspaces import CALC_ROLLOUT, calc_rows, write_workspace
 
 # "breakable" rows fail while CALC_BREAK is set (the same dataset, a worse rollout); a "kill"
@@ -43,7 +44,7 @@ THIRTY = calc_rows(
 
 
 @pytest.fixture
-def served(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def served(pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch):
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
     for key in ("CALC_BREAK", "CALC_KILL", "GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"):

@@ -525,7 +525,7 @@ def leaks(blobs: dict[str, bytes]) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def leaky_server(model_loop) -> Iterator[ModelServer]:  # type: ignore[no-untyped-def]
+def leaky_server(model_loop) -> Iterator[ModelServer]:
     server = ModelServer().start(loop=model_loop.loop)
     yield server
     server.stop()
@@ -754,8 +754,8 @@ def unset_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("unset_secrets")
 def test_missing_secrets_stop_the_session_naming_all_of_them(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, secrets=["CALC_SECRET", "SHORT_SECRET"])
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -767,8 +767,8 @@ def test_missing_secrets_stop_the_session_naming_all_of_them(
 @pytest.mark.usefixtures("unset_secrets")
 @pytest.mark.parametrize("source", ["file", "stdin"])
 def test_the_secrets_file_option_resolves_and_redacts(
-    pytester: pytest.Pytester, model_env, source: str
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, source: str
+) -> None:
     rows = [{**row, "metadata": {"do": "raise"}} for row in calc_rows([("What is 1 + 1?", "2")])]
     write_workspace(
         pytester.path,
@@ -802,8 +802,8 @@ def test_the_secrets_file_option_resolves_and_redacts(
 
 @pytest.mark.usefixtures("unset_secrets")
 def test_missing_with_a_secrets_file_names_where_it_looked(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, secrets=["CALC_SECRET", "SHORT_SECRET"])
     (pytester.path / "s.env").write_text("CALC_SECRET=x\n")
     result = pytester.runpytest(
@@ -818,8 +818,8 @@ TIMID_ROLLOUT = 'print("imported in a sandboxed process")\n' + CALC_ROLLOUT
 
 @pytest.mark.usefixtures("unset_secrets")
 def test_a_short_secret_is_left_in_the_output_and_named_once(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``OPENAI_API_KEY=x``-style placeholders: redacting "x" shredded every word holding
     one ("sandbo[REDACTED]ed"). As the SDK, output hides values of 8+ characters; a shorter
     [secrets] value gets one warning naming the variable (once for two configs), and
