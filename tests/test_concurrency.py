@@ -18,17 +18,15 @@ ROWS = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(16)])
 
 
 @pytest.fixture
-def slow_model(model_server: ModelServer, monkeypatch: pytest.MonkeyPatch):
-    model_server.delay = 0.4
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
-    return model_server
+def slow_model(model_env: ModelServer) -> ModelServer:
+    model_env.delay = 0.4
+    return model_env
 
 
 UNCAPPED = calc_rollout('AgentWorkflowConfig(name="calc")')  # advertises no in-flight cap
 
 
-def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model) -> None:
+def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model: ModelServer) -> None:
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8}, rollout_source=UNCAPPED)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=16)
@@ -38,7 +36,7 @@ def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_mode
 
 
 def test_command_line_concurrency_overrides_batch_size(
-    pytester: pytest.Pytester, slow_model
+    pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 8})
     result = pytester.runpytest(
@@ -48,7 +46,7 @@ def test_command_line_concurrency_overrides_batch_size(
     assert slow_model.peak_in_flight == 3
 
 
-def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, slow_model) -> None:
+def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, slow_model: ModelServer) -> None:
     write_workspace(
         pytester.path, rows=ROWS, evaluation={"batch_size": 8, "n": 2}, rollout_source=UNCAPPED
     )
@@ -125,7 +123,7 @@ def test_default_in_flight_is_what_osmosis_eval_run_picks(
 
 
 def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes(
-    pytester: pytest.Pytester, slow_model
+    pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     rows = [dict(r) for r in ROWS[:10]]
     rows[1]["ground_truth"] = "wrong"
@@ -153,7 +151,7 @@ def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes
 
 
 def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
-    pytester: pytest.Pytester, slow_model, tmp_path: Path
+    pytester: pytest.Pytester, slow_model: ModelServer, tmp_path: Path
 ) -> None:
     slow_model.delay = 1.0
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 2})
@@ -232,7 +230,7 @@ def pytest_configure(config):
 
 
 def test_rows_finished_ahead_are_journalled_when_the_session_dies_by_internalerror(
-    pytester: pytest.Pytester, slow_model
+    pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     """Five rows finished on the loop thread but were never reported: they were lost (the
     journal held 1 of 6 rows) and the next session paid for them again."""
@@ -272,7 +270,7 @@ def pytest_keyboard_interrupt(excinfo):
 
 
 def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
-    pytester: pytest.Pytester, slow_model
+    pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     """It ended with a raw KeyboardInterrupt traceback and rc -2."""
     slow_model.delay = 0.0
@@ -339,7 +337,7 @@ def pytest_configure(config):
 
 
 def test_changed_xdist_internals_are_warned_once_and_every_row_still_runs(
-    pytester: pytest.Pytester, slow_model
+    pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     """xdist's private API changing costs the run-ahead, visibly; it never fails a row."""
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 4})
@@ -600,7 +598,7 @@ sys.exit(pytest.main(sys.argv[1:]))
 
 
 def test_concurrency_beyond_the_fd_limit_is_capped_with_a_warning_and_fails_no_row(
-    pytester: pytest.Pytester, slow_model
+    pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     """500 in flight under ``ulimit -n 256``: one warning naming the cap, every row passes.
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from model_server import ModelServer
@@ -313,7 +314,7 @@ def test_a_pass_rate_of_nothing_reads_n_a(pytester: pytest.Pytester, model_env: 
 
 
 def test_a_client_with_default_retries_does_not_retry_what_the_bridge_retried(
-    model_loop, model_server: ModelServer
+    model_loop: Any, model_server: ModelServer
 ) -> None:
     """The README's AsyncOpenAI has max_retries=2: without the bridge's x-should-retry it
     would send each of its 3 tries through the bridge's own 3 (9 provider requests)."""

@@ -21,9 +21,7 @@ ROWS = calc_rows(
 
 
 @pytest.fixture
-def workspace(pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch):
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def workspace(pytester: pytest.Pytester, model_env: ModelServer) -> pytest.Pytester:
     write_workspace(pytester.path, rows=ROWS)
     return pytester
 

@@ -59,9 +59,9 @@ def _run_dir(pytester: pytest.Pytester, name: str) -> Path:
 
 
 @pytest.fixture
-def served(pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch):
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def served(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
     monkeypatch.delenv("CALC_BREAK", raising=False)
     return pytester
 

@@ -44,9 +44,9 @@ THIRTY = calc_rows(
 
 
 @pytest.fixture
-def served(pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch):
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def served(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
     for key in ("CALC_BREAK", "CALC_KILL", "GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"):
         monkeypatch.delenv(key, raising=False)
     return pytester

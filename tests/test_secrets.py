@@ -214,7 +214,7 @@ def test_stdin_is_read_once_per_session_past_the_capture(pytester: pytest.Pytest
 
 def test_stream_catches_a_value_written_in_pieces() -> None:
     target = io.StringIO()
-    stream = RedactingStream(target, Redactor([LONG, SHORT], min_length=1))  # type: ignore[arg-type]
+    stream = RedactingStream(target, Redactor([LONG, SHORT], min_length=1))
     for piece in ("key=", LONG[:3], LONG[3:10], "", LONG[10:], " short=", SHORT[:2]):
         stream.write(piece)
         stream.flush()
@@ -525,7 +525,7 @@ def leaks(blobs: dict[str, bytes]) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def leaky_server(model_loop) -> Iterator[ModelServer]:
+def leaky_server(model_loop: Any) -> Iterator[ModelServer]:
     server = ModelServer().start(loop=model_loop.loop)
     yield server
     server.stop()
