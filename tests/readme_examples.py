@@ -14,4 +14,5 @@ def readme_example(index: int) -> str:
     text = README.read_text(encoding="utf-8")
     section = text[text.index("\n## Extending: gate rules and dataset formats\n") :]
     section = section[: section.index("\n## ", 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.DOTALL)[index]
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    return blocks[index]

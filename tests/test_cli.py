@@ -16,7 +16,7 @@ from typing import Any
 import importlib_metadata  # noqa: F401
 import pytest
 from reference_paths import REFERENCE_RUN
-from workspaces import calc_rows, read_index, write_workspace
+from workspaces import MIXED_ROWS, read_index, write_workspace
 
 from pytest_osmosis.cli import main
 from pytest_osmosis.results.metrics import aggregate_metrics
@@ -446,15 +446,7 @@ def test_python_dash_m_runs_the_cli(workspace: Path) -> None:
 # ----------------------------------------------------------------------------- our own run
 
 
-MIXED = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-        ("What is 2 + 3?", "5", "grader_raise"),
-        ("What is 4 + 4?", "8", "skip"),
-    ]
-)
+MIXED = MIXED_ROWS  # one of each outcome, and two errors
 
 
 def test_cli_over_a_run_written_by_the_plugin(

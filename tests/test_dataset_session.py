@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from readme_examples import readme_example
 from workspaces import only_run_dir, read_index, write_workspace
 
@@ -80,8 +81,8 @@ def _scan_tsv(path: Path, selection: Selection) -> Scan:
 
 
 def test_a_registered_format_is_collected_and_run(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(FORMATS, "tsv", _scan_tsv)
     write_workspace(pytester.path)
     (pytester.path / "data" / "calc.jsonl").unlink()
@@ -117,8 +118,8 @@ def _install_distribution(site: Path, entry_points: str) -> None:
 
 
 def test_an_installed_distribution_adds_a_format_only_when_the_plugin_is_on(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     site = pytester.path / "site"
     _install_distribution(site, "[pytest_osmosis.dataset_formats]\ntsv = osmosis_tsv:scan_tsv\n")
     mark = pytester.path / "mark.txt"
@@ -208,8 +209,8 @@ def test_metadata_nested_too_deep_is_a_dataset_error_naming_the_row(tmp_path: Pa
 
 
 def test_a_deeply_nested_row_is_one_collection_error_not_a_traceback(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     rows = [
         {"user_prompt": "What is 2 + 2?", "ground_truth": "4", "metadata": _nested(900)},
         {"user_prompt": "What is 3 * 5?", "ground_truth": "15", "metadata": _nested(255)},
@@ -271,8 +272,8 @@ backend = LocalBackend(workflow=Replacing, grader=Exact)
 
 
 def test_the_dataset_replaced_mid_run_stops_in_one_line_rows_pending(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     data = pytester.path / "data" / "calc.jsonl"
     rows = [{"user_prompt": f"row {i}", "ground_truth": "4"} for i in range(64)]
     rows[0]["metadata"] = {"replace": str(data)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+from model_server import ModelServer
 from readme_examples import readme_example
 from workspaces import calc_rows, write_workspace
 
@@ -21,9 +22,7 @@ ROWS = calc_rows(
 
 
 @pytest.fixture
-def workspace(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def workspace(pytester: pytest.Pytester, model_env: ModelServer) -> pytest.Pytester:
     write_workspace(pytester.path, rows=ROWS)
     return pytester
 
