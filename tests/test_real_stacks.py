@@ -311,6 +311,8 @@ def test_harbor_without_docker_fails_as_osmosis_eval_run_fails(
     Before: never run (harbor was not installed anywhere the suite ran)."""
     python = _harbor_python()
     if python is None:
+        # .ci/run names one: there, a Python without Harbor is a broken lane, not a skip.
+        assert not os.environ.get("OSMOSIS_HARBOR_PYTHON"), "OSMOSIS_HARBOR_PYTHON lacks harbor"
         pytest.skip("needs osmosis-ai's Harbor backend (harbor): set OSMOSIS_HARBOR_PYTHON")
     no_docker = {"DOCKER_HOST": f"unix://{tmp_path / 'no-docker.sock'}"}
     rows = {"harbor_task": [{"user_prompt": "Write 42 to /app/answer.txt.", "ground_truth": "42"}]}
