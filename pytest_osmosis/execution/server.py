@@ -380,9 +380,8 @@ class RolloutServer:
             "grader_timeout_sec": budgets.grader_s,
             "extra_fields": {"row_index": work.row_index, "run_index": work.run_index},
         }
-        _T = [time.monotonic()]
         try:
-            answer = await self._watching(self._dispatch(request, budgets, _T))
+            answer = await self._watching(self._dispatch(request, budgets))
         except BaseException:
             bridge.close_rollout(rollout_id)
             raise
@@ -397,12 +396,8 @@ class RolloutServer:
                 "was left pending (resume the run to finish it, with fewer rows in flight)"
             )
         has_trajectory = False
-        _T.append(time.monotonic())
         if answer.get("sample") is not None:
             has_trajectory = await self._settle_trajectory(rollout_id)
-        _T.append(time.monotonic())
-        with open("/tmp/h-server/timing.txt", "a") as _f:
-            _f.write(" ".join(f"{x:.4f}" for x in _T) + "\n")
         return RowResult(
             row_index=work.row_index,
             run_index=work.run_index,
@@ -466,14 +461,13 @@ class RolloutServer:
             f"{code}{self._last()}; see {self.log.path}"
         )
 
-    async def _dispatch(self, request: dict[str, Any], budgets: Budgets, _T=None) -> dict[str, Any]:
+    async def _dispatch(self, request: dict[str, Any], budgets: Budgets) -> dict[str, Any]:
         """Admit the row, then wait for its terminal result within the supervisor deadline."""
         import aiohttp
 
         rollout_id = request["rollout_id"]
         try:
             admission = await self._admit(request)
-            _T.append(time.monotonic())
             if admission.get("status") == "failure":  # a 4xx: the row's protocol error
                 return admission
             result: dict[str, Any] = await asyncio.wait_for(
