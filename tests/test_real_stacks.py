@@ -7,7 +7,8 @@ Agents and Strands integrations import it, and the load guard took that for a se
 So each workspace here runs as a user runs it: ``python -m pytest --osmosis-eval`` in a new
 process, and beside it osmosis-ai 0.3.8's own ``LocalEvalRunner`` with its rollout server
 started through the SDK's ``_server_bootstrap.py`` (``SDK_EVAL_RUN``), against one loopback
-model server. Both runs must end every row the same way (status, reward).
+model server. Both runs must end every row the same way (status, reward, error, tokens,
+summary) and give `osmosis eval upload` the same files.
 
 The rollouts (tests/sdk_rollouts/) are our own, in the shapes the template and the SDK
 scaffold use: a package-style rollout with ``pyproject.toml`` and an OpenAI Agents tool
@@ -106,6 +107,18 @@ def ends(run_dir: Path) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
     return rows, {k: v for k, v in summary.items() if "duration" not in k}
 
 
+def uploaded(run_dir: Path) -> dict[str, Any]:
+    """What ``osmosis eval upload`` would take from a run (the SDK's own planner), each
+    rollout id in a file name replaced by its row: ids are random in every run."""
+    verdict = sdk_judge(run_dir)
+    names = {r["rollout_id"]: f"row-{r['row_index']}" for r in read_index(run_dir)}
+    files = verdict.get("files", [])
+    verdict["files"] = sorted(
+        "/".join(names.get(part, part) for part in name.split("/")) for name in files
+    )
+    return verdict
+
+
 #: Each workspace runs in both of our execution modes: imported into the session, and on
 #: its own server as ``osmosis eval run`` runs it (issue 24, part 2).
 MODES = pytest.mark.parametrize("mode", ["in-process", "server"])
@@ -184,6 +197,7 @@ def run_both(
         run_dirs = [p for p in (ours_root / ".osmosis" / "evals").glob(f"{name}*") if p.is_dir()]
         assert len(run_dirs) == 1, output[-4000:]
         ours[name] = ends(run_dirs[0])
+        assert uploaded(run_dirs[0]) == uploaded(sdk_root / "sdk-evals" / name), name
         served = "[rollout-server]" in (run_dirs[0] / "logs.txt").read_text()
         if mode != "auto":
             assert served == (mode == "server"), f"{name} did not run {mode}"
@@ -307,7 +321,7 @@ def test_harbor_without_docker_fails_as_osmosis_eval_run_fails(
     """A Harbor rollout with no Docker daemon (``DOCKER_HOST`` names a socket that does not
     exist): ``auto`` runs it on its own server, as the SDK does, and every row ends as the
     SDK ends it: ``agent_error`` with Harbor's own message on one line, the run finished,
-    and the SDK's upload planner sees the same files (no trajectory) in both runs.
+    and the SDK's upload planner takes the same files (no trajectory) from both runs.
     Before: never run (harbor was not installed anywhere the suite ran)."""
     python = _harbor_python()
     if python is None:
@@ -336,8 +350,5 @@ def test_harbor_without_docker_fails_as_osmosis_eval_run_fails(
     message = said[0].removeprefix("agent_error: ")
     sdk_dir = tmp_path / "sdk" / "sdk-evals" / "harbor_task"
     assert message[:30] in (sdk_dir / "logs.txt").read_text(), message
-    # What `osmosis eval upload` would take: the same verdict and files, no trajectory.
-    (our_dir,) = (tmp_path / "ours" / ".osmosis" / "evals").glob("harbor_task*")
-    theirs, verdict = sdk_judge(sdk_dir), sdk_judge(our_dir)
-    assert verdict == theirs
-    assert not any(name.endswith("trajectory.json") for name in verdict.get("files", []))
+    # What `osmosis eval upload` would take is the SDK's (run_both): no trajectory.
+    assert uploaded(sdk_dir)["files"] == ["index.jsonl", "logs.txt", "progress.json"]
