@@ -137,7 +137,8 @@ def sdk_judge(run_dir: Path) -> dict[str, Any]:
 #: name (the run directory is ``<root>/sdk-evals/<name>``), and ``python`` to start the
 #: server as ``python <entrypoint>`` (the SDK's own test seam, ``server_interpreter``) or
 #: ``bootstrap`` to start it through the SDK's ``_server_bootstrap.py`` as ``uv run`` does
-#: (the entrypoint's folder first on ``sys.path``), without uv: no network.
+#: (the entrypoint's folder first on ``sys.path``), without uv: no network;
+#: ``bootstrap=<python>`` does that on another Python (a rollout's own environment).
 SDK_EVAL_RUN = r"""
 import asyncio, contextlib, json, os, sys
 from pathlib import Path
@@ -148,10 +149,11 @@ from osmosis_ai.eval.local.runner import EvalRunSpec, LocalEvalOptions, LocalEva
 root, rollout, entrypoint, dataset_name, name, start = sys.argv[1:7]
 root = Path(root)
 interpreter = sys.executable
-if start == "bootstrap":
+if start.partition("=")[0] == "bootstrap":
+    python = start.partition("=")[2] or sys.executable
     bootstrap = Path(local_runner.__file__).with_name("_server_bootstrap.py")
     interpreter = str(root / ".sdk-bootstrap")
-    Path(interpreter).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{bootstrap}" "$@"\n')
+    Path(interpreter).write_text(f'#!/bin/sh\nexec "{python}" "{bootstrap}" "$@"\n')
     os.chmod(interpreter, 0o755)
 
 
