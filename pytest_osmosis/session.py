@@ -405,6 +405,7 @@ class EvalSession:
             plan.row_digests(),
             plan.dataset.selected_source_rows,
             retry_failed=self.options.retry_failed,
+            retry_below=self.options.retry_below(plan),
             recorded={record["rollout_id"] for record in rundir.records.values()},
         )
         reuse_into(source, rundir.path, records)

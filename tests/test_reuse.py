@@ -134,3 +134,24 @@ def test_reuse_under_xdist(pytester: pytest.Pytester, model_env) -> None:  # typ
     index = read_index(pytester.path / EVALS / "pr")
     assert [r["row_index"] for r in index if not r.get("reused")] == [10, 10]
     assert sdk_judge(pytester.path / EVALS / "pr")["accepted"]
+
+
+def test_retry_below_threshold_runs_the_reused_runs_low_rewards_again(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """As a resume does (``outcome.is_retried``): failed, skipped and below-threshold
+    attempts of RUN are not reused under ``--osmosis-retry-below-threshold``."""
+    _main_run(pytester)
+    calls = model_env.requests_total
+    out = _reuse(pytester, "--osmosis-retry-below-threshold").stdout.str()
+    # rows 1 (below threshold), 2 and 3 (errors) and 4 (skipped), both attempts each
+    assert "reuse      12 reused, 8 run (from run 'main')" in out, out
+    asked = [
+        body["messages"][-1]["content"]
+        for _, body in model_env.requests[calls:]
+        if body.get("messages") and body["messages"][-1]["content"].startswith("What is")
+    ]
+    assert asked.count("What is 3 * 5?") == 2, asked
+    index = read_index(pytester.path / EVALS / "pr")
+    ran = sorted({r["row_index"] for r in index if not r.get("reused")})
+    assert ran == [1, 2, 3, 4]

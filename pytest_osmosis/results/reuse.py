@@ -139,13 +139,16 @@ def take(
     sources: Sequence[int],
     *,
     retry_failed: bool,
+    retry_below: float | None = None,
     recorded: set[str] | frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The records of RUN this run's pending *keys* reuse, re-keyed to this run's rows.
 
     Each recorded attempt is used once (two equal rows take two of RUN's), and never one
     whose rollout id this run has *recorded* already; an attempt that errored on
-    infrastructure runs again, as does any failure under ``--osmosis-retry-failed``.
+    infrastructure runs again, as does what a resume would run again (``is_retried``: any
+    failure under ``--osmosis-retry-failed``, and a reward below *retry_below*, the
+    threshold ``--osmosis-retry-below-threshold`` gives).
     """
     from pytest_osmosis.outcome import is_infrastructure, is_retried
 
@@ -156,7 +159,7 @@ def take(
             record = candidates.pop(0)
             if record["rollout_id"] in recorded:
                 continue
-            if is_infrastructure(record) or (retry_failed and is_retried(record)):
+            if is_infrastructure(record) or (retry_failed and is_retried(record, retry_below)):
                 continue
             taken.append(
                 {**record, "row_index": row, "run_index": attempt, "source_row_index": sources[row]}
