@@ -242,6 +242,12 @@ class Controller:
         if run is None or result.get("resumed"):
             return
         with self.session.recording(run, result):  # a full disk or a deleted run: exit 4
+            files = getattr(report, "osmosis_files", None)
+            if files:  # a worker on another host sent its attempt's files (execution/remote.py)
+                from pytest_osmosis.execution.remote import unpack_trial
+                from pytest_osmosis.results.index import TRIALS_DIRNAME
+
+                unpack_trial(run.rundir.path / TRIALS_DIRNAME / result["rollout_id"], files)
             with interrupt_held():  # the run's count agrees with its journal
                 record = run.rundir.append(result)
                 run.executed += 1
