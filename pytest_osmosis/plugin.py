@@ -1165,7 +1165,7 @@ class XdistControllerHooks:
                 channel = group.makegateway(spec).remote_exec(REMOTE_CHECK)
                 channel.send((root, files, [list(pair) for pair in dirs]))
                 theirs = channel.receive()
-            except (execnet.Error, OSError, EOFError) as exc:
+            except (execnet.RemoteError, execnet.HostNotFound, OSError, EOFError) as exc:
                 line = str(exc).strip().splitlines()
                 return f"cannot check {where}: {line[-1] if line else type(exc).__name__}"
             finally:
