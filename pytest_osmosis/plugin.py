@@ -1066,13 +1066,12 @@ class XdistControllerHooks:
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        from pytest_osmosis.xdist import dist_was_chosen, per_worker
+        from pytest_osmosis.xdist import dist_was_chosen, per_worker, worker_count
         from pytest_osmosis.xdist_scheduler import EvalScheduling
 
         if dist_was_chosen(config) or not self.session.runs or self._internals_problem():
             return None
-        workers = int(getattr(config.option, "numprocesses", 1) or 1)
-        share = per_worker(self.session.total_concurrency(), workers)
+        share = per_worker(self.session.total_concurrency(), worker_count(config) or 1)
         attempts = max(run.plan.settings.n for run in self.session.runs.values())
         return EvalScheduling(
             config, log, shard_rows=max(1, share // attempts), culprit=self.culprit

@@ -577,8 +577,9 @@ class EvalSession:
         """How a config's rows run and why, as the plan and the results table say it."""
         dispatch = self.load_rollout(plan)
         text = f"{dispatch.mode} ({dispatch.why})"
-        workers = getattr(self.config.option, "numprocesses", None)
-        if dispatch.mode == SERVER and workers and not self.is_worker:
+        from pytest_osmosis.xdist import worker_count
+
+        if dispatch.mode == SERVER and worker_count(self.config) and not self.is_worker:
             text += "; each xdist worker starts its own server"
         return text
 

@@ -176,6 +176,7 @@ def test_remote_workers_write_what_a_local_run_writes(
     process = _pytest(pytester, _args(pytester, remote, "ssh"))
     out, _ = process.communicate(timeout=900)
     assert process.returncode == 0, out
+    assert "9 work items pending, 4 in flight, on 3 xdist workers" in out, out
     where = _where(remote)
     assert where.get("ssh") == {"gw0", "gw1"} and where.get("local", set()) <= {"gw2"}, where
 
