@@ -547,7 +547,7 @@ def _check_values(values: dict[str, tuple[Any, str] | None]) -> None:
 
     Settings fields are checked by their own rules (config.py); the session options here.
     """
-    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.core.errors import ConfigError
     from pytest_osmosis.workspace.config import check_overrides
 
     given = {k: v for k, v in values.items() if v is not None}
@@ -700,7 +700,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
     from pytest_osmosis.collect import SESSION_KEY
 
     config.stash[SESSION_KEY] = session
-    from pytest_osmosis.secrets import install_redaction
+    from pytest_osmosis.redaction import install_redaction
 
     install_redaction(config)
     register_roles(config, session)
@@ -772,7 +772,7 @@ def _gate_options(plain: Any) -> GateOptions:
 
 def _cache_options(plain: Any) -> dict[str, Any]:
     """``--osmosis-cache`` and its max age, checked (a bad value is one line, exit 4)."""
-    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.core.errors import ConfigError
     from pytest_osmosis.model.cache import MODES, parse_max_age
 
     mode = str(plain("cache") or "off").strip().lower()
@@ -792,7 +792,7 @@ def _shard(given: tuple[Any, str] | None) -> Any:
     """``--osmosis-shard K/N`` (or its ini twin), checked: a bad value is one line, exit 4."""
     if given is None:
         return None
-    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.core.errors import ConfigError
     from pytest_osmosis.shard import parse_shard
 
     try:

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_osmosis import outcome
-from pytest_osmosis.errors import (
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.errors import (
     ModelPreflightError,
     OsmosisError,
     RunDirectoryError,
     SessionFaultError,
 )
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution import blame
 from pytest_osmosis.execution.dispatch import AUTO, IN_PROCESS, SERVER, Dispatch, InProcess
 from pytest_osmosis.execution.executor import (
@@ -42,7 +43,6 @@ from pytest_osmosis.execution.executor import (
 )
 from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
 from pytest_osmosis.execution.streams import keep_streams_open, let_streams_close
-from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
     forget_loaded,
@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.results import RunDirectory, RunLog
-    from pytest_osmosis.results.regrade import SourceRun
     from pytest_osmosis.results.reuse import ReuseSource
+    from pytest_osmosis.results.source_run import SourceRun
     from pytest_osmosis.shard import Shard
 
 
@@ -230,7 +230,7 @@ class EvalSession:
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
-            from pytest_osmosis.secrets import add_named_secrets
+            from pytest_osmosis.redaction import add_named_secrets
 
             add_named_secrets(self.config, plan.config.secrets.required)
             plan.run_name = self._run_names.get(str(path), "")
@@ -297,15 +297,10 @@ class EvalSession:
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
+        from pytest_osmosis.redaction import add_named_secrets, log_redactor_for
         from pytest_osmosis.results import RunDirectory, RunLog
-        from pytest_osmosis.results.regrade import RegradeError
-        from pytest_osmosis.secrets import (
-            MissingSecretsError,
-            SecretsFileError,
-            add_named_secrets,
-            log_redactor_for,
-            resolve_secrets,
-        )
+        from pytest_osmosis.results.source_run import RegradeError
+        from pytest_osmosis.secrets import MissingSecretsError, SecretsFileError, resolve_secrets
 
         now = utc_now()
         several = len(config_paths) > 1
@@ -524,7 +519,7 @@ class EvalSession:
         return self._rollouts[plan.config_path]
 
     def _dispatch_for(self, plan: EvalPlan) -> Dispatch:
-        from pytest_osmosis.errors import ConfigError, NeedsServerError
+        from pytest_osmosis.core.errors import ConfigError, NeedsServerError
         from pytest_osmosis.workspace.environment import unmet_requirements
 
         mode = self.options.execution
@@ -558,7 +553,7 @@ class EvalSession:
 
     def _server(self, plan: EvalPlan, why: str) -> Dispatch:
         from pytest_osmosis.execution.server import RolloutServer
-        from pytest_osmosis.secrets import log_redactor_for, redactor_for
+        from pytest_osmosis.redaction import log_redactor_for, redactor_for
 
         # [env]/[secrets] cannot name _OSMOSIS_* variables (workspace/config.py refuses them),
         # so the server's own variables are always the supervisor's, as in the SDK.
@@ -968,9 +963,9 @@ class EvalSession:
             kept = kept_result(self.regrade, item)
             if kept is not None:  # its workflow failed: nothing to grade again
                 return kept
+        from pytest_osmosis.redaction import redactor_for
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
-        from pytest_osmosis.secrets import redactor_for
 
         redactor = redactor_for(self.config)
 

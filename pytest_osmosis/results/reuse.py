@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
 from pytest_osmosis.results.journal import WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
@@ -127,7 +127,7 @@ def take(
     failure under ``--osmosis-retry-failed``, and a reward below *retry_below*, the
     threshold ``--osmosis-retry-below-threshold`` gives).
     """
-    from pytest_osmosis.outcome import is_infrastructure, is_retried
+    from pytest_osmosis.core.outcome import is_infrastructure, is_retried
 
     taken: list[dict[str, Any]] = []
     for row, attempt in keys:
