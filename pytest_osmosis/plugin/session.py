@@ -60,16 +60,16 @@ from pytest_osmosis.workspace.plan import (
 )
 
 if TYPE_CHECKING:
-    from pytest_osmosis.budget import Budget, Tickets
-    from pytest_osmosis.collect import EvalItem
+    from pytest_osmosis.dataset.shard import Shard
     from pytest_osmosis.gate import GateOptions, Verdict
-    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.model.cache import CallCache
+    from pytest_osmosis.plugin.budget import Budget, Tickets
+    from pytest_osmosis.plugin.collect import EvalItem
+    from pytest_osmosis.plugin.milestones import Milestones
     from pytest_osmosis.results import RunDirectory, RunLog
     from pytest_osmosis.results.reuse import ReuseSource
     from pytest_osmosis.results.source_run import SourceRun
-    from pytest_osmosis.shard import Shard
 
 
 @dataclass
@@ -245,7 +245,7 @@ class EvalSession:
         self._run_names.update(workerinput.get("osmosis_runs", {}))
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
         if workerinput.get("osmosis_budget_dir"):
-            from pytest_osmosis.budget import Tickets
+            from pytest_osmosis.plugin.budget import Tickets
 
             self.tickets = Tickets(
                 Path(workerinput["osmosis_budget_dir"]), str(workerinput["workerid"])
@@ -572,7 +572,7 @@ class EvalSession:
         """How a config's rows run and why, as the plan and the results table say it."""
         dispatch = self.load_rollout(plan)
         text = f"{dispatch.mode} ({dispatch.why})"
-        from pytest_osmosis.xdist import worker_count
+        from pytest_osmosis.plugin.xdist import worker_count
 
         if dispatch.mode == SERVER and worker_count(self.config) and not self.is_worker:
             text += "; each xdist worker starts its own server"
@@ -671,7 +671,7 @@ class EvalSession:
         and no more than the open-files limit leaves room for (said once, in one line)."""
         wanted = self.total_concurrency()
         if self.is_worker:
-            from pytest_osmosis.xdist import per_worker
+            from pytest_osmosis.plugin.xdist import per_worker
 
             workerinput: dict[str, Any] = self.config.workerinput  # type: ignore[attr-defined]
             wanted = per_worker(wanted, int(workerinput.get("workercount", 1)))
@@ -731,7 +731,7 @@ class EvalSession:
                 self._prefetch(item.session.items)
         if self.is_worker and self._worker_prefetch:
             # xdist sends this worker whole shards; start what was queued for it since.
-            from pytest_osmosis.xdist import newly_queued_indices
+            from pytest_osmosis.plugin.xdist import newly_queued_indices
 
             items = item.session.items
             self._prefetch([items[i] for i in newly_queued_indices(self.config) if i < len(items)])
@@ -762,7 +762,7 @@ class EvalSession:
             return None if self.may_report(item) else self.stop_line
         if (self.budget is None and self.tickets is None) or self.carried_forward(item):
             return None
-        from pytest_osmosis.budget import wait_between_looks
+        from pytest_osmosis.plugin.budget import wait_between_looks
 
         factory = lambda: self._execute(item)  # noqa: E731
         while not self.executor.start(item.nodeid, factory):
@@ -848,7 +848,7 @@ class EvalSession:
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
-        from pytest_osmosis.collect import split_item_nodeid
+        from pytest_osmosis.plugin.collect import split_item_nodeid
 
         parts = split_item_nodeid(nodeid)
         if parts is None:
@@ -949,7 +949,7 @@ class EvalSession:
         )
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
-        from pytest_osmosis.collect import EvalItem
+        from pytest_osmosis.plugin.collect import EvalItem
 
         for other in items:
             if isinstance(other, EvalItem) and self.carried_forward(other) is None:
@@ -1258,7 +1258,7 @@ _DEFAULT_CAPACITY = 4  # a LocalBackend without a workflow_config advertises 4 o
 
 def _row_words(nodeid: str) -> str:
     """``row <source row> run <n>``: how a line names an eval item (else its node id)."""
-    from pytest_osmosis.collect import split_item_nodeid
+    from pytest_osmosis.plugin.collect import split_item_nodeid
 
     parts = split_item_nodeid(nodeid)
     return nodeid if parts is None else f"row {parts[1]} run {parts[2]}"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_osmosis.session import ControllerRun, EvalSession
+    from pytest_osmosis.plugin.session import ControllerRun, EvalSession
 
 #: Flags that change what a run does once: never part of the command that resumes it.
 _ONCE = ("--osmosis-fresh", "--osmosis-retry-failed", "--osmosis-retry-below-threshold")
@@ -78,7 +78,7 @@ def _execution(session: EvalSession, config: pytest.Config) -> str:
     """Where rows run: this process or xdist's workers, and rollouts served apart
     (``--osmosis-execution server``, execution/dispatch.py)."""
     from pytest_osmosis.execution.dispatch import SERVER
-    from pytest_osmosis.xdist import worker_count
+    from pytest_osmosis.plugin.xdist import worker_count
 
     workers = worker_count(config)
     where = "in this process"
