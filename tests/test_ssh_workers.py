@@ -262,3 +262,24 @@ def test_a_differing_remote_workspace_is_one_line_before_any_row(
     assert "Traceback" not in out
     assert _asked(model_env) == [] and not (remote.gate / "where").exists()
     assert not (pytester.path / ".osmosis" / "evals" / "differs").exists()
+
+
+def test_paths_on_the_command_line_are_one_line_with_remote_workers(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:
+    """xdist maps paths to other hosts only under --rsyncdir (else a traceback): refused
+    before any connection is made (the host named here does not exist)."""
+    write_workspace(pytester.path, rows=ROWS)
+    result = pytester.runpytest_subprocess(
+        "configs/eval/calc.toml", "-d", "--tx", "ssh=osmosis-no-such-host//python=python", *PLAIN
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: osmosis: workers on other hosts (--tx ssh=...) cannot be given paths "
+            "(configs/eval/calc.toml): select configs with --osmosis-eval and -k"
+        ]
+    )
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    runs = pytester.path / ".osmosis" / "evals"
+    assert [p.name for p in runs.iterdir() if not p.name.startswith(".")] == []  # (.locks)
