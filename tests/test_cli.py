@@ -545,11 +545,27 @@ def test_modules_can_add_subcommands(
 
     module.add_fake_osmosis_extension_parser = add_fake_osmosis_extension_parser  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_osmosis_extension", module)
-    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_osmosis_extension", "no_such_module_xyz"))
+    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_osmosis_extension",))
     assert main(["fake-ext", "--word", "hi"]) == 7
     assert seen[0].word == "hi"
     assert main(["--help"]) == 0
     assert "fake-ext" in capsys.readouterr().out
+    # A listed module that cannot be imported (a renamed module, a broken install) is never
+    # dropped silently with its subcommands: every command fails, naming it.
+    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_osmosis_extension", "no_such_module_xyz"))
+    with pytest.raises(ImportError, match=r"cannot import no_such_module_xyz, which adds subcommands: No module named 'no_such_module_xyz'"):
+        main(["list"])
+
+
+def test_every_extension_module_imports() -> None:
+    """The real list: each module exists and adds at least one subcommand."""
+    import importlib
+
+    from pytest_osmosis import cli
+
+    for name in cli.EXTENSIONS:
+        module = importlib.import_module(name)
+        assert any(a.startswith("add_") and a.endswith("_parser") for a in vars(module)), name
 
 
 def test_latest_names_the_newest_run_unless_a_run_is_called_latest(
