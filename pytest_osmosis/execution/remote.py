@@ -127,11 +127,11 @@ def forwarded_environment(
 ) -> dict[str, str]:
     """The variables a remote worker gets in memory: the ``[secrets]`` names and, for each
     model's provider (``openai/…``), its key and base-URL variables, as set here."""
-    from pytest_osmosis.model.routes import DEFAULT_API_KEY_ENV
+    from pytest_osmosis.model.routes import DEFAULT_API_KEY_ENV, provider_of
 
     names = set(secret_names)
     for model in model_paths:
-        provider = model.split("/", 1)[0].lower() if "/" in model else ""
+        provider = provider_of(model)
         if not provider:
             continue
         names.add(DEFAULT_API_KEY_ENV.get(provider, f"{provider.upper()}_API_KEY"))
