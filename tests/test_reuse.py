@@ -135,3 +135,49 @@ def test_reuse_under_xdist(pytester: pytest.Pytester, model_env: ModelServer) ->
     index = read_index(pytester.path / EVALS / "pr")
     assert [r["row_index"] for r in index if not r.get("reused")] == [10, 10]
     assert sdk_judge(pytester.path / EVALS / "pr")["accepted"]
+
+
+def test_retry_below_threshold_runs_the_reused_runs_low_rewards_again(
+    pytester: pytest.Pytester, model_env
+) -> None:  # type: ignore[no-untyped-def]
+    """As a resume does (``outcome.is_retried``): failed, skipped and below-threshold
+    attempts of RUN are not reused under ``--osmosis-retry-below-threshold``."""
+    _main_run(pytester)
+    calls = model_env.requests_total
+    out = _reuse(pytester, "--osmosis-retry-below-threshold").stdout.str()
+    # rows 1 (below threshold), 2 and 3 (errors) and 4 (skipped), both attempts each
+    assert "reuse      12 reused, 8 run (from run 'main')" in out, out
+    asked = [
+        body["messages"][-1]["content"]
+        for _, body in model_env.requests[calls:]
+        if body.get("messages") and body["messages"][-1]["content"].startswith("What is")
+    ]
+    assert asked.count("What is 3 * 5?") == 2, asked
+    index = read_index(pytester.path / EVALS / "pr")
+    ran = sorted({r["row_index"] for r in index if not r.get("reused")})
+    assert ran == [1, 2, 3, 4]
+
+
+def test_row_digests_of_runs_written_before_the_one_store_are_read(tmp_path: Path) -> None:
+    """results/row_digests.py reads the two earlier stores: osmosis_rows.json by row index
+    (mapped through the journal) and osmosis_metrics.json's row_digests by dataset row."""
+    from pytest_osmosis.results.row_digests import read_row_digests, write_row_digests
+
+    by_index = tmp_path / "by-index"
+    by_index.mkdir()
+    (by_index / "osmosis_rows.json").write_text(json.dumps({"row_digests": ["d7", "d9"]}))
+    (by_index / "events.jsonl").write_text(
+        "".join(
+            json.dumps({"rollout_id": f"r{row}", "row_index": row, "run_index": 0,
+                        "source_row_index": source, "status": "success", "reward": 1.0}) + "\n"
+            for row, source in ((0, 7), (1, 9))
+        )
+    )
+    assert read_row_digests(by_index) == {7: "d7", 9: "d9"}
+    in_metrics = tmp_path / "in-metrics"
+    in_metrics.mkdir()
+    (in_metrics / "osmosis_metrics.json").write_text(json.dumps({"row_digests": {"3": "d3"}}))
+    assert read_row_digests(in_metrics) == {3: "d3"}
+    write_row_digests(in_metrics, {5: "d5", 3: "d3"})  # the store wins over the old field
+    assert read_row_digests(in_metrics) == {3: "d3", 5: "d5"}
+    assert read_row_digests(tmp_path) is None
