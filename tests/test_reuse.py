@@ -138,8 +138,8 @@ def test_reuse_under_xdist(pytester: pytest.Pytester, model_env: ModelServer) ->
 
 
 def test_retry_below_threshold_runs_the_reused_runs_low_rewards_again(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     """As a resume does (``outcome.is_retried``): failed, skipped and below-threshold
     attempts of RUN are not reused under ``--osmosis-retry-below-threshold``."""
     _main_run(pytester)
