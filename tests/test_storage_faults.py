@@ -118,7 +118,8 @@ def test_the_next_session_removes_temporaries_of_dead_writers_and_keeps_live_one
 class FullDisk:
     """``os.write`` for a disk that fills up: after *after* journal records (``"journal"``)
     or *after* trajectories (``"trajectory"``), every write into the results tree fails
-    with ENOSPC.
+    with ENOSPC. Journal records are counted by line: one write may carry several (the
+    journal's group commit).
 
     ``where`` is the first write that meets the full disk: ``"journal"`` (an append, which
     writes half its line first, as a real short write does) or ``"trajectory"`` (a row's
@@ -163,7 +164,7 @@ class FullDisk:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             self.trajectory_writes += 1
         if journal:
-            self.journal_writes += 1
+            self.journal_writes += bytes(data).count(b"\n")
         return self._write(fd, data)
 
 
