@@ -170,16 +170,25 @@ def _remove_stale_temporaries(run_dir: Path, recorded: set[str], warn: Warn) -> 
 # --------------------------------------------------------------------------- #
 
 
-@dataclass
+@dataclass(slots=True)
 class _Verdict:
-    """Whether a trial's trajectory.json is usable, keyed by its stat signature."""
+    """Whether a trial's trajectory.json is usable, keyed by its stat signature.
 
-    signature: tuple[int, int, int, int] | None
+    One per recorded row for the whole session: slots, and the signature's hash rather
+    than its four integers (:func:`_signature_key`), keep it small at 100,000 rows.
+    """
+
+    signature: int | None
     valid: bool
     tokens: int | None
 
 
-@dataclass
+def _signature_key(signature: tuple[int, int, int, int] | None) -> int | None:
+    """What a :class:`_Verdict` keeps of a stat signature: equal signatures, equal keys."""
+    return None if signature is None else hash(signature)
+
+
+@dataclass(slots=True)
 class _Projected:
     """What a work item's projection on disk was last written from."""
 
@@ -423,7 +432,7 @@ class RunDirectory:
                 continue
             tokens = row.get("tokens") if record.get("tokens") is None else None
             self._verdicts[rollout_id] = _Verdict(
-                signature=signature,
+                signature=_signature_key(signature),
                 valid=has_trajectory and signature is not None,
                 tokens=tokens if isinstance(tokens, int) else None,
             )
@@ -626,11 +635,11 @@ class RunDirectory:
         path = self._trajectory_path(rollout_id)
         signature = _stat_signature(path)
         cached = self._verdicts.get(rollout_id)
-        if cached is not None and cached.signature == signature:
+        if cached is not None and cached.signature == _signature_key(signature):
             return cached
         document = None if signature is None else read_valid_trajectory(path, rollout_id=rollout_id)
         verdict = _Verdict(
-            signature=signature,
+            signature=_signature_key(signature),
             valid=document is not None,
             tokens=None if document is None else atif_total_tokens(document),
         )
