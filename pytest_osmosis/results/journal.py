@@ -236,23 +236,22 @@ def read_journal(run_dir: Path) -> dict[WorkKey, dict[str, Any]]:
 
 
 class Commit:
-    """One caller's records in the committer's queue: wait for them to be durable."""
+    """One caller's records in the committer's queue: wait for them to be durable.
 
-    __slots__ = ("_done", "_error")
+    Only a sequence number and its journal: a row that finished ahead of pytest's report
+    holds one until it is reported, so it must weigh no more than an int (an Event each
+    was ~1 KB a row).
+    """
 
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._error: BaseException | None = None
+    __slots__ = ("_journal", "_sequence")
 
-    def _settle(self, error: BaseException | None) -> None:
-        self._error = error
-        self._done.set()
+    def __init__(self, journal: Journal, sequence: int) -> None:
+        self._journal = journal
+        self._sequence = sequence
 
     def wait(self) -> None:
         """Return once the records are written and fsync'd; raise what the write raised."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
+        self._journal._wait(self._sequence)
 
 
 class Journal:
@@ -276,8 +275,14 @@ class Journal:
         self._identity = (st.st_dev, st.st_ino)
         #: Bytes of complete records: a failed append is cut back to it.
         self._size = st.st_size
-        self._queue: list[tuple[bytes, Commit]] = []
-        self._wake = threading.Condition()
+        self._queue: list[bytes] = []
+        lock = threading.Lock()
+        self._wake = threading.Condition(lock)  # the committer: something is queued
+        self._durable = threading.Condition(lock)  # the callers: a commit has settled
+        #: Submissions are numbered; every one up to ``_settled`` is written or failed.
+        self._submitted = 0
+        self._settled = 0
+        self._failures: dict[int, BaseException] = {}
         self._closing = False
         self._committer: threading.Thread | None = None
         if created:
@@ -328,11 +333,12 @@ class Journal:
                     "journalled (is json.dumps replaced in this process?)"
                 )
             lines.append(one)
-        commit = Commit()
         with self._wake:
             if self._fd is None or self._closing:
                 raise RunDirectoryError(f"{self.path}: the journal is closed")
-            self._queue.append((b"".join(lines), commit))
+            self._queue.append(b"".join(lines))
+            self._submitted += 1
+            commit = Commit(self, self._submitted)
             if self._committer is None:
                 self._committer = threading.Thread(
                     target=self._commit_loop, name="osmosis-journal", daemon=True
@@ -350,14 +356,24 @@ class Journal:
                 if not self._queue:
                     return
                 batch, self._queue = self._queue, []
+                first, last = self._submitted - len(batch) + 1, self._submitted
+            failure: BaseException | None = None
             try:
-                self._write(b"".join(data for data, _ in batch))
+                self._write(b"".join(batch))
             except BaseException as exc:  # noqa: BLE001 - each caller raises it
-                for _, commit in batch:
-                    commit._settle(exc)
-            else:
-                for _, commit in batch:
-                    commit._settle(None)
+                failure = exc
+            with self._wake:
+                if failure is not None:
+                    self._failures.update(dict.fromkeys(range(first, last + 1), failure))
+                self._settled = last
+                self._durable.notify_all()
+
+    def _wait(self, sequence: int) -> None:
+        with self._durable:
+            self._durable.wait_for(lambda: self._settled >= sequence)
+            failure = self._failures.get(sequence)
+        if failure is not None:
+            raise failure
 
     def _write(self, data: bytes) -> None:
         """Append *data* and fsync; a failure cuts the file back to its last whole record."""
