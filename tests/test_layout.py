@@ -1,20 +1,31 @@
-"""The package's layout shows its architecture: only top-level modules know pytest.
+"""The package's layout shows its architecture: only the plugin and a few top-level modules know pytest.
 
-Subpackages (workspace/, dataset/, execution/, model/, rubric/, results/, report/) are
-plain libraries that a command, a benchmark or another runner can use without pytest;
-the top-level modules (plugin, collect, session, controller, xdist, ...) adapt them to
-pytest. A subpackage importing pytest, its internals, xdist or pluggy fails here.
+Subpackages (core/, workspace/, dataset/, execution/, model/, rubric/, results/, report/,
+commands/) are plain libraries that a command, a benchmark or another runner can use without
+pytest; plugin/ (session, controller, collect, xdist, ...) and a few top-level modules adapt
+them to pytest. A library subpackage importing pytest, its internals, xdist or pluggy fails
+here: in its source, and in a fresh interpreter that imports every one of its modules (an
+import of the pytest side from a library would bring pytest in).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import pytest_osmosis
 
 PACKAGE = Path(pytest_osmosis.__file__).resolve().parent
 PYTEST_WORLD = ("pytest", "_pytest", "xdist", "pluggy", "pytest_timeout")
+PYTEST_ADAPTER = "plugin"  # the one subpackage that is the pytest side
+SUBPACKAGES = [
+    "commands", "core", "dataset", "execution", "model", "report", "results", "rubric", "workspace"
+]
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -31,14 +42,26 @@ def test_only_top_level_modules_import_pytest() -> None:
     offenders = {
         str(path.relative_to(PACKAGE)): sorted(_imported_roots(path) & set(PYTEST_WORLD))
         for path in sorted(PACKAGE.glob("*/**/*.py"))
-        if _imported_roots(path) & set(PYTEST_WORLD)
+        if path.relative_to(PACKAGE).parts[0] != PYTEST_ADAPTER
+        and _imported_roots(path) & set(PYTEST_WORLD)
     }
     assert offenders == {}
 
 
 def test_the_subpackages_exist_and_say_what_they_are() -> None:
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    assert packages == ["dataset", "execution", "model", "report", "results", "rubric", "workspace"]
+    assert packages == [
+        "commands",
+        "core",
+        "dataset",
+        "execution",
+        "model",
+        "plugin",
+        "report",
+        "results",
+        "rubric",
+        "workspace",
+    ]
     for name in packages:
         assert ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text())), name
 
@@ -51,3 +74,26 @@ def test_the_public_import_paths_stay() -> None:
     from pytest_osmosis.cli import main
 
     assert callable(main)
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_importing_a_subpackage_loads_no_pytest(package: str) -> None:
+    modules = sorted(
+        f"pytest_osmosis.{package}" + ("" if path.stem == "__init__" else f".{path.stem}")
+        for path in (PACKAGE / package).glob("*.py")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(sorted(m for m in {PYTEST_WORLD!r} if m in sys.modules))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=PACKAGE.parent
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing pytest_osmosis.{package} loads {out.stdout}"

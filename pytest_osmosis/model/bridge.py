@@ -23,7 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model.cache import CachedAttempt, offline_judge
 from pytest_osmosis.model.direct import (
     DirectClient,
@@ -33,7 +33,8 @@ from pytest_osmosis.model.direct import (
     missing_keys,
     rows_go_direct,
 )
-from pytest_osmosis.model.errors import (
+from pytest_osmosis.model.litellm import _litellm, _litellm_imported, cost_usd
+from pytest_osmosis.model.provider_errors import (
     _CONNECT_ERRORS,
     _CREDENTIAL_HINT,
     _PREFLIGHT_FATAL,
@@ -42,7 +43,6 @@ from pytest_osmosis.model.errors import (
     _one_line,
     _out_of_descriptors,
 )
-from pytest_osmosis.model.litellm import _litellm, _litellm_imported, cost_usd
 from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,
@@ -56,6 +56,7 @@ from pytest_osmosis.model.routes import (
     _route_secrets,
     _Target,
     _uses_responses_api,
+    not_a_model_id,
 )
 from pytest_osmosis.model.wire import (
     _BadRequest,
@@ -358,9 +359,7 @@ class Bridge:
                 )
         except Exception as exc:
             raise ModelPreflightError(
-                f"model preflight failed for {route.model_path!r}: not a LiteLLM model id; "
-                "use 'provider/model' (e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "
-                f"or {EMBEDDED_MODEL_PATH!r} ({_one_line(exc, self._secrets)})"
+                not_a_model_id(route.model_path, _one_line(exc, self._secrets))
             ) from None
         try:
             # By the route the rows' calls take, as the SDK's preflight does; our own

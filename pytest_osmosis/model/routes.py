@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_osmosis.model.errors import _one_line
 from pytest_osmosis.model.litellm import _litellm
+from pytest_osmosis.model.provider_errors import _one_line
 from pytest_osmosis.model.ratelimit import Backoff
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "JUDGE_PROVIDER_ERROR",
     "ModelRoute",
     "is_openai_api",
+    "not_a_model_id",
     "provider_of",
     "resolve_route",
 ]
@@ -95,6 +96,15 @@ def resolve_route(model_path: str) -> ModelRoute:
     return ModelRoute(model_path=model_path, litellm_model=model_path, kwargs={})
 
 
+def not_a_model_id(model_path: str, detail: str) -> str:
+    """The preflight's one line for a model id no LiteLLM provider serves."""
+    return (
+        f"model preflight failed for {model_path!r}: not a LiteLLM model id; "
+        "use 'provider/model' (e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "
+        f"or {EMBEDDED_MODEL_PATH!r} ({detail})"
+    )
+
+
 def _model_ids(models: Iterable[str]) -> set[str]:
     """Model ids as a judge header names them (`Bridge._target` strips the header too)."""
     return {model.strip() for model in models if model.strip()}
@@ -106,7 +116,7 @@ def _route_secrets(route: ModelRoute) -> tuple[str, ...]:
 
 def _resolve_judge(model: str) -> _Target:
     """Route a judge model as the run's model is routed, and check it can be called."""
-    from pytest_osmosis.errors import OsmosisError
+    from pytest_osmosis.core.errors import OsmosisError
 
     try:
         route = resolve_route(model)

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_osmosis import outcome
-from pytest_osmosis.errors import (
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.errors import (
     ModelPreflightError,
     OsmosisError,
     RunDirectoryError,
     SessionFaultError,
 )
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution import blame
 from pytest_osmosis.execution.dispatch import AUTO, IN_PROCESS, SERVER, Dispatch, InProcess
 from pytest_osmosis.execution.executor import (
@@ -42,7 +43,6 @@ from pytest_osmosis.execution.executor import (
 )
 from pytest_osmosis.execution.runner import Budgets, TrajectoryWriter, WorkItem
 from pytest_osmosis.execution.streams import keep_streams_open, let_streams_close
-from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import (
     DEFAULT_MAIN_TIMEOUT,
     forget_loaded,
@@ -60,16 +60,16 @@ from pytest_osmosis.workspace.plan import (
 )
 
 if TYPE_CHECKING:
-    from pytest_osmosis.budget import Budget, Tickets
-    from pytest_osmosis.collect import EvalItem
+    from pytest_osmosis.dataset.shard import Shard
     from pytest_osmosis.gate import GateOptions, Verdict
-    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.model.cache import CallCache
+    from pytest_osmosis.plugin.budget import Budget, Tickets
+    from pytest_osmosis.plugin.collect import EvalItem
+    from pytest_osmosis.plugin.milestones import Milestones
     from pytest_osmosis.results import RunDirectory, RunLog
-    from pytest_osmosis.results.regrade import SourceRun
     from pytest_osmosis.results.reuse import ReuseSource
-    from pytest_osmosis.shard import Shard
+    from pytest_osmosis.results.source_run import SourceRun
 
 
 @dataclass
@@ -223,7 +223,7 @@ class EvalSession:
             except OsmosisError as exc:
                 self._errors[path] = exc
                 raise
-            from pytest_osmosis.secrets import add_named_secrets
+            from pytest_osmosis.redaction import add_named_secrets
 
             add_named_secrets(self.config, plan.config.secrets.required)
             plan.run_name = self._run_names.get(str(path), "")
@@ -238,7 +238,7 @@ class EvalSession:
         self._run_names.update(workerinput.get("osmosis_runs", {}))
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
         if workerinput.get("osmosis_budget_dir"):
-            from pytest_osmosis.budget import Tickets
+            from pytest_osmosis.plugin.budget import Tickets
 
             self.tickets = Tickets(
                 Path(workerinput["osmosis_budget_dir"]), str(workerinput["workerid"])
@@ -266,15 +266,10 @@ class EvalSession:
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
+        from pytest_osmosis.redaction import add_named_secrets, log_redactor_for
         from pytest_osmosis.results import RunDirectory, RunLog
-        from pytest_osmosis.results.regrade import RegradeError
-        from pytest_osmosis.secrets import (
-            MissingSecretsError,
-            SecretsFileError,
-            add_named_secrets,
-            log_redactor_for,
-            resolve_secrets,
-        )
+        from pytest_osmosis.results.source_run import RegradeError
+        from pytest_osmosis.secrets import MissingSecretsError, SecretsFileError, resolve_secrets
 
         now = utc_now()
         several = len(config_paths) > 1
@@ -492,7 +487,7 @@ class EvalSession:
         return self._rollouts[plan.config_path]
 
     def _dispatch_for(self, plan: EvalPlan) -> Dispatch:
-        from pytest_osmosis.errors import ConfigError, NeedsServerError
+        from pytest_osmosis.core.errors import ConfigError, NeedsServerError
         from pytest_osmosis.workspace.environment import unmet_requirements
 
         mode = self.options.execution
@@ -526,7 +521,7 @@ class EvalSession:
 
     def _server(self, plan: EvalPlan, why: str) -> Dispatch:
         from pytest_osmosis.execution.server import RolloutServer
-        from pytest_osmosis.secrets import log_redactor_for, redactor_for
+        from pytest_osmosis.redaction import log_redactor_for, redactor_for
 
         # [env]/[secrets] cannot name _OSMOSIS_* variables (workspace/config.py refuses them),
         # so the server's own variables are always the supervisor's, as in the SDK.
@@ -643,7 +638,7 @@ class EvalSession:
         and no more than the open-files limit leaves room for (said once, in one line)."""
         wanted = self.total_concurrency()
         if self.is_worker:
-            from pytest_osmosis.xdist import per_worker
+            from pytest_osmosis.plugin.xdist import per_worker
 
             workerinput: dict[str, Any] = self.config.workerinput  # type: ignore[attr-defined]
             wanted = per_worker(wanted, int(workerinput.get("workercount", 1)))
@@ -703,7 +698,7 @@ class EvalSession:
                 self._prefetch(item.session.items)
         if self.is_worker and self._worker_prefetch:
             # xdist sends this worker whole shards; start what was queued for it since.
-            from pytest_osmosis.xdist import newly_queued_indices
+            from pytest_osmosis.plugin.xdist import newly_queued_indices
 
             items = item.session.items
             self._prefetch([items[i] for i in newly_queued_indices(self.config) if i < len(items)])
@@ -734,7 +729,7 @@ class EvalSession:
             return None if self.may_report(item) else self.stop_line
         if (self.budget is None and self.tickets is None) or self.carried_forward(item):
             return None
-        from pytest_osmosis.budget import wait_between_looks
+        from pytest_osmosis.plugin.budget import wait_between_looks
 
         factory = lambda: self._execute(item)  # noqa: E731
         while not self.executor.start(item.nodeid, factory):
@@ -820,7 +815,7 @@ class EvalSession:
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
-        from pytest_osmosis.collect import split_item_nodeid
+        from pytest_osmosis.plugin.collect import split_item_nodeid
 
         parts = split_item_nodeid(nodeid)
         if parts is None:
@@ -921,7 +916,7 @@ class EvalSession:
         )
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
-        from pytest_osmosis.collect import EvalItem
+        from pytest_osmosis.plugin.collect import EvalItem
 
         for other in items:
             if isinstance(other, EvalItem) and self.carried_forward(other) is None:
@@ -935,9 +930,9 @@ class EvalSession:
             kept = kept_result(self.regrade, item)
             if kept is not None:  # its workflow failed: nothing to grade again
                 return kept
+        from pytest_osmosis.redaction import redactor_for
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
-        from pytest_osmosis.secrets import redactor_for
 
         redactor = redactor_for(self.config)
 
@@ -1133,10 +1128,14 @@ class EvalSession:
         if model_path == EMBEDDED_MODEL_PATH:
             return False
         from pytest_osmosis.model.direct import rows_go_direct
+        from pytest_osmosis.model.preflight import unknown_provider
         from pytest_osmosis.model.routes import resolve_route
 
+        route = resolve_route(model_path)
+        if unknown_provider(route) is not None:
+            return False  # no row runs: the preflight refuses it without LiteLLM
         prices = self.options.gate.values.get("max_cost") is not None
-        return prices or not rows_go_direct(resolve_route(model_path))
+        return prices or not rows_go_direct(route)
 
     def _import_litellm(self, model_path: str) -> None:
         """Wait for LiteLLM (rows call the model through it): a failed import is one line."""
@@ -1235,7 +1234,7 @@ _DEFAULT_CAPACITY = 4  # a LocalBackend without a workflow_config advertises 4 o
 
 def _row_words(nodeid: str) -> str:
     """``row <source row> run <n>``: how a line names an eval item (else its node id)."""
-    from pytest_osmosis.collect import split_item_nodeid
+    from pytest_osmosis.plugin.collect import split_item_nodeid
 
     parts = split_item_nodeid(nodeid)
     return nodeid if parts is None else f"row {parts[1]} run {parts[2]}"
