@@ -55,7 +55,7 @@ SMOKE = {
     "collection": ["--rows", "1000", "--repeat", "1"],
     "startup": ["--runs", "1"],
     "scale": ["--small", "10", "--large", "30", "--repeat", "1", "--sdk-small", "10"]
-    + ["--sdk-large", "30"],
+    + ["--sdk-large", "30", "--rss-sizes", "30"],
     "first_result": ["--runs", "1"],
     "cache_replay": ["--items", "20", "--small", "5", "--repeat", "1"],
     "rate_limited": ["--rows", "20", "--rate", "20"],

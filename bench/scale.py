@@ -7,6 +7,11 @@
    re-execute no workflow (each execution appends a byte to ``BENCH_COUNT``; the file
    must stay absent) and take <= 2 x the collection time of the same workspace
    (``--collect-only -q``, outer wall).
+3. Memory at scale (issue 30 item 5): ``--rss-sizes`` (default 10,000 and 100,000) instant
+   rows, and a plain pytest suite of as many trivial tests beside each: wall, items/s and
+   peak RSS (``/usr/bin/time -f %M``). Target: ours <= 1.15 x plain pytest's peak RSS at
+   the largest size. ``--rss-only`` measures this part alone (the 100,000-row pair takes
+   minutes).
 
 Where ``osmosis-ai`` imports, ``osmosis eval run`` runs 1, ``--sdk-small`` (100) and
 ``--sdk-large`` (1,000) instant rows once each (a tenth of ours: its rows cost ~35 times
@@ -17,6 +22,7 @@ the SDK's at a tenth of the rows).
 
     python bench/scale.py [--small 1000] [--large 10000] [--repeat 2]
                           [--sdk-small 100] [--sdk-large 1000]
+                          [--rss-sizes 10000,100000] [--rss-only]
 """
 
 from __future__ import annotations
@@ -99,6 +105,58 @@ def measure(
             )
             out["sdk_executed_resume"] = _count(sdk_count)
     return out
+
+
+def measure_rss(sizes: list[int]) -> dict[int, tuple[c.Run, c.Run]]:
+    """Ours and plain pytest at each size, under ``/usr/bin/time``: (ours, plain)."""
+    out: dict[int, tuple[c.Run, c.Run]] = {}
+    with c.tempdir("bench-scale-rss-") as tmp, c.model_server(0.0) as env:
+        env = {**env, "BENCH_SLEEP": "0"}
+        for n in sizes:
+            space = c.eval_workspace(tmp / f"ws{n}", n)
+            ours = c.run(
+                f"plugin {n} instant items (peak RSS)",
+                c.osmosis_cmd(output=tmp / f"out{n}"),
+                cwd=space,
+                env=env,
+                rss=True,
+                timeout=7200,
+            ).check(f"{n} passed")
+            plain = c.run(
+                f"plain pytest {n} trivial tests (peak RSS)",
+                c.pytest_cmd("-q"),
+                cwd=c.plain_suite(tmp / f"plain{n}", n),
+                rss=True,
+                timeout=7200,
+            ).check(f"{n} passed")
+            out[n] = (ours, plain)
+    return out
+
+
+def rss_checks(out: dict[int, tuple[c.Run, c.Run]]) -> list[c.Check]:
+    """One line per size; the target is checked at the largest."""
+    lines = []
+    for n, (ours, plain) in sorted(out.items()):
+        assert ours.maxrss_mb is not None and plain.maxrss_mb is not None
+        lines.append(
+            f"{n} rows: ours {ours.wall:.1f} s ({n / ours.wall:.0f} items/s), peak "
+            f"{ours.maxrss_mb:.0f} MB; plain pytest {plain.wall:.1f} s ({n / plain.wall:.0f} "
+            f"items/s), peak {plain.maxrss_mb:.0f} MB; ratio {ours.maxrss_mb / plain.maxrss_mb:.3f}"
+        )
+    n = max(out)
+    ours, plain = out[n]
+    assert ours.maxrss_mb is not None and plain.maxrss_mb is not None
+    return [
+        c.Check(
+            f"peak RSS at {n} instant rows vs plain pytest",
+            lines[-1],
+            "<= 1.15 x plain pytest's peak RSS",
+            ours.maxrss_mb / plain.maxrss_mb,
+            1.15,
+            notes=lines[:-1],
+            sdk=c.no_sdk("pytest-only"),
+        )
+    ]
 
 
 def _count(path: Path) -> int:
@@ -188,18 +246,26 @@ def main() -> None:
     parser.add_argument("--sdk-small", type=int, default=100, help="the SDK side's small N")
     parser.add_argument("--sdk-large", type=int, default=1000, help="the SDK side's large N")
     parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
+    parser.add_argument(
+        "--rss-sizes", default="10000,100000", help="rows of the peak-RSS runs, comma-separated"
+    )
+    parser.add_argument("--rss-only", action="store_true", help="measure peak RSS alone")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
     c.header("scale and resume")
-    sdk = c.sdk_installed() and not args.no_sdk
-    sdk_sizes = (args.sdk_small, args.sdk_large) if sdk else None
-    out = measure(args.small, args.large, args.repeat, sdk_sizes)
-    c.print_runs([r for r in out.values() if isinstance(r, c.Run)])
-    print("(the 1-item and small rows are the best of --repeat tries)")
+    found: list[c.Check] = []
+    if not args.rss_only:
+        sdk = c.sdk_installed() and not args.no_sdk
+        sdk_sizes = (args.sdk_small, args.sdk_large) if sdk else None
+        out = measure(args.small, args.large, args.repeat, sdk_sizes)
+        c.print_runs([r for r in out.values() if isinstance(r, c.Run)])
+        print("(the 1-item and small rows are the best of --repeat tries)")
+        found += checks(args.small, args.large, out, sdk_sizes)
+    rss = measure_rss([int(n) for n in args.rss_sizes.split(",") if n.strip()])
+    c.print_runs([run for pair in rss.values() for run in pair])
+    found += rss_checks(rss)
     print(f"after: {c.loadavg()}")
-    c.finish(
-        "benchmark 7: scale and resume", checks(args.small, args.large, out, sdk_sizes), args.json
-    )
+    c.finish("benchmark 7: scale and resume", found, args.json)
 
 
 if __name__ == "__main__":

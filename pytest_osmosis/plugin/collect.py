@@ -429,6 +429,8 @@ def describe_report(item: EvalItem, call: pytest.CallInfo[None], report: pytest.
         ] + junit_properties(result, item.parent.plan, item.source_row_index, item.run_index)
     else:
         report.duration = 0.0
+        if call.when == "teardown":  # the row is reported: an item keeps none of its result
+            del item.stash[RESULT_KEY]
 
 
 def crashed_status(report: pytest.TestReport) -> tuple[str, str, str] | None:

@@ -1026,16 +1026,20 @@ class EvalSession:
             from pytest_osmosis.regrade import regrade_steps
 
             recorded, prepare, writer = regrade_steps(self.regrade, item, redactor, storage_faults)
-        result = await dispatch.run(
-            work,
-            bridge=bridge,
-            budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
-            pass_threshold=plan.settings.pass_threshold,
-            prepare_artifacts=prepare,
-            write_trajectory=writer,
-            cache=cached,
-            recorded=recorded,
-        )
+        try:
+            result = await dispatch.run(
+                work,
+                bridge=bridge,
+                budgets=Budgets(plan.settings.agent_timeout_s, plan.settings.grader_timeout_s),
+                pass_threshold=plan.settings.pass_threshold,
+                prepare_artifacts=prepare,
+                write_trajectory=writer,
+                cache=cached,
+                recorded=recorded,
+            )
+        except SessionFaultError:
+            self.faulted = True  # no row finishing after it is journalled (_stage)
+            raise
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
         if self._scratch is not None and result.get("rollout_id"):
@@ -1043,7 +1047,16 @@ class EvalSession:
 
             rollout_id = str(result["rollout_id"])
             self._trial_files[rollout_id] = pack_trial(run_dir / "rollout_trials" / rollout_id)
+        self._stage(plan, result)
         return result
+
+    def _stage(self, plan: EvalPlan, result: dict[str, Any]) -> None:
+        """Hand a finished row to its run's journal now (group commit, RunDirectory.stage):
+        the controller's record then only waits for its fsync. Only where the run is ours."""
+        run = self.runs.get(plan.config_path)
+        if run is None or self.faulted or run.storage_fault or result.get("storage_fault"):
+            return
+        run.rundir.stage(result)
 
     def _judge_models(self, dispatch: Dispatch) -> list[str]:
         """Judge models a rollout's calls may name: its grader's, ini osmosis_judge_models."""

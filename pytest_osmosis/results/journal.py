@@ -1,7 +1,10 @@
 """``events.jsonl``: the append-only terminal journal, the one resume authority.
 
 One canonical JSON line per terminal attempt, fsync'd before the result is
-reported, so an acknowledged result survives a crash. Replay keeps the last
+reported, so an acknowledged result survives a crash. Appends go through one committer
+thread per journal, which writes every record queued while it was syncing with a single
+``fsync`` (group commit): rows that finish together share the disk's latency, and each
+caller still waits for its own record's sync before anything reports it. Replay keeps the last
 record per ``(row_index, run_index)`` in append order (no timestamps on purpose:
 a skewed clock can never change which attempt wins).
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,8 +235,27 @@ def read_journal(run_dir: Path) -> dict[WorkKey, dict[str, Any]]:
     return replay_journal(run_dir / JOURNAL_FILENAME).latest
 
 
+class Commit:
+    """One caller's records in the committer's queue: wait for them to be durable.
+
+    Only a sequence number and its journal: a row that finished ahead of pytest's report
+    holds one until it is reported, so it must weigh no more than an int (an Event each
+    was ~1 KB a row).
+    """
+
+    __slots__ = ("_journal", "_sequence")
+
+    def __init__(self, journal: Journal, sequence: int) -> None:
+        self._journal = journal
+        self._sequence = sequence
+
+    def wait(self) -> None:
+        """Return once the records are written and fsync'd; raise what the write raised."""
+        self._journal._wait(self._sequence)
+
+
 class Journal:
-    """The append side of ``events.jsonl``: ``os.write`` loop, then ``fsync``."""
+    """The append side of ``events.jsonl``: queued records, ``os.write`` loop, one ``fsync``."""
 
     def __init__(self, path: Path, replay: JournalReplay) -> None:
         self.path = path
@@ -252,6 +275,16 @@ class Journal:
         self._identity = (st.st_dev, st.st_ino)
         #: Bytes of complete records: a failed append is cut back to it.
         self._size = st.st_size
+        self._queue: list[bytes] = []
+        lock = threading.Lock()
+        self._wake = threading.Condition(lock)  # the committer: something is queued
+        self._durable = threading.Condition(lock)  # the callers: a commit has settled
+        #: Submissions are numbered; every one up to ``_settled`` is written or failed.
+        self._submitted = 0
+        self._settled = 0
+        self._failures: dict[int, BaseException] = {}
+        self._closing = False
+        self._committer: threading.Thread | None = None
         if created:
             fsync_dir(path.parent)
 
@@ -283,9 +316,13 @@ class Journal:
 
     def extend(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Durably append normalized records with one ``fsync`` (all of them, or none)."""
-        if self._fd is None:
-            raise RunDirectoryError(f"{self.path}: the journal is closed")
-        self.ensure_in_place()
+        self.submit(records).wait()
+
+    def submit(self, records: Sequence[Mapping[str, Any]]) -> Commit:
+        """Queue normalized records for the next group commit; :meth:`Commit.wait` for it.
+
+        Never blocks on the disk, so the event loop can hand over a finished row's record.
+        """
         lines = []
         for record in records:
             one = journal_line(record)
@@ -296,8 +333,53 @@ class Journal:
                     "journalled (is json.dumps replaced in this process?)"
                 )
             lines.append(one)
-        line = b"".join(lines)
-        view = memoryview(line)
+        with self._wake:
+            if self._fd is None or self._closing:
+                raise RunDirectoryError(f"{self.path}: the journal is closed")
+            self._queue.append(b"".join(lines))
+            self._submitted += 1
+            commit = Commit(self, self._submitted)
+            if self._committer is None:
+                self._committer = threading.Thread(
+                    target=self._commit_loop, name="osmosis-journal", daemon=True
+                )
+                self._committer.start()
+            self._wake.notify()
+        return commit
+
+    def _commit_loop(self) -> None:
+        """Write whatever is queued, sync once, release its callers; until closed."""
+        while True:
+            with self._wake:
+                while not self._queue and not self._closing:
+                    self._wake.wait()
+                if not self._queue:
+                    return
+                batch, self._queue = self._queue, []
+                first, last = self._submitted - len(batch) + 1, self._submitted
+            failure: BaseException | None = None
+            try:
+                self._write(b"".join(batch))
+            except BaseException as exc:  # noqa: BLE001 - each caller raises it
+                failure = exc
+            with self._wake:
+                if failure is not None:
+                    self._failures.update(dict.fromkeys(range(first, last + 1), failure))
+                self._settled = last
+                self._durable.notify_all()
+
+    def _wait(self, sequence: int) -> None:
+        with self._durable:
+            self._durable.wait_for(lambda: self._settled >= sequence)
+            failure = self._failures.get(sequence)
+        if failure is not None:
+            raise failure
+
+    def _write(self, data: bytes) -> None:
+        """Append *data* and fsync; a failure cuts the file back to its last whole record."""
+        assert self._fd is not None
+        self.ensure_in_place()
+        view = memoryview(data)
         try:
             while view:
                 written = os.write(self._fd, view)
@@ -307,10 +389,17 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._size)
             raise
-        self._size += len(line)
+        self._size += len(data)
 
     def close(self) -> None:
-        """Close the descriptor; later appends raise."""
+        """Commit what is queued, stop the committer and close the descriptor; later appends
+        raise."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+            committer = self._committer
+        if committer is not None and committer is not threading.current_thread():
+            committer.join()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -1,8 +1,11 @@
 """The completed-run directory, owned by one process (the controller) at a time.
 
 ``RunDirectory`` holds the run lock, the manifest, the journal and the
-projections of one named run. The per-item path is :meth:`RunDirectory.append`
-(one fsync'd line, O(1)); :meth:`RunDirectory.refresh` rewrites the snapshots
+projections of one named run. The per-item path is :meth:`RunDirectory.stage` (the
+event loop hands a finished row's record to the journal's group commit) and then
+:meth:`RunDirectory.append` (the controller waits for that record's fsync before the row
+is reported) and :meth:`RunDirectory.settle` (its projections, written by a thread of
+their own); :meth:`RunDirectory.refresh` rewrites the snapshots
 (index, summary, progress, metrics) and copies projections only for the work
 items whose selected attempt changed, so calling it periodically stays cheap.
 """
@@ -46,6 +49,7 @@ from pytest_osmosis.results.index import (
 )
 from pytest_osmosis.results.journal import (
     JOURNAL_FILENAME,
+    Commit,
     Journal,
     WorkKey,
     normalize_record,
@@ -166,16 +170,25 @@ def _remove_stale_temporaries(run_dir: Path, recorded: set[str], warn: Warn) -> 
 # --------------------------------------------------------------------------- #
 
 
-@dataclass
+@dataclass(slots=True)
 class _Verdict:
-    """Whether a trial's trajectory.json is usable, keyed by its stat signature."""
+    """Whether a trial's trajectory.json is usable, keyed by its stat signature.
 
-    signature: tuple[int, int, int, int] | None
+    One per recorded row for the whole session: slots, and the signature's hash rather
+    than its four integers (:func:`_signature_key`), keep it small at 100,000 rows.
+    """
+
+    signature: int | None
     valid: bool
     tokens: int | None
 
 
-@dataclass
+def _signature_key(signature: tuple[int, int, int, int] | None) -> int | None:
+    """What a :class:`_Verdict` keeps of a stat signature: equal signatures, equal keys."""
+    return None if signature is None else hash(signature)
+
+
+@dataclass(slots=True)
 class _Projected:
     """What a work item's projection on disk was last written from."""
 
@@ -255,6 +268,18 @@ class RunDirectory:
         self._verdicts: dict[str, _Verdict] = {}
         self._projected: dict[WorkKey, _Projected] = {}
         self._dirty: set[WorkKey] = set(records)
+        #: Records handed to the journal as their row finished, not yet recorded here.
+        self._staged: dict[WorkKey, tuple[dict[str, Any], Commit]] = {}
+        self._staging = threading.Lock()
+        #: Recorded keys whose projections the settler thread writes.
+        self._to_settle: list[WorkKey] = []
+        self._settle_wake = threading.Condition()
+        self._settler: threading.Thread | None = None
+        self._settling = 0  # keys the settler has taken and not finished
+        #: Held while checking trajectories and writing projections (the settler, refresh);
+        #: never while journalling, so recording a row does not wait for another's copy.
+        self._projecting = threading.Lock()
+        self._closed = False
         self._seed_from_previous_index()
 
     # -- opening ----------------------------------------------------------- #
@@ -407,7 +432,7 @@ class RunDirectory:
                 continue
             tokens = row.get("tokens") if record.get("tokens") is None else None
             self._verdicts[rollout_id] = _Verdict(
-                signature=signature,
+                signature=_signature_key(signature),
                 valid=has_trajectory and signature is not None,
                 tokens=tokens if isinstance(tokens, int) else None,
             )
@@ -458,6 +483,23 @@ class RunDirectory:
                 result.add(key)
         return result
 
+    def stage(self, record: Mapping[str, Any]) -> None:
+        """Hand a finished row's record to the journal now, without waiting for the disk.
+
+        Called on the event loop as the row finishes, so rows that finish together share
+        one fsync; :meth:`append` of the same record later only waits for it. A record
+        that is never appended (the session ended before pytest reported its row) is in
+        the journal all the same, as the rows that finished ahead always were.
+        """
+        try:
+            normalized = normalize_record(record, where="work result")
+            commit = self._journal.submit([normalized])
+        except (RunDirectoryError, OSError):
+            return  # append journals it itself, and raises there
+        key = (normalized["row_index"], normalized["run_index"])
+        with self._staging:
+            self._staged[key] = (normalized, commit)
+
     def append(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Journal one work result durably (fsync) and make it the key's latest.
 
@@ -472,36 +514,101 @@ class RunDirectory:
         """Journal several work results with one fsync (a merge of shards, a reuse).
 
         ``reused``: recorded from another run without running (the index row says so).
+        A record :meth:`stage` already handed over is waited for, not written again.
         """
         normalized = [normalize_record(record, where="work result") for record in records]
         with self._mutex, interrupt_held():
+            commits: list[Commit] = []
+            fresh: list[dict[str, Any]] = []
+            with self._staging:
+                for record in normalized:
+                    key = (record["row_index"], record["run_index"])
+                    staged = self._staged.pop(key, None)
+                    if staged is not None and staged[0] == record:
+                        commits.append(staged[1])
+                    elif staged is None and key in self._executed and self.records[key] == record:
+                        pass  # adopted from the stage already (refresh): the same attempt
+                    else:
+                        fresh.append(record)
             try:
-                self._journal.extend(normalized)
+                if fresh:
+                    commits.append(self._journal.submit(fresh))
+                for commit in commits:
+                    commit.wait()
             except OSError as exc:
                 raise RunDirectoryError(
                     f"cannot append to {self.path / JOURNAL_FILENAME}: {exc}"
                 ) from exc
             for record in normalized:
-                key = (record["row_index"], record["run_index"])
-                self.records[key] = record
-                self._carried.discard(key)
-                self._executed.add(key)
-                self._lines.pop(key, None)
-                self._dirty.add(key)
-                if reused:
-                    self._reused.add(key)
-                else:
-                    self._reused.discard(key)
+                self._adopt(record, reused=reused)
         return normalized
 
+    def _adopt(self, record: dict[str, Any], *, reused: bool) -> None:
+        """Make a journalled record its key's latest (under the mutex)."""
+        key = (record["row_index"], record["run_index"])
+        self.records[key] = record
+        self._carried.discard(key)
+        self._executed.add(key)
+        self._lines.pop(key, None)
+        self._dirty.add(key)
+        if reused:
+            self._reused.add(key)
+        else:
+            self._reused.discard(key)
+
+    def _adopt_staged(self) -> None:
+        """Record what the journal holds of rows never appended (the session ended first),
+        so the snapshots agree with the journal."""
+        with self._staging:
+            staged, self._staged = list(self._staged.values()), {}
+        for record, commit in staged:
+            try:
+                commit.wait()
+            except (RunDirectoryError, OSError):
+                continue  # cut back off: not in the journal
+            self._adopt(record, reused=False)
+
     def settle(self, key: WorkKey) -> None:
-        """Check one recorded item's trajectory and write its projections now.
+        """Check one recorded item's trajectory and write its projections, off this thread.
 
         Called as each result is recorded, while other rows are still in flight, so that
         the end of a run (``refresh``) finds nothing left to parse or copy: at 1,000 rows
-        that work was 0.6-0.9 s of CPU in the serial tail after the last row.
+        that work was 0.6-0.9 s of CPU in the serial tail after the last row. A thread of
+        its own does it: its reads, copies and renames are no part of reporting the row.
         """
-        with self._mutex:
+        with self._settle_wake:
+            if self._closed:
+                return
+            self._to_settle.append(key)
+            if self._settler is None:
+                self._settler = threading.Thread(
+                    target=self._settle_loop, name="osmosis-settle", daemon=True
+                )
+                self._settler.start()
+            self._settle_wake.notify()
+
+    def _settle_loop(self) -> None:
+        while True:
+            with self._settle_wake:
+                while not self._to_settle and not self._closed:
+                    self._settle_wake.wait()
+                if not self._to_settle:
+                    return  # closed, and every recorded key settled
+                keys, self._to_settle = self._to_settle, []
+                self._settling = len(keys)
+            for key in keys:
+                self._settle_now(key)
+            with self._settle_wake:
+                self._settling = 0
+                self._settle_wake.notify_all()
+
+    def settled(self) -> None:
+        """Wait until every key handed to :meth:`settle` so far is settled."""
+        with self._settle_wake:
+            self._settle_wake.wait_for(lambda: not self._to_settle and not self._settling)
+
+    def _settle_now(self, key: WorkKey) -> None:
+        with self._projecting:
             record = self.records.get(key)
             if record is None:
                 return
@@ -513,6 +620,9 @@ class RunDirectory:
                 # journalled; the item stays dirty, so refresh copies it again and reports
                 # a storage fault the way it always has.
                 pass
+            if self.records.get(key) is not record:  # recorded again meanwhile: redo it
+                self._lines.pop(key, None)
+                self._dirty.add(key)
 
     # -- snapshots ---------------------------------------------------------- #
 
@@ -525,11 +635,11 @@ class RunDirectory:
         path = self._trajectory_path(rollout_id)
         signature = _stat_signature(path)
         cached = self._verdicts.get(rollout_id)
-        if cached is not None and cached.signature == signature:
+        if cached is not None and cached.signature == _signature_key(signature):
             return cached
         document = None if signature is None else read_valid_trajectory(path, rollout_id=rollout_id)
         verdict = _Verdict(
-            signature=signature,
+            signature=_signature_key(signature),
             valid=document is not None,
             tokens=None if document is None else atif_total_tokens(document),
         )
@@ -565,7 +675,7 @@ class RunDirectory:
 
     def index_rows(self) -> list[dict[str, Any]]:
         """The current index rows, sorted (computed as :meth:`refresh` would)."""
-        with self._mutex:
+        with self._mutex, self._projecting:
             for key in sorted(self.records):
                 self._index_line(key, self.records[key])
             return [self._rows[key] for key in sorted(self.records)]
@@ -603,10 +713,12 @@ class RunDirectory:
         with self._mutex:
             # Writing snapshots into a recreated directory would show a run with no journal.
             self._journal.ensure_in_place()
+            self._adopt_staged()
             keys = sorted(self.records)
-            lines = [self._index_line(key, self.records[key]) for key in keys]
-            rows = [self._rows[key] for key in keys]
-            self._project(keys, project_all=project_all)
+            with self._projecting:
+                lines = [self._index_line(key, self.records[key]) for key in keys]
+                rows = [self._rows[key] for key in keys]
+                self._project(keys, project_all=project_all)
             payload = b"".join(lines)
             try:
                 atomic_write_bytes(self.path / INDEX_FILENAME, payload)
@@ -691,7 +803,13 @@ class RunDirectory:
     # -- closing ------------------------------------------------------------ #
 
     def close(self) -> None:
-        """Close the journal and release the run lock (idempotent)."""
+        """Stop the settler, close the journal and release the run lock (idempotent)."""
+        with self._settle_wake:
+            self._closed = True
+            self._settle_wake.notify()
+            settler = self._settler
+        if settler is not None and settler is not threading.current_thread():
+            settler.join()
         with self._mutex:
             self._journal.close()
             self._lock.release()

@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
@@ -1037,6 +1038,7 @@ def test_a_settled_item_is_projected_at_once_and_not_again_at_the_end(tmp_path: 
     projection = run.path / "trajectories" / "row_0_run_0.json"
     assert not projection.exists()
     run.settle((0, 0))
+    run.settled()  # a thread of its own writes it
     assert json.loads(projection.read_text())["session_id"] == first["rollout_id"]
     assert (run.path / "artifacts" / "row_0_run_0" / "a.txt").read_text() == "a"
     inode = projection.stat().st_ino
@@ -1044,9 +1046,11 @@ def test_a_settled_item_is_projected_at_once_and_not_again_at_the_end(tmp_path: 
     assert projection.stat().st_ino == inode  # settled: not copied again
     retried = execute(run, 0, 0, artifacts={"b.txt": "b"})
     run.settle((0, 0))
+    run.settled()
     assert json.loads(projection.read_text())["session_id"] == retried["rollout_id"]
     assert sorted(p.name for p in (run.path / "artifacts" / "row_0_run_0").iterdir()) == ["b.txt"]
     run.settle((4, 0))  # nothing recorded: nothing to do
+    run.settled()
     refresh(run, status="running")
     assert read_lines(run.path / "index.jsonl")[0]["rollout_id"] == retried["rollout_id"]
     run.close()
@@ -1068,11 +1072,116 @@ def test_settling_on_a_full_disk_leaves_the_copy_to_refresh(
     monkeypatch.setattr(rundir_module, "project_work_item", disk_full)
     monkeypatch.setattr(run, "_warn", disk_full)
     run.settle((0, 0))
+    run.settled()
     monkeypatch.undo()
     projection = run.path / "trajectories" / "row_0_run_0.json"
     assert not projection.exists()
     refresh(run, status="running")
     assert json.loads(projection.read_text())["session_id"] == record["rollout_id"]
+    run.close()
+
+
+class HeldFsync:
+    """``os.fsync`` of the journal, held at its first call until released: what rows
+    finishing meanwhile do is seen while the first commit is still on the disk."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.journal_syncs = 0
+        self._fsync = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(os.sep + "events.jsonl"):
+            self.journal_syncs += 1
+            if self.journal_syncs == 1:
+                self.entered.set()
+                assert self.release.wait(60), "the test never released the first fsync"
+        self._fsync(fd)
+
+
+def staged(run: RunDirectory, row: int) -> dict[str, Any]:
+    """A finished row's record, handed to the journal as the event loop does."""
+    record = {"row_index": row, "run_index": 0, "rollout_id": uuid.uuid4().hex}
+    record.update(status="success", reward=1.0, duration_ms=1.0)
+    run.stage(record)
+    return record
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names descriptors by /proc")
+def test_rows_that_finish_during_a_commit_share_the_next_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: rows staged while a commit syncs are written and synced together, and
+    append returns only once its own row is synced (and writes it once)."""
+    held = HeldFsync()
+    monkeypatch.setattr(os, "fsync", held)
+    run = open_run(tmp_path)
+    first = staged(run, 0)
+    assert held.entered.wait(60)
+    rows = [staged(run, 1), staged(run, 2)]
+    journal = run.path / "events.jsonl"
+    assert read_lines(journal) == [normalize_record(first, where="test")]  # not synced yet
+    held.release.set()
+    for record in (first, *rows):
+        run.append(record)
+    assert held.journal_syncs == 2  # row 0 alone, rows 1 and 2 together
+    assert [line["row_index"] for line in read_lines(journal)] == [0, 1, 2]
+    refresh(run, status="running")
+    assert [line["row_index"] for line in read_lines(run.path / "index.jsonl")] == [0, 1, 2]
+    run.close()
+
+
+def test_a_staged_row_never_appended_is_indexed_as_the_journal_holds_it(tmp_path: Path) -> None:
+    """The session ended before pytest reported the row: the journal has it, so the index
+    does too; appending it afterwards (journal_finished) writes nothing again."""
+    run = open_run(tmp_path)
+    record = staged(run, 0)
+    refresh(run, status="running")
+    assert [line["rollout_id"] for line in read_lines(run.path / "index.jsonl")] == [
+        record["rollout_id"]
+    ]
+    run.append(record)
+    assert len(read_lines(run.path / "events.jsonl")) == 1
+    run.close()
+    reopened = RunDirectory.open(tmp_path, "run-1", make_inputs(), PROVENANCE)
+    assert reopened.pending([(0, 0)]) == set()
+    reopened.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names descriptors by /proc")
+def test_a_failed_group_commit_fails_each_of_its_rows_and_is_cut_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk during a commit of several rows: each row's append raises, none is in
+    the journal (the torn write is cut off), and the next commit appends after the last
+    whole record."""
+    held = HeldFsync()
+    monkeypatch.setattr(os, "fsync", held)
+    run = open_run(tmp_path)
+    first = staged(run, 0)
+    assert held.entered.wait(60)
+    write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(os.sep + "events.jsonl"):
+            write(fd, bytes(data)[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+        return write(fd, data)
+
+    monkeypatch.setattr(os, "write", full)
+    rows = [staged(run, 1), staged(run, 2)]
+    held.release.set()
+    run.append(first)
+    for record in rows:
+        with pytest.raises(RunDirectoryError, match="No space left on device"):
+            run.append(record)
+    monkeypatch.setattr(os, "write", write)
+    journal = run.path / "events.jsonl"
+    assert [line["row_index"] for line in read_lines(journal)] == [0]
+    assert run.pending([(0, 0), (1, 0), (2, 0)]) == {(1, 0), (2, 0)}
+    run.append(rows[0])
+    assert [line["row_index"] for line in read_lines(journal)] == [0, 1]
     run.close()
 
 
