@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_osmosis.errors import OsmosisError, RunDirectoryError
+from pytest_osmosis.core.errors import OsmosisError, RunDirectoryError
 
 if TYPE_CHECKING:
     from pytest_osmosis.dataset.selected import SelectedDataset

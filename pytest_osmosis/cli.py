@@ -9,7 +9,7 @@ Extending: a module in ``EXTENSIONS`` adds a subcommand by exposing
 that calls ``subparsers.add_parser(...)`` and ``set_defaults(handler=fn)`` (or
 ``func=fn``) where ``fn(args: argparse.Namespace) -> int`` returns the exit code;
 ``pytest_osmosis.rubric.command`` is picked up this way when it exists. Handlers raise
-:class:`~pytest_osmosis.errors.OsmosisError` subclasses for errors a user meets
+:class:`~pytest_osmosis.core.errors.OsmosisError` subclasses for errors a user meets
 (``ConfigError`` and ``RunNotFoundError`` exit 2, the others 1).
 """
 
@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pytest_osmosis import __version__
-from pytest_osmosis.errors import ConfigError, OsmosisError, RunDirectoryError
+from pytest_osmosis.core.errors import ConfigError, OsmosisError, RunDirectoryError
+from pytest_osmosis.core.words import (
+    ATTEMPTS,
+    BELOW_THRESHOLD,
+    ERRORED,
+    NO_RATE,
+    SKIPPED,
+    outcomes_text,
+    pass_rate_text,
+    percent,
+)
 from pytest_osmosis.results.runs import (
     dataset_row,
     find_output_root,
@@ -36,16 +46,6 @@ from pytest_osmosis.results.runs import (
     resolve_run,
     run_info,
     run_list_item,
-)
-from pytest_osmosis.words import (
-    ATTEMPTS,
-    BELOW_THRESHOLD,
-    ERRORED,
-    NO_RATE,
-    SKIPPED,
-    outcomes_text,
-    pass_rate_text,
-    percent,
 )
 
 PROG = "pytest-osmosis"

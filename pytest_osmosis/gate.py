@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_osmosis.outcome import FAILED, PASSED, row_passes, summary_counts
-from pytest_osmosis.words import ERRORED, PASS_RATE_BASIS, pass_rate_text, points
+from pytest_osmosis.core.outcome import FAILED, PASSED, row_passes, summary_counts
+from pytest_osmosis.core.words import ERRORED, PASS_RATE_BASIS, pass_rate_text, points
 
 if TYPE_CHECKING:
     from pytest_osmosis.baseline import Baseline, CurrentRun

@@ -5,7 +5,7 @@ with two differences: its plan takes the rows, attempts and model from the run i
 regrades, and an item grades the attempt's recorded sample with the current grader
 instead of running the workflow (:func:`kept_result`, :func:`regrade_steps`: the session
 hands them to the runner's own grader step). Reading the old run is
-``results/regrade.py``; this module adapts it to the session: which config the run
+``results/source_run.py``; this module adapts it to the session: which config the run
 belongs to (:func:`choose_regrade`), what xdist workers are told (:func:`worker_input`,
 :func:`take_worker_input`), one item's regrade, and the ``pytest-osmosis regrade``
 command.
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_osmosis.results.regrade import (
+from pytest_osmosis.results.source_run import (
     TAKEN_FROM_RUN,
     RecordedSample,
     RegradeError,
@@ -102,7 +102,7 @@ def take_worker_input(session: EvalSession, value: list[str]) -> None:
 def kept_result(source: SourceRun, item: EvalItem) -> dict[str, Any] | None:
     """The result of an attempt whose workflow failed: its recorded failure, kept (and its
     artifacts copied). None when the attempt has a sample to grade again."""
-    from pytest_osmosis.outcome import RowResult
+    from pytest_osmosis.core.outcome import RowResult
     from pytest_osmosis.results import prepare_trial_dir
 
     kept = source.kept(item.key)
@@ -139,7 +139,7 @@ def regrade_steps(
     the recorded trajectory with the new reward."""
     from pytest_osmosis.results import prepare_trial_dir, write_trajectory
     from pytest_osmosis.results.redact import redact_trajectory
-    from pytest_osmosis.results.regrade import regraded_trajectory
+    from pytest_osmosis.results.source_run import regraded_trajectory
 
     recorded = source.recorded(item.key)
     if recorded is None:  # the run is complete, so only a hand edit gets here

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from model_server import ModelServer, ToolRule, count_tokens
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model import routes, wire
 from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER, Bridge
 from pytest_osmosis.model.routes import ModelRoute, resolve_route

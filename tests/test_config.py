@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from reference_paths import REFERENCE_WORKSPACE, needs_reference
 
-from pytest_osmosis.errors import ConfigError
+from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.workspace.config import (
     EvalConfig,
     Experiment,

@@ -23,6 +23,7 @@ from reference_paths import REFERENCE_WORKSPACE, needs_reference
 import pytest_osmosis
 import pytest_osmosis.dataset.jsonl as dataset_jsonl
 import pytest_osmosis.dataset.parquet as dataset_parquet
+from pytest_osmosis.core.errors import ConfigError, DatasetError
 from pytest_osmosis.dataset import (
     EvalDatasetRow,
     RowSelectorError,
@@ -35,7 +36,6 @@ from pytest_osmosis.dataset import (
     parse_rows,
     resolve_dataset_path,
 )
-from pytest_osmosis.errors import ConfigError, DatasetError
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -16,6 +16,7 @@ import pytest
 from workspaces import only_run_dir, read_index, write_workspace
 
 import pytest_osmosis.dataset.scan as dataset_scan
+from pytest_osmosis.core.errors import DatasetError
 from pytest_osmosis.dataset import (
     FORMATS,
     Scan,
@@ -25,7 +26,6 @@ from pytest_osmosis.dataset import (
     resolve_dataset_path,
 )
 from pytest_osmosis.dataset.select import Selection
-from pytest_osmosis.errors import DatasetError
 from pytest_osmosis.results.journal import read_journal
 
 pytest_plugins = ["pytester"]

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model import embedded
 from pytest_osmosis.model.bridge import Bridge
 from pytest_osmosis.model.routes import ModelRoute, resolve_route

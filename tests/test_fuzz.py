@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
+from pytest_osmosis.core.errors import ConfigError, DatasetError, RunDirectoryError
 from pytest_osmosis.dataset import clear_dataset_cache, open_dataset, resolve_dataset_path
-from pytest_osmosis.errors import ConfigError, DatasetError, RunDirectoryError
 from pytest_osmosis.results import normalize_record, read_journal
 from pytest_osmosis.results.journal import journal_line
 from pytest_osmosis.workspace.config import (

@@ -432,7 +432,7 @@ def test_a_cost_budget_for_a_model_without_a_price_is_refused_at_start(
 
 
 def test_pass_hat_k_row_classes_and_the_document() -> None:
-    from pytest_osmosis.outcome import row_class, row_passes
+    from pytest_osmosis.core.outcome import row_class, row_passes
     from pytest_osmosis.results.metrics import pass_at_k, pass_hat_k
     from pytest_osmosis.results.row_metrics import row_metrics
 

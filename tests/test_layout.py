@@ -1,21 +1,31 @@
 """The package's layout shows its architecture: only the plugin and a few top-level modules know pytest.
 
-Subpackages (workspace/, dataset/, execution/, model/, rubric/, results/, report/, commands/)
-are plain libraries that a command, a benchmark or another runner can use without pytest;
-plugin/ (session, controller, collect, xdist, ...) and a few top-level modules adapt them
-to pytest. A library subpackage importing pytest, its internals, xdist or pluggy fails here.
+Subpackages (core/, workspace/, dataset/, execution/, model/, rubric/, results/, report/,
+commands/) are plain libraries that a command, a benchmark or another runner can use without
+pytest; plugin/ (session, controller, collect, xdist, ...) and a few top-level modules adapt
+them to pytest. A library subpackage importing pytest, its internals, xdist or pluggy fails
+here: in its source, and in a fresh interpreter that imports every one of its modules (an
+import of the pytest side from a library would bring pytest in).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import pytest_osmosis
 
 PACKAGE = Path(pytest_osmosis.__file__).resolve().parent
 PYTEST_WORLD = ("pytest", "_pytest", "xdist", "pluggy", "pytest_timeout")
 PYTEST_ADAPTER = "plugin"  # the one subpackage that is the pytest side
+SUBPACKAGES = [
+    "commands", "core", "dataset", "execution", "model", "report", "results", "rubric", "workspace"
+]
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -42,6 +52,7 @@ def test_the_subpackages_exist_and_say_what_they_are() -> None:
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert packages == [
         "commands",
+        "core",
         "dataset",
         "execution",
         "model",
@@ -63,3 +74,111 @@ def test_the_public_import_paths_stay() -> None:
     from pytest_osmosis.cli import main
 
     assert callable(main)
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES)
+def test_importing_a_subpackage_loads_no_pytest(package: str) -> None:
+    modules = sorted(
+        f"pytest_osmosis.{package}" + ("" if path.stem == "__init__" else f".{path.stem}")
+        for path in (PACKAGE / package).glob("*.py")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"print(sorted(m for m in {PYTEST_WORLD!r} if m in sys.modules))\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=PACKAGE.parent
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing pytest_osmosis.{package} loads {out.stdout}"
+
+
+MAX_TOP_LEVEL = 20
+
+
+def _top_level_units() -> list[str]:
+    """The package's rooms: its top-level modules and subpackages (dunder files aside)."""
+    modules = [p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("__")]
+    packages = [p.parent.name for p in PACKAGE.glob("*/__init__.py")]
+    return sorted(modules + packages)
+
+
+def _unit_imports(path: Path, units: set[str]) -> set[str]:
+    """The rooms one file imports, at module level or inside a function (``ast``)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    package = ["pytest_osmosis", *(parts if path.name == "__init__.py" else parts[:-1])]
+    if path.name == "__init__.py":
+        package = package[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = [*base, *(node.module.split(".") if node.module else [])]
+            dotted = [module + [alias.name] if len(module) == 1 else module for alias in node.names]
+        else:
+            continue
+        names.update(d[1] for d in dotted if len(d) > 1 and d[0] == "pytest_osmosis")
+    return names & units
+
+
+def _import_cycles() -> list[list[str]]:
+    """Strongly connected groups of more than one room in the import graph (Tarjan)."""
+    units = set(_top_level_units())
+    graph: dict[str, set[str]] = {unit: set() for unit in units}
+    for path in PACKAGE.rglob("*.py"):
+        unit = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if unit in units:
+            graph[unit] |= _unit_imports(path, units) - {unit}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(unit: str) -> None:
+        index[unit] = low[unit] = len(index)
+        stack.append(unit)
+        for other in graph[unit]:
+            if other not in index:
+                visit(other)
+                low[unit] = min(low[unit], low[other])
+            elif other in stack:
+                low[unit] = min(low[unit], index[other])
+        if low[unit] == index[unit]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == unit:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for unit in sorted(graph):
+        if unit not in index:
+            visit(unit)
+    return cycles
+
+
+def test_at_most_twenty_top_level_rooms() -> None:
+    units = _top_level_units()
+    assert len(units) <= MAX_TOP_LEVEL, units
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check below can fail: two rooms importing each other are found."""
+    package = tmp_path / "pytest_osmosis"
+    (package / "rooms").mkdir(parents=True)
+    (package / "rooms" / "__init__.py").write_text("from pytest_osmosis.alone import x\n")
+    (package / "alone.py").write_text("def f():\n    from .rooms import y\n")
+    (package / "leaf.py").write_text("from . import alone\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert _import_cycles() == [["alone", "rooms"]]
+

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from workspaces import calc_rows, free_port, write_workspace
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model.direct import direct_base
 from pytest_osmosis.model.preflight import check_model
 from pytest_osmosis.model.routes import ModelRoute

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from model_server import ModelServer
 from workspaces import MIXED_ROWS, write_workspace
 
-from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, PASSED, SKIPPED
+from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, PASSED, SKIPPED
 from pytest_osmosis.plugin.progress import (
     MAX_WIDTH,
     UPDATES_PER_SECOND,

@@ -20,11 +20,11 @@ from chromium_page import Watched, needs_chromium
 from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE, needs_reference, writable_copy
 
 from pytest_osmosis.cli import main
+from pytest_osmosis.core.words import percent
 from pytest_osmosis.report import write_index, write_report, write_report_for_run
 from pytest_osmosis.report.data import CELL_CHARS
 from pytest_osmosis.report.stats import wilson_interval
 from pytest_osmosis.results.metrics import aggregate_metrics
-from pytest_osmosis.words import percent
 
 pytest_plugins = ["chromium_page"]
 pytestmark = [

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from reference_paths import REFERENCE_RUN, REFERENCE_WORKSPACE
 from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 
-from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
+from pytest_osmosis.core.errors import ConfigError, RolloutLoadError, RunDirectoryError
 from pytest_osmosis.results import (
     Redactor,
     RunDirectory,

@@ -27,7 +27,7 @@ from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
 from workspaces import calc_rows, only_run_dir, read_index, write_workspace
 
 import pytest_osmosis.plugin
-from pytest_osmosis.errors import ConfigError, DatasetError
+from pytest_osmosis.core.errors import ConfigError, DatasetError
 from pytest_osmosis.rubric.command import (
     RESULT_FILENAME,
     Progress,

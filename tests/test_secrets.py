@@ -26,17 +26,16 @@ import pytest
 from model_server import ModelServer
 from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
 
-from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.core.errors import OsmosisError
+from pytest_osmosis.redaction import RedactingStream, redact_longrepr
 from pytest_osmosis.results import REDACTED, Redactor, validate_trajectory
 from pytest_osmosis.results.redact import redact_json, redact_trajectory
 from pytest_osmosis.secrets import (
     MAX_SECRETS_FILE_BYTES,
     MissingSecretsError,
-    RedactingStream,
     SecretsFileError,
     parse_dotenv,
     read_dotenv,
-    redact_longrepr,
     resolve_secrets,
 )
 
@@ -252,10 +251,10 @@ def test_escaped_forms_of_a_value_are_redacted() -> None:
 
 
 def test_provider_messages_are_scrubbed_by_one_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The bridge (model/errors.py), judge and the runner's headline all call secrets.scrub
+    """The bridge (model/provider_errors.py), judge and the runner's headline all call results/redact.py::scrub
     (escaped forms too)."""
     from pytest_osmosis.execution import runner
-    from pytest_osmosis.model import errors as bridge
+    from pytest_osmosis.model import provider_errors as bridge
     from pytest_osmosis.rubric import judge
 
     monkeypatch.setenv("SOME_PROVIDER_TOKEN", QUOTED)
@@ -351,7 +350,7 @@ def test_wrappers_of_other_plugins_cannot_reintroduce_a_value(pytester: pytest.P
     pytester.makeconftest(
         f"""
         import pytest
-        from pytest_osmosis.secrets import add_secret_values
+        from pytest_osmosis.redaction import add_secret_values
 
         def pytest_configure(config):
             add_secret_values(config, [{LONG!r}])
@@ -469,7 +468,8 @@ class LeakyGrader(Grader):
 SECRETS_CONFTEST = """
 import os
 
-from pytest_osmosis.secrets import add_secret_values, resolve_secrets
+from pytest_osmosis.redaction import add_secret_values
+from pytest_osmosis.secrets import resolve_secrets
 
 # Until --osmosis-secrets-file is wired into the plugin: resolve and register here, in
 # every process (resolve_secrets exports file-only values, as the plugin will).

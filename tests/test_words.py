@@ -261,7 +261,7 @@ def junit_times(path: Path) -> dict[str, float]:
 
 
 def test_one_attempt_is_one_attempt() -> None:
-    from pytest_osmosis.words import pass_rate_basis, pass_rate_text
+    from pytest_osmosis.core.words import pass_rate_basis, pass_rate_text
 
     assert pass_rate_basis(1, 1) == "1 passed / 1 attempt not skipped"
     assert pass_rate_text(5, 8) == "62.5% (5 passed / 8 attempts not skipped)"

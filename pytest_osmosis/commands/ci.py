@@ -16,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from pytest_osmosis.errors import ConfigError, RunDirectoryError
+from pytest_osmosis.core.errors import ConfigError, RunDirectoryError
 
 EXIT_OK, EXIT_FAILED = 0, 1
 

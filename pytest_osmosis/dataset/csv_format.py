@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_osmosis.core.errors import DatasetError
 from pytest_osmosis.dataset.rows import CONTRACT_COLUMNS, one_line
 from pytest_osmosis.dataset.scan import Scan, read_all
 from pytest_osmosis.dataset.select import Selection
-from pytest_osmosis.errors import DatasetError
 
 _CSV_FIELD_SIZE_LIMIT = 16 * 1024 * 1024
 _NEWLINE = re.compile(rb"\r\n|\r|\n")

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_osmosis.core.errors import DatasetError
 from pytest_osmosis.dataset.csv_format import scan_csv
 from pytest_osmosis.dataset.jsonl import scan_jsonl
 from pytest_osmosis.dataset.parquet import scan_parquet
 from pytest_osmosis.dataset.scan import Reader
-from pytest_osmosis.errors import DatasetError
 
 FORMATS: dict[str, Reader] = {
     "jsonl": scan_jsonl,

@@ -11,10 +11,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from pytest_osmosis.core.errors import DatasetError, SessionFaultError
 from pytest_osmosis.dataset.rows import json_kind, one_line
 from pytest_osmosis.dataset.scan import Identity, Scan, changed, identity, read_error
 from pytest_osmosis.dataset.select import Selection
-from pytest_osmosis.errors import DatasetError, SessionFaultError
 
 # Module level so tests can shrink it and exercise lines split across reads.
 _READ_CHUNK = 1 << 20

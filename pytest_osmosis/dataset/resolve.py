@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_osmosis.core.errors import DatasetError
 from pytest_osmosis.dataset.formats import FORMATS, dataset_extension, suffixes
 from pytest_osmosis.dataset.rows import short
-from pytest_osmosis.errors import DatasetError
 
 
 def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | None) -> Path:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import DatasetError
-from pytest_osmosis.words import one_line as fold
+from pytest_osmosis.core.errors import DatasetError
+from pytest_osmosis.core.words import one_line as fold
 
 METADATA = "metadata"
 CONTRACT_COLUMNS = ("system_prompt", "user_prompt", "ground_truth", "label", METADATA)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pytest_osmosis.core.errors import DatasetError
 from pytest_osmosis.dataset.rows import RowProblem, normalise, row_place
 from pytest_osmosis.dataset.select import Selection
-from pytest_osmosis.errors import DatasetError
 
 Identity = tuple[int, int, int, int]
 

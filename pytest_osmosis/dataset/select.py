@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from pytest_osmosis.errors import DatasetError
+from pytest_osmosis.core.errors import DatasetError
 
 _SELECTOR_RE = re.compile(r"\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*")
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pytest_osmosis.core.errors import ConfigError, DatasetError
 from pytest_osmosis.dataset.formats import FORMATS, dataset_extension
 from pytest_osmosis.dataset.rows import (
     EvalDatasetRow,
@@ -25,7 +26,6 @@ from pytest_osmosis.dataset.select import (
     make_selection,
     sample_positions,
 )
-from pytest_osmosis.errors import ConfigError, DatasetError
 
 _CACHE_SIZE = 16
 

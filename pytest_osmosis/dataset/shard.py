@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pytest_osmosis.errors import ConfigError
+from pytest_osmosis.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from pytest_osmosis.dataset import SelectedDataset

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pytest_osmosis.model.cache import CachedAttempt
-    from pytest_osmosis.results.regrade import RecordedSample
+    from pytest_osmosis.results.source_run import RecordedSample
 
 IN_PROCESS = "in-process"
 SERVER = "server"
@@ -57,7 +57,7 @@ class Dispatch(Protocol):
         cache: CachedAttempt | None = None,
         recorded: RecordedSample | None = None,
     ) -> dict[str, Any]:
-        """One work item's result (``outcome.py::RowResult.as_dict``)."""
+        """One work item's result (``core/outcome.py::RowResult.as_dict``)."""
 
     async def stop(self) -> None:
         """Release what :meth:`start` took."""

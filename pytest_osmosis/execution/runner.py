@@ -21,18 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pytest_osmosis.copying import deep_copy
-from pytest_osmosis.errors import ResourceExhaustedError
+from pytest_osmosis.core.copying import deep_copy
+from pytest_osmosis.core.errors import ResourceExhaustedError
+from pytest_osmosis.core.outcome import RowResult
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution.executor import LoopStopped, stalled_by_others, start_owned
 from pytest_osmosis.execution.streams import keep_streams_open
-from pytest_osmosis.outcome import RowResult
-from pytest_osmosis.secrets import scrub
-from pytest_osmosis.words import one_line
+from pytest_osmosis.results.redact import scrub
 from pytest_osmosis.workspace.loader import LoadedRollout
 
 if TYPE_CHECKING:
     from pytest_osmosis.model.cache import CachedAttempt
-    from pytest_osmosis.results.regrade import RecordedSample
+    from pytest_osmosis.results.source_run import RecordedSample
 
 logger = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_osmosis.errors import ResourceExhaustedError, RolloutLoadError, SessionFaultError
+from pytest_osmosis.core.errors import ResourceExhaustedError, RolloutLoadError, SessionFaultError
+from pytest_osmosis.core.outcome import RowResult
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution.runner import BridgeLike, Budgets, WorkItem
 from pytest_osmosis.execution.serve_child import LIFELINE_ENV
-from pytest_osmosis.outcome import RowResult
-from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace import environment
 from pytest_osmosis.workspace.loader import SERVE_ADVICE
 
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     import aiohttp
 
     from pytest_osmosis.model.cache import CachedAttempt
-    from pytest_osmosis.results.redact import Redactor, RunLog
+    from pytest_osmosis.results.redact import Redactor
+    from pytest_osmosis.results.run_log import RunLog
 
 CHILD = str(Path(__file__).with_name("serve_child.py"))
 INSTANCE_HEADER = "x-osmosis-rollout-instance-id"
@@ -114,7 +115,7 @@ class RolloutServer:
     def log(self) -> RunLog:
         """The run's ``logs.txt``, opened (append-only) once the run directory exists."""
         if self._log is None:
-            from pytest_osmosis.results.redact import RunLog
+            from pytest_osmosis.results.run_log import RunLog
 
             self._log = RunLog(self.run_dir / "logs.txt", self.log_redactor)
         return self._log

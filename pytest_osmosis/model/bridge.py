@@ -23,7 +23,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model.cache import CachedAttempt, offline_judge
 from pytest_osmosis.model.direct import (
     DirectClient,
@@ -33,7 +33,8 @@ from pytest_osmosis.model.direct import (
     missing_keys,
     rows_go_direct,
 )
-from pytest_osmosis.model.errors import (
+from pytest_osmosis.model.litellm import _litellm, _litellm_imported, cost_usd
+from pytest_osmosis.model.provider_errors import (
     _CONNECT_ERRORS,
     _CREDENTIAL_HINT,
     _PREFLIGHT_FATAL,
@@ -42,7 +43,6 @@ from pytest_osmosis.model.errors import (
     _one_line,
     _out_of_descriptors,
 )
-from pytest_osmosis.model.litellm import _litellm, _litellm_imported, cost_usd
 from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,

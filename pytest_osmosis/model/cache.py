@@ -20,7 +20,7 @@ nothing torn (its transaction is rolled back on the next open). Lookups run on t
 caller's thread (the bridge's loop) on a reader connection; stores are queued to one
 writer thread per process, batched into one transaction, so a rollout never waits for a
 write (nor for another process holding the write lock). Nothing secret is stored: a call
-whose request or answer holds a value `secrets.scrub` would redact is not cached, and
+whose request or answer holds a value `results.redact.scrub` would redact is not cached, and
 headers (the bridge's bearer, provider keys) are never part of an entry.
 """
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import ConfigError
+from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.model.ratelimit import Backoff
 from pytest_osmosis.model.routes import ModelRoute, _Target
 from pytest_osmosis.model.wire import _plain, _usage
@@ -290,7 +290,7 @@ class CallCache:
         self._queue.put(entry)
 
     def _write_loop(self) -> None:
-        from pytest_osmosis.secrets import scrub
+        from pytest_osmosis.results.redact import scrub
 
         conn: sqlite3.Connection | None = None
         while True:
@@ -450,7 +450,7 @@ class CachedAttempt:
                         f"no recorded answer for row {self.source_row} run {self.attempt} call "
                         f"{number} ({model}) in {cache.path}; record it with --osmosis-cache use"
                     )
-                    from pytest_osmosis.secrets import scrub
+                    from pytest_osmosis.results.redact import scrub
 
                     if scrub(request.decode(), secrets) != request.decode():
                         line += " (a call whose request holds a secret value is never cached)"

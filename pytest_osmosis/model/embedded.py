@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, ModelRoute
 
 __all__ = [

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 
 __all__ = ["import_litellm", "start_import"]
 

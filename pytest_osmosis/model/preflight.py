@@ -23,7 +23,7 @@ import sys
 import threading
 from typing import Any, Protocol
 
-from pytest_osmosis.errors import ModelPreflightError
+from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model.bridge import Bridge
 from pytest_osmosis.model.direct import direct_base
 from pytest_osmosis.model.routes import ModelRoute

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_osmosis.model.errors import _one_line
 from pytest_osmosis.model.litellm import _litellm
+from pytest_osmosis.model.provider_errors import _one_line
 from pytest_osmosis.model.ratelimit import Backoff
 
 __all__ = [
@@ -106,7 +106,7 @@ def _route_secrets(route: ModelRoute) -> tuple[str, ...]:
 
 def _resolve_judge(model: str) -> _Target:
     """Route a judge model as the run's model is routed, and check it can be called."""
-    from pytest_osmosis.errors import OsmosisError
+    from pytest_osmosis.core.errors import OsmosisError
 
     try:
         route = resolve_route(model)

@@ -91,7 +91,7 @@ class Budget:
 
     def spend_text(self) -> str:
         """``233 tokens of --osmosis-max-tokens 100``: each budget and what this session spent."""
-        from pytest_osmosis.words import dollars
+        from pytest_osmosis.core.words import dollars
 
         parts = []
         if self.max_tokens is not None:

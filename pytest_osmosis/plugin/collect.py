@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_osmosis.errors import OsmosisError
-from pytest_osmosis.outcome import (
+from pytest_osmosis.core.errors import OsmosisError
+from pytest_osmosis.core.outcome import (
     BELOW_THRESHOLD,
     FAILED,
     SKIPPED,
@@ -25,7 +25,7 @@ from pytest_osmosis.outcome import (
     no_trajectory_text,
     pytest_outcome,
 )
-from pytest_osmosis.words import safe_text
+from pytest_osmosis.core.words import safe_text
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -174,7 +174,7 @@ class EvalItem(pytest.Item):
             return
         if self.config.option.usepdb and result.get("exception"):
             raise result["exception"]  # --pdb: post-mortem in the rollout's own frames
-        from pytest_osmosis.outcome import is_infrastructure
+        from pytest_osmosis.core.outcome import is_infrastructure
 
         raise (InfrastructureError if is_infrastructure(result) else RAISED_FOR[outcome])(
             text, detail

@@ -57,7 +57,7 @@ class Controller:
     def start(self, session: pytest.Session) -> None:
         """Check our dependencies, open run directories and check the models, all before
         any row starts (a failure is one line, exit 4)."""
-        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.core.errors import OsmosisError
         from pytest_osmosis.model.preflight import check_dependencies
         from pytest_osmosis.plugin.discover import is_eval_config, named_paths
 
@@ -346,7 +346,7 @@ class Controller:
     def _progress(self) -> Progress:
         """Progress on the results table's basis: what earlier sessions recorded counts."""
         if self.progress is None:
-            from pytest_osmosis.outcome import OUTCOMES, classify
+            from pytest_osmosis.core.outcome import OUTCOMES, classify
             from pytest_osmosis.plugin.progress import Progress, mode_for
 
             config = self.session.config
@@ -478,7 +478,7 @@ class Controller:
             costs=costs,
         )
         from pytest_osmosis.baseline import DIGESTS_KEY
-        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.core.errors import OsmosisError
 
         # Rows by content, so a later run can use this one as its baseline (baseline.py);
         # none from a dataset that changed under the run (its session fault says so).
@@ -544,7 +544,7 @@ class Controller:
             pytest.ExitCode.NO_TESTS_COLLECTED,
         ):
             return
-        from pytest_osmosis.outcome import summary_fails_session
+        from pytest_osmosis.core.outcome import summary_fails_session
 
         if any(summary_fails_session(run.metrics.get("summary", {})) for run in finished):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -552,7 +552,7 @@ class Controller:
             session.exitstatus = pytest.ExitCode.OK  # "no tests ran": nothing was left to run
 
     def _write_reports(self) -> None:
-        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.core.errors import OsmosisError
         from pytest_osmosis.report import write_index, write_report_for_run
 
         roots: dict[Path, list[ControllerRun]] = {}
@@ -665,7 +665,7 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             run.log.close()
             run.rundir.close()
             return dict(recorded)
-    from pytest_osmosis.errors import RunDirectoryError
+    from pytest_osmosis.core.errors import RunDirectoryError
 
     complete = all(key in run.rundir.records for key in run_keys(plan))
     status: Literal["finished", "incomplete"] = (
@@ -685,7 +685,7 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             started_at=run.started_at,
             expected_keys=run_keys(plan) if plan.shard is not None else None,
         )
-        from pytest_osmosis.errors import DatasetError
+        from pytest_osmosis.core.errors import DatasetError
         from pytest_osmosis.results.reuse import ROWS_FILENAME, write_row_digests
 
         # Once per run directory: what a later --osmosis-reuse finds its rows by (not from a

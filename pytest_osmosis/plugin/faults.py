@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from pytest_osmosis import outcome
-from pytest_osmosis.errors import RunDirectoryError, SessionFaultError
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.errors import RunDirectoryError, SessionFaultError
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution import blame
 from pytest_osmosis.execution.executor import BackstopExpired, Executor, arm_backstop
-from pytest_osmosis.words import one_line
 
 if TYPE_CHECKING:
     from pytest_osmosis.plugin.collect import EvalItem

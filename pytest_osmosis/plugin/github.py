@@ -141,7 +141,7 @@ def _print(config: pytest.Config, line: str) -> None:
 
 def _surface_failed(config: pytest.Config, surface: str, exc: BaseException) -> None:
     """One warning line: a CI surface that could not be written changes nothing else."""
-    from pytest_osmosis.words import one_line, safe_text
+    from pytest_osmosis.core.words import one_line, safe_text
 
     why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
     _print(config, f"osmosis: warning: cannot write {surface}: {one_line(safe_text(str(why)))}")
@@ -149,7 +149,7 @@ def _surface_failed(config: pytest.Config, surface: str, exc: BaseException) -> 
 
 def not_passed(run: ControllerRun, headlines: Mapping[tuple[str, int, int], str]) -> list[Attempt]:
     """A run's attempts that did not pass, worst first: errors, then the lowest rewards."""
-    from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, classify
+    from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, classify
     from pytest_osmosis.plugin.collect import pytest_verdict
     from pytest_osmosis.plugin.session import resumed_result
 
@@ -194,9 +194,9 @@ def step_summary(session: EvalSession, headlines: Mapping[tuple[str, int, int], 
 
 
 def run_section(run: ControllerRun, headlines: Mapping[tuple[str, int, int], str]) -> str:
-    from pytest_osmosis.outcome import OUTCOMES, summary_counts
+    from pytest_osmosis.core.outcome import OUTCOMES, summary_counts
+    from pytest_osmosis.core.words import OUTCOME_WORDS, pass_rate_text
     from pytest_osmosis.report.stats import wilson_interval
-    from pytest_osmosis.words import OUTCOME_WORDS, pass_rate_text
 
     metrics = run.metrics
     eval_run: dict[str, Any] = metrics.get("eval_run", {})
@@ -263,7 +263,7 @@ def _regression(item: Any) -> str:
 
 def _cell(value: Any) -> str:
     """Text safe inside a Markdown table cell: one line, no pipe to split the cell."""
-    from pytest_osmosis.words import one_line, safe_text
+    from pytest_osmosis.core.words import one_line, safe_text
 
     return one_line(safe_text(str(value)), 300).replace("|", "\\|")
 
@@ -300,7 +300,7 @@ def command(name: str, properties: Mapping[str, str], message: str) -> str:
 
 
 def _escape(value: str, is_property: bool) -> str:
-    from pytest_osmosis.words import safe_text
+    from pytest_osmosis.core.words import safe_text
 
     value = value.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
     if is_property:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_osmosis.errors import ModelPreflightError, OsmosisError
+from pytest_osmosis.core.errors import ModelPreflightError, OsmosisError
 
 if TYPE_CHECKING:
     from pytest_osmosis.execution.dispatch import Dispatch

@@ -143,7 +143,7 @@ def start_lines(session: EvalSession, config: pytest.Config) -> list[str]:
 def nothing_retried(session: EvalSession, run: ControllerRun) -> str | None:
     """Why ``--osmosis-retry-failed`` selects nothing in this run, or None when it does
     (or was not given)."""
-    from pytest_osmosis.outcome import BELOW_THRESHOLD, classify
+    from pytest_osmosis.core.outcome import BELOW_THRESHOLD, classify
 
     if not session.options.retry_failed or _retried(run):
         return None
@@ -209,7 +209,7 @@ def _run_ref(run: ControllerRun, base: Path) -> str:
 
 def previous_run(run: ControllerRun) -> Path | None:
     """The newest other run of the same rollout and dataset under the run's output root."""
-    from pytest_osmosis.errors import OsmosisError
+    from pytest_osmosis.core.errors import OsmosisError
     from pytest_osmosis.results.runs import list_runs, run_list_item
 
     try:
@@ -227,7 +227,7 @@ def previous_run(run: ControllerRun) -> Path | None:
 
 def next_lines(session: EvalSession, interrupted: bool) -> list[str]:
     """What to do next, per run: resume or retry, the report, a comparison, the upload."""
-    from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify
+    from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, SKIPPED, classify
 
     base = session.config.invocation_params.dir
     lines: list[str] = []

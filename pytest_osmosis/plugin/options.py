@@ -532,7 +532,7 @@ def _check_values(values: dict[str, Given]) -> None:
 
     Settings fields are checked by their own rules (config.py); the session options here.
     """
-    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.core.errors import ConfigError
     from pytest_osmosis.workspace.config import check_overrides
 
     given = {k: v for k, v in values.items() if v is not None}
@@ -560,7 +560,7 @@ def _gate_options(plain: Any) -> GateOptions:
 
 def _cache_options(plain: Any) -> dict[str, Any]:
     """``--osmosis-cache`` and its max age, checked (a bad value is one line, exit 4)."""
-    from pytest_osmosis.errors import ConfigError
+    from pytest_osmosis.core.errors import ConfigError
     from pytest_osmosis.model.cache import MODES, parse_max_age
 
     mode = str(plain("cache") or "off").strip().lower()
@@ -580,8 +580,8 @@ def _shard(given: Given) -> Any:
     """``--osmosis-shard K/N`` (or its ini twin), checked: a bad value is one line, exit 4."""
     if given is None:
         return None
+    from pytest_osmosis.core.errors import ConfigError
     from pytest_osmosis.dataset.shard import parse_shard
-    from pytest_osmosis.errors import ConfigError
 
     try:
         return parse_shard(str(given[0]), given[1])

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_osmosis.errors import OsmosisError, RunDirectoryError
+from pytest_osmosis.core.errors import OsmosisError, RunDirectoryError
 from pytest_osmosis.workspace.plan import (
     EvalPlan,
     Overrides,
@@ -26,8 +26,8 @@ from pytest_osmosis.workspace.plan import (
 if TYPE_CHECKING:
     from pytest_osmosis.plugin.session import SessionOptions
     from pytest_osmosis.results import RunDirectory, RunLog
-    from pytest_osmosis.results.regrade import SourceRun
     from pytest_osmosis.results.reuse import ReuseSource
+    from pytest_osmosis.results.source_run import SourceRun
 
 
 class Plans:
@@ -57,7 +57,7 @@ class Plans:
             except OsmosisError as exc:
                 self.errors[path] = exc
                 raise
-            from pytest_osmosis.secrets import add_named_secrets
+            from pytest_osmosis.redaction import add_named_secrets
 
             add_named_secrets(self.config, plan.config.secrets.required)
             plan.run_name = self.run_names.get(str(path), "")

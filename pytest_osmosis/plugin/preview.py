@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.core.errors import OsmosisError
 
 if TYPE_CHECKING:
     from pytest_osmosis.plugin.session import EvalSession
@@ -52,7 +52,7 @@ def _shown(path: Path, base: Path) -> str:
 def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> tuple[str, int]:
     """Whether the run is new, resumes (and how much is recorded) or would be refused;
     and how many work items would run."""
-    from pytest_osmosis.outcome import is_retried
+    from pytest_osmosis.core.outcome import is_retried
     from pytest_osmosis.plugin.controller import run_keys
     from pytest_osmosis.results import changed_input_keys, read_journal
     from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_osmosis.outcome import (
+from pytest_osmosis.core.outcome import (
     BELOW_THRESHOLD,
     FAILED,
     OUTCOMES,
@@ -35,7 +35,7 @@ from pytest_osmosis.outcome import (
     classify,
     no_trajectory_text,
 )
-from pytest_osmosis.words import (
+from pytest_osmosis.core.words import (
     ATTEMPTS,
     OUTCOME_WORDS,
     cost_words,
@@ -508,7 +508,7 @@ class StatusLine:
         cls, reporter: Any, snapshot: Callable[[float], Snapshot], *, clock: Clock
     ) -> StatusLine | None:
         """Put a PinnedFile under pytest's terminal writer; None when that cannot be done."""
-        from pytest_osmosis.secrets import RedactingStream
+        from pytest_osmosis.redaction import RedactingStream
 
         writer = getattr(reporter, "_tw", None)
         owner, attr = writer, "_file"

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_osmosis.core.words import one_line
 from pytest_osmosis.execution.dispatch import AUTO, IN_PROCESS, SERVER, Dispatch, InProcess
-from pytest_osmosis.words import one_line
 from pytest_osmosis.workspace.loader import load_rollout
 from pytest_osmosis.workspace.plan import EvalPlan, workspace_warnings
 
@@ -71,7 +71,7 @@ class Rollouts:
         return self._dispatches[plan.config_path]
 
     def _dispatch_for(self, plan: EvalPlan) -> Dispatch:
-        from pytest_osmosis.errors import ConfigError, NeedsServerError
+        from pytest_osmosis.core.errors import ConfigError, NeedsServerError
         from pytest_osmosis.workspace.environment import unmet_requirements
 
         mode = self.options.execution
@@ -106,7 +106,7 @@ class Rollouts:
 
     def _server(self, plan: EvalPlan, why: str) -> Dispatch:
         from pytest_osmosis.execution.server import RolloutServer
-        from pytest_osmosis.secrets import log_redactor_for, redactor_for
+        from pytest_osmosis.redaction import log_redactor_for, redactor_for
 
         # [env]/[secrets] cannot name _OSMOSIS_* variables (workspace/config.py refuses them),
         # so the server's own variables are always the supervisor's, as in the SDK.

@@ -78,7 +78,7 @@ def _number(config: pytest.Config, name: str, default: float | None) -> tuple[fl
 
 
 def _settings(config: pytest.Config) -> RubricSettings | None:
-    from pytest_osmosis.errors import OsmosisError
+    from pytest_osmosis.core.errors import OsmosisError
 
     data_entry = _value(config, "osmosis_rubric")
     if data_entry is None:
@@ -189,7 +189,7 @@ class RubricFile(pytest.File):
     records: list[RubricRecord]
 
     def collect(self) -> Iterator[RubricItem]:
-        from pytest_osmosis.errors import OsmosisError
+        from pytest_osmosis.core.errors import OsmosisError
         from pytest_osmosis.rubric.command import load_records
 
         run = self.config.stash[_RUN_KEY]

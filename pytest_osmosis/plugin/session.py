@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_osmosis import outcome
-from pytest_osmosis.errors import (
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.errors import (
     ModelPreflightError,
     OsmosisError,
     RunDirectoryError,
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.plugin.collect import EvalItem
     from pytest_osmosis.plugin.milestones import Milestones
     from pytest_osmosis.results import RunDirectory, RunLog
-    from pytest_osmosis.results.regrade import SourceRun
+    from pytest_osmosis.results.source_run import SourceRun
 
 
 @dataclass
@@ -228,15 +228,10 @@ class EvalSession:
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
+        from pytest_osmosis.redaction import add_named_secrets, log_redactor_for
         from pytest_osmosis.results import RunDirectory, RunLog
-        from pytest_osmosis.results.regrade import RegradeError
-        from pytest_osmosis.secrets import (
-            MissingSecretsError,
-            SecretsFileError,
-            add_named_secrets,
-            log_redactor_for,
-            resolve_secrets,
-        )
+        from pytest_osmosis.results.source_run import RegradeError
+        from pytest_osmosis.secrets import MissingSecretsError, SecretsFileError, resolve_secrets
 
         now = utc_now()
         several = len(config_paths) > 1
@@ -525,9 +520,9 @@ class EvalSession:
             kept = kept_result(self.regrade, item)
             if kept is not None:  # its workflow failed: nothing to grade again
                 return kept
+        from pytest_osmosis.redaction import redactor_for
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
-        from pytest_osmosis.secrets import redactor_for
 
         redactor = redactor_for(self.config)
 

@@ -58,8 +58,8 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
 
 
 def summary_lines(run: ControllerRun) -> list[str]:
-    from pytest_osmosis.outcome import BELOW_THRESHOLD, FAILED, classify, summary_counts
-    from pytest_osmosis.words import OUTCOME_WORDS, outcomes_text, pass_rate_text, percent
+    from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, classify, summary_counts
+    from pytest_osmosis.core.words import OUTCOME_WORDS, outcomes_text, pass_rate_text, percent
 
     metrics = run.metrics
     eval_run: dict[str, Any] = metrics.get("eval_run", {})
@@ -147,8 +147,8 @@ def summary_lines(run: ControllerRun) -> list[str]:
 
 def row_lines(doc: dict[str, Any]) -> list[str]:
     """pass^k, and rows by class over their attempts (``osmosis_metrics.json``), for n >= 2."""
-    from pytest_osmosis.outcome import ROW_FAILED, ROW_FLAKY, ROW_PASSED
-    from pytest_osmosis.words import percent
+    from pytest_osmosis.core.outcome import ROW_FAILED, ROW_FLAKY, ROW_PASSED
+    from pytest_osmosis.core.words import percent
 
     lines = []
     points = doc.get("pass_hat_k")
@@ -177,7 +177,7 @@ def row_lines(doc: dict[str, Any]) -> list[str]:
 
 def cost_text(doc: dict[str, Any]) -> str:
     """``   cost $0.000123 for 3 of 5 priced attempts``, or ``   cost unknown``."""
-    from pytest_osmosis.words import costs_text
+    from pytest_osmosis.core.words import costs_text
 
     costs = doc.get("cost_usd_by_rollout")
     if not isinstance(costs, dict):

@@ -19,13 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.core.errors import RunDirectoryError
+from pytest_osmosis.core.words import ATTEMPTS, ERRORED, outcomes_text, pass_rate_basis, rate_text
 from pytest_osmosis.report.compare import compare_runs, comparison_markdown, escape_markdown
 from pytest_osmosis.report.data import DatasetInputs
 from pytest_osmosis.report.html import render_html
-from pytest_osmosis.report.index import INDEX_FILENAME, REPORT_FILENAME, render_index
+from pytest_osmosis.report.runs_page import INDEX_FILENAME, REPORT_FILENAME, render_index
 from pytest_osmosis.results.runs import dataset_row, list_runs, load_run, run_info
-from pytest_osmosis.words import ATTEMPTS, ERRORED, outcomes_text, pass_rate_basis, rate_text
 
 __all__ = [
     "INDEX_FILENAME",
@@ -70,7 +70,7 @@ def _writable(directory: Path) -> bool:
 
 def _write_text(path: Path, text: str) -> None:
     """Atomic replace, so a browser tab reloading the report never sees half a file."""
-    from pytest_osmosis.words import safe_text
+    from pytest_osmosis.core.words import safe_text
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,7 +177,7 @@ def redacted(text: str, *runs: Mapping[str, Any]) -> str:
     values the environment holds for the *runs*' ``[secrets]`` names are redacted, so a
     later ``pytest-osmosis report`` hides them too.
     """
-    from pytest_osmosis.secrets import MIN_REDACTED_LENGTH, scrub
+    from pytest_osmosis.results.redact import MIN_REDACTED_LENGTH, scrub
 
     names = {
         name

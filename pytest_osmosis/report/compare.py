@@ -8,14 +8,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.report.stats import (
-    ALPHA,
-    newcombe_difference,
-    per_row_passes,
-    permutation_test,
-)
-from pytest_osmosis.results.runs import dataset_row
-from pytest_osmosis.words import (
+from pytest_osmosis.core.words import (
     ERRORED,
     PASS_RATE_BASIS,
     PASSED,
@@ -24,6 +17,13 @@ from pytest_osmosis.words import (
     percent,
     points,
 )
+from pytest_osmosis.report.stats import (
+    ALPHA,
+    newcombe_difference,
+    permutation_test,
+)
+from pytest_osmosis.results.row_metrics import per_row_passes
+from pytest_osmosis.results.runs import dataset_row
 
 
 def _inputs(run: Mapping[str, Any]) -> dict[str, Any]:

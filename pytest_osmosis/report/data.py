@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pytest_osmosis.errors import OsmosisError
+from pytest_osmosis.core.errors import OsmosisError
+from pytest_osmosis.core.words import OUTCOME_WORDS, one_line
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.runs import (
     COST_KEY,
@@ -24,7 +25,6 @@ from pytest_osmosis.results.runs import (
     list_artifacts,
     read_trajectory,
 )
-from pytest_osmosis.words import OUTCOME_WORDS, one_line
 
 MAX_TEXT = 20_000
 MAX_STEPS = 400

@@ -14,27 +14,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis import __version__, outcome
-from pytest_osmosis.report.assets import CSS, JS
-from pytest_osmosis.report.compare import p_text, side_by_side
-from pytest_osmosis.report.data import (
-    CELL_CHARS,
-    DatasetInputs,
-    build_rows,
-    input_text,
-    share_inputs,
-)
-from pytest_osmosis.report.stats import (
-    ALPHA,
-    pass_at_k_curve,
-    per_row_passes,
-    quantile,
-    wilson_interval,
-)
-from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
-from pytest_osmosis.results import stdjson as json
-from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
-from pytest_osmosis.words import (
+from pytest_osmosis import __version__
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.words import (
     ERRORED,
     NO_RATE,
     OUTCOME_WORDS,
@@ -47,6 +29,25 @@ from pytest_osmosis.words import (
     pass_rate_basis,
     percent,
 )
+from pytest_osmosis.report.assets import CSS, JS
+from pytest_osmosis.report.compare import p_text, side_by_side
+from pytest_osmosis.report.data import (
+    CELL_CHARS,
+    DatasetInputs,
+    build_rows,
+    input_text,
+    share_inputs,
+)
+from pytest_osmosis.report.stats import (
+    ALPHA,
+    pass_at_k_curve,
+    quantile,
+    wilson_interval,
+)
+from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
+from pytest_osmosis.results import stdjson as json
+from pytest_osmosis.results.row_metrics import per_row_passes
+from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
 
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from pytest_osmosis.outcome import PASSED, SKIPPED
 from pytest_osmosis.results.metrics import pass_at_k
+from pytest_osmosis.results.row_metrics import per_row_passes
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
@@ -48,27 +48,6 @@ def newcombe_difference(
     low = difference - math.sqrt((p_a - low_a) ** 2 + (high_b - p_b) ** 2)
     high = difference + math.sqrt((high_a - p_a) ** 2 + (p_b - low_b) ** 2)
     return difference, max(-1.0, low), min(1.0, high)
-
-
-def per_row_passes(
-    rows: Iterable[Mapping[str, Any]],
-    key: Callable[[Mapping[str, Any]], Any] = lambda row: row.get("row_index"),
-) -> dict[int, tuple[int, int]]:
-    """``{row: (passes, attempts)}`` over non-skipped attempts (skips are not attempts).
-
-    *key* names a row (default its selection position; the report passes the dataset row).
-    """
-    counts: dict[int, tuple[int, int]] = {}
-    for row in rows:
-        index = key(row)
-        if not isinstance(index, int):
-            continue
-        passes, attempts = counts.get(index, (0, 0))
-        if row.get("outcome") == SKIPPED:
-            counts[index] = (passes, attempts)
-            continue
-        counts[index] = (passes + int(row.get("outcome") == PASSED), attempts + 1)
-    return counts
 
 
 def pass_at_k_curve(rows: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from html import escape
 
-from pytest_osmosis.words import PASS_RATE_BASIS
+from pytest_osmosis.core.words import PASS_RATE_BASIS
 
 WIDTH, HEIGHT = 360, 220
 LEFT, RIGHT, TOP, BOTTOM = 50, 10, 16, 40

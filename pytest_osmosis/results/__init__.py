@@ -45,9 +45,9 @@ from pytest_osmosis.results.redact import (
     AMBIENT_SECRET_ENV_NAMES,
     REDACTED,
     Redactor,
-    RunLog,
     ambient_secret_values,
 )
+from pytest_osmosis.results.run_log import RunLog
 from pytest_osmosis.results.rundir import RunDirectory, RunLock, archive_run_directory
 from pytest_osmosis.results.trajectory import (
     build_trajectory,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import FILE_MODE, canonical_json, fsync_dir
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_osmosis.core.errors import ConfigError, RolloutLoadError, RunDirectoryError
 from pytest_osmosis.dataset import format_row_selector as format_row_selector  # one formatter
-from pytest_osmosis.errors import ConfigError, RolloutLoadError, RunDirectoryError
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import atomic_write_bytes, digest_of, pretty_json, utc_now
 
@@ -48,12 +48,30 @@ SOURCE_EXCLUDED_DIRS: frozenset[str] = frozenset(
 )
 #: Written into the tree by resolving its environment (``uv sync``, setuptools).
 SOURCE_EXCLUDED_PATTERNS: tuple[str, ...] = ("uv.lock", "*.egg-info")
+#: The SDK refuses a longer run name (contract §2.4).
+RUN_NAME_MAX_LEN = 96
+
+
+def run_name_problem(name: str) -> str | None:
+    """What is wrong with a run name (contract §2.4: one safe directory name), else None.
+
+    The one rule: the run directory's own check (:func:`validate_run_name`) and the
+    TOML/option check (``workspace.config.validate_run_name``) both ask it.
+    """
+    if not name:
+        return "must not be empty"
+    if len(name) > RUN_NAME_MAX_LEN:
+        return f"must be at most {RUN_NAME_MAX_LEN} characters"
+    if name in (".", "..") or any(sep in name for sep in ("/", "\\", "\0")):
+        return "must be a single path segment (no separators, not '.' or '..')"
+    # The first-character rule also keeps out the reserved lock directory ".locks".
+    if name[0] in "-." or any(c not in "._-" and not c.isalnum() for c in name):
+        return "must start with a letter or digit and use only letters, digits, '.', '_', '-'"
+    return None
 
 
 def validate_run_name(name: str) -> str:
     """Return *name* if it is a valid run name (one safe path segment), else raise."""
-    from pytest_osmosis.workspace.config import run_name_problem
-
     problem = run_name_problem(name)
     if problem is not None:
         raise RunDirectoryError(f"run name {name!r} {problem}")

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results.index import METRICS_FILENAME, PROGRESS_FILENAME
 from pytest_osmosis.results.journal import JOURNAL_FILENAME, WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from pytest_osmosis.outcome import PASSED, SKIPPED, classify
+from pytest_osmosis.core.outcome import PASSED, SKIPPED, classify
 
 
 def _sqrt_of_fraction(value: Fraction) -> float:

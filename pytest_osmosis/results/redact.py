@@ -1,24 +1,26 @@
-"""``logs.txt``: the run log, with secret values redacted from every line.
+"""Secret values out of text: the :class:`Redactor`, and :func:`scrub` for messages.
 
-Format (contract §7.8): ``<UTC ISO µs>Z <LEVEL> [<step>] <message>[ <json details>]``,
-the shape ``osmosis eval download`` produces for cloud runs, so local and
-downloaded runs read the same. Lines are single ``O_APPEND`` writes, so several
-processes (xdist workers) may append to one log without interleaving.
+A value is replaced in its plain, ``repr`` and JSON-escaped forms (:func:`secret_forms`).
+What a session redacts from its output is a :class:`Redactor` the pytest plugin fills
+(``redaction.py``) and names here (:func:`use_for_messages`), so a library building a
+message from provider or rollout text scrubs it without knowing about pytest.
 """
 
 from __future__ import annotations
 
 import html
 import os
-import threading
+import re
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.results import stdjson as json
-from pytest_osmosis.results.atomic import FILE_MODE, utc_now
 
 REDACTED = "[REDACTED]"
+#: Names whose values are secrets wherever they are set (provider error text).
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+#: Shorter values are not redacted from output (the SDK's rule for ambient keys).
+MIN_REDACTED_LENGTH = 8
 
 #: Provider and platform keys that often sit in the environment without being
 #: listed in ``[secrets]``; osmosis-ai 0.3.8 scrubs them from logs.txt on upload.
@@ -312,64 +314,31 @@ def _redact_schema_value(value: Any, redactor: Redactor, ids: dict[str, str]) ->
     return value
 
 
-class RunLog:
-    """Appends redacted lines to ``logs.txt`` (mode 0600, created if absent)."""
+_FOR_MESSAGES: list[Redactor] = []  # what this process's latest session redacts from output
 
-    def __init__(self, path: Path, redactor: Redactor | None = None) -> None:
-        self.path = path
-        self.redactor = redactor if redactor is not None else Redactor()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
-        self._lock = threading.Lock()
 
-    @staticmethod
-    def format_line(level: str, step: str, message: str, details: Mapping[str, Any]) -> str:
-        """One log line, without redaction or newline."""
-        line = f"{utc_now()} {level.upper()} [{step}] {message}"
-        if details:
-            encoded = json.dumps(
-                dict(details),
-                ensure_ascii=False,
-                sort_keys=True,
-                separators=(",", ":"),
-                default=str,
-            )
-            line = f"{line} {encoded}"
-        return line
+def use_for_messages(redactor: Redactor) -> None:
+    """Make :func:`scrub` redact what *redactor* redacts (the session's output redactor)."""
+    _FOR_MESSAGES[:] = [redactor]
 
-    def write(self, level: str, step: str, message: str, **details: Any) -> str:
-        """Append one line; returns it as written (redacted, without the newline).
 
-        Embedded newlines are escaped so one call is always one line.
-        """
-        line = self.format_line(level, step, message, details)
-        line = self.redactor.redact(line).replace("\r", "\\r").replace("\n", "\\n")
-        data = (line + "\n").encode("utf-8", errors="replace")
-        with self._lock:
-            if self._fd is None:
-                raise ValueError(f"{self.path} is closed")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
-        return line
+def scrub(text: str, extra: Iterable[str] = (), *, extra_min_length: int = 4) -> str:
+    """*text* with every secret this process knows replaced: the rule for messages.
 
-    def info(self, step: str, message: str, **details: Any) -> str:
-        return self.write("info", step, message, **details)
-
-    def warning(self, step: str, message: str, **details: Any) -> str:
-        return self.write("warning", step, message, **details)
-
-    def error(self, step: str, message: str, **details: Any) -> str:
-        return self.write("error", step, message, **details)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-
-    def __enter__(self) -> RunLog:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+    Error text from providers, judges and rollouts goes through here: the values the
+    session redacts from output (``[secrets]``, ambient provider keys:
+    :func:`use_for_messages`), the values of environment variables named like secrets
+    (:data:`SECRET_NAME`, 8 characters or more) and *extra* (e.g. a route's ``api_key``),
+    each in its plain, ``repr`` and JSON forms. Call it before cutting *text* short, so no
+    prefix of a value survives the cut.
+    """
+    if _FOR_MESSAGES:
+        text = _FOR_MESSAGES[0].redact(text)
+    redactor = Redactor(min_length=extra_min_length)
+    redactor.extend(extra)
+    redactor.extend(
+        value
+        for name, value in os.environ.items()
+        if len(value) >= MIN_REDACTED_LENGTH and SECRET_NAME.search(name)
+    )
+    return redactor.redact(text)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results.atomic import atomic_write_json
 from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
 from pytest_osmosis.results.journal import WorkKey, replay_journal
@@ -147,7 +147,7 @@ def take(
     whose rollout id this run has *recorded* already; an attempt that errored on
     infrastructure runs again, as does any failure under ``--osmosis-retry-failed``.
     """
-    from pytest_osmosis.outcome import is_infrastructure, is_retried
+    from pytest_osmosis.core.outcome import is_infrastructure, is_retried
 
     taken: list[dict[str, Any]] = []
     for row, attempt in keys:

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.outcome import ROW_CLASSES, ROW_FLAKY, classify, row_class, row_passes
+from pytest_osmosis.core.outcome import (
+    PASSED,
+    ROW_CLASSES,
+    ROW_FLAKY,
+    SKIPPED,
+    classify,
+    row_class,
+    row_passes,
+)
 from pytest_osmosis.results.metrics import ks_up_to, pass_hat_k
 
 ROW_METRICS_FILENAME = "osmosis_metrics.json"
@@ -26,11 +34,31 @@ def cost_of(value: Any) -> float | None:
     return None
 
 
+def per_row_passes(
+    rows: Iterable[Mapping[str, Any]],
+    key: Callable[[Mapping[str, Any]], Any] = lambda row: row.get("row_index"),
+) -> dict[int, tuple[int, int]]:
+    """``{row: (passes, attempts)}`` over non-skipped attempts (skips are not attempts).
+
+    *key* names a row (default its selection position; the report passes the dataset row).
+    """
+    counts: dict[int, tuple[int, int]] = {}
+    for row in rows:
+        index = key(row)
+        if not isinstance(index, int):
+            continue
+        passes, attempts = counts.get(index, (0, 0))
+        if row.get("outcome") == SKIPPED:
+            counts[index] = (passes, attempts)
+            continue
+        counts[index] = (passes + int(row.get("outcome") == PASSED), attempts + 1)
+    return counts
+
+
 def attempts_by_row(
     records: Iterable[Mapping[str, Any]], threshold: float
 ) -> dict[int, tuple[int, int]]:
     """Dataset row -> (passing attempts, attempts not skipped) of journal or index rows."""
-    from pytest_osmosis.report.stats import per_row_passes
     from pytest_osmosis.results.runs import dataset_row
 
     return per_row_passes(

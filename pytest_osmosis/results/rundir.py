@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_osmosis.errors import RunDirectoryError
-from pytest_osmosis.outcome import is_retried
+from pytest_osmosis.core.errors import RunDirectoryError
+from pytest_osmosis.core.outcome import is_retried
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import (
     FILE_MODE,

@@ -22,10 +22,10 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
 
+from pytest_osmosis.core.errors import RunDirectoryError
+from pytest_osmosis.core.outcome import OUTCOMES, classify
 from pytest_osmosis.dataset import FORMATS, RowSelectorError
 from pytest_osmosis.dataset import parse_row_selector as dataset_row_ranges
-from pytest_osmosis.errors import RunDirectoryError
-from pytest_osmosis.outcome import OUTCOMES, classify
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.metrics import aggregate_metrics
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pytest_osmosis.errors import RunDirectoryError
+from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atif import (
     Agent,

@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from pytest_osmosis.errors import ConfigError, DatasetError, OsmosisError
+from pytest_osmosis.core.errors import ConfigError, DatasetError, OsmosisError
 
 if TYPE_CHECKING:
     from pytest_osmosis.rubric.judge import RubricJudge, Verdict

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
-from pytest_osmosis.errors import ConfigError
+from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.model.bridge import JUDGE_MODEL_HEADER
 from pytest_osmosis.model.routes import (
     EMBEDDED_MODEL_PATH,

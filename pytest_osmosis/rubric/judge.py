@@ -21,9 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_osmosis.errors import ConfigError, OsmosisError
-from pytest_osmosis.model.errors import provider_line
+from pytest_osmosis.core.errors import ConfigError, OsmosisError
+from pytest_osmosis.core.words import one_line as fold
 from pytest_osmosis.model.litellm import _litellm
+from pytest_osmosis.model.provider_errors import provider_line
 from pytest_osmosis.model.routes import (
     DEFAULT_API_KEY_ENV,
     EMBEDDED_MODEL_PATH,
@@ -32,7 +33,6 @@ from pytest_osmosis.model.routes import (
     provider_of,
     resolve_route,
 )
-from pytest_osmosis.words import one_line as fold
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pytest_osmosis.copying import deep_copy
+from pytest_osmosis.core.copying import deep_copy
 
 MessageDict = dict[str, Any]
 Messages = list[dict[str, Any]]

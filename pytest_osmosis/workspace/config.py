@@ -29,8 +29,9 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.dataset import parse_row_selector
-from pytest_osmosis.errors import ConfigError
+from pytest_osmosis.results.manifest import RUN_NAME_MAX_LEN, run_name_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,7 +56,6 @@ COMMIT_SHA_RE = re.compile(r"[0-9a-fA-F]{7,40}")
 ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 SECRET_NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 RESERVED_ENV_PREFIX = "_OSMOSIS_"
-RUN_NAME_MAX_LEN = 96
 _INT_TEXT_RE = re.compile(r"[+-]?\d+")
 _NAME_SUFFIX_LEN = len("-YYYYmmddTHHMMSSZ-0123abcd")
 
@@ -492,24 +492,6 @@ def _override(name: str, raw: object, source: str) -> object:
         return check(parse(raw.strip()) if isinstance(raw, str) else raw)
     except ValueError as exc:
         raise ConfigError(_newlines_escaped(f"{source}: {exc}, got {_show(raw)}")) from None
-
-
-def run_name_problem(name: str) -> str | None:
-    """What is wrong with a run name (contract §2.4: one safe directory name), else None.
-
-    The one rule: the TOML/option check here and the run directory's own check
-    (``results.manifest.validate_run_name``) both ask it.
-    """
-    if not name:
-        return "must not be empty"
-    if len(name) > RUN_NAME_MAX_LEN:
-        return f"must be at most {RUN_NAME_MAX_LEN} characters"
-    if name in (".", "..") or any(sep in name for sep in ("/", "\\", "\0")):
-        return "must be a single path segment (no separators, not '.' or '..')"
-    # The first-character rule also keeps out the reserved lock directory ".locks".
-    if name[0] in "-." or any(c not in "._-" and not c.isalnum() for c in name):
-        return "must start with a letter or digit and use only letters, digits, '.', '_', '-'"
-    return None
 
 
 def validate_run_name(name: str, *, source: str = "run name") -> str:

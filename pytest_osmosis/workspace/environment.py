@@ -17,7 +17,7 @@ import sysconfig
 from importlib import metadata
 from pathlib import Path
 
-from pytest_osmosis.errors import RolloutLoadError
+from pytest_osmosis.core.errors import RolloutLoadError
 
 PYPROJECT = "pyproject.toml"
 

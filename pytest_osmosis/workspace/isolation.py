@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import RolloutLoadError
+from pytest_osmosis.core.errors import RolloutLoadError
 
 PREFIX = "_osmosis_rollout_"
 

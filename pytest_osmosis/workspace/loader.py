@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import NeedsServerError, RolloutLoadError
+from pytest_osmosis.core.errors import NeedsServerError, RolloutLoadError
 from pytest_osmosis.workspace import isolation
 
 

@@ -17,11 +17,11 @@ from typing import Any
 from urllib.parse import quote
 
 from pytest_osmosis import __version__
+from pytest_osmosis.core.words import NO_RATE, PASS_RATE_BASIS, pass_rate_basis, percent
 from pytest_osmosis.report.assets import CSS
 from pytest_osmosis.report.stats import wilson_interval
 from pytest_osmosis.report.svg import time_chart
 from pytest_osmosis.results.runs import format_duration, parse_time, run_list_item
-from pytest_osmosis.words import NO_RATE, PASS_RATE_BASIS, pass_rate_basis, percent
 
 INDEX_FILENAME = "runs.html"
 REPORT_FILENAME = "report.html"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_osmosis.errors import ConfigError, OsmosisError
+from pytest_osmosis.core.errors import ConfigError, OsmosisError
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.index import (
     CANONICAL_TRAJECTORY_FILENAME,

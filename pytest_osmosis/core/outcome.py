@@ -118,7 +118,7 @@ class RowResult:
         values.update(self.extra)
         # The rollout's own words (an exception's message): escaped once, here, so the journal,
         # the xdist channel and every surface can carry them (a lone surrogate cannot).
-        from pytest_osmosis.words import safe_text
+        from pytest_osmosis.core.words import safe_text
 
         for key in ("error_type", "message", "detail", "trajectory_problem"):
             if isinstance(values.get(key), str):

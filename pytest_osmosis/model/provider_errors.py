@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import re
 
-from pytest_osmosis.secrets import scrub
+from pytest_osmosis.results.redact import scrub
 
 # Contract §5.5: these LiteLLM exceptions mean the configuration is wrong, not flaky.
 _PREFLIGHT_FATAL = frozenset(

@@ -17,8 +17,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pytest_osmosis import outcome
-from pytest_osmosis.outcome import OUTCOMES as OUTCOMES  # the keys are outcome's
+from pytest_osmosis.core import outcome
+from pytest_osmosis.core.outcome import OUTCOMES as OUTCOMES  # the keys are outcome's
 
 PASSED = "passed"
 BELOW_THRESHOLD = "below threshold"
