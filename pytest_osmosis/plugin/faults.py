@@ -95,14 +95,19 @@ def storage_fault_line(run: ControllerRun, message: str) -> str:
 
 def session_fault_result(item: EvalItem, line: str) -> dict[str, Any]:
     """What a worker sends for the row that met a session fault: never journalled."""
+    return _item_failure(item, "session_fault", line, session_fault=line)
+
+
+def _item_failure(item: EvalItem, error_type: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The failed result of ``item`` (``outcome.failure``) for a fault that ended it."""
     return outcome.failure(
         row_index=item.row_index,
         run_index=item.run_index,
         source_row_index=item.source_row_index,
         pass_threshold=item.parent.plan.settings.pass_threshold,
-        error_type="session_fault",
-        message=line,
-        session_fault=line,
+        error_type=error_type,
+        message=message,
+        **extra,
     )
 
 
@@ -151,14 +156,7 @@ def past_backstop(
 
 def _backstop_result(item: EvalItem, expired: BackstopExpired, blocker: str) -> dict[str, Any]:
     """The backstop fired while this item waited: its own code blocked the event loop."""
-    return outcome.failure(
-        row_index=item.row_index,
-        run_index=item.run_index,
-        source_row_index=item.source_row_index,
-        pass_threshold=item.parent.plan.settings.pass_threshold,
-        error_type="backstop_timeout",
-        message=f"{expired}: {blocker}",
-    )
+    return _item_failure(item, "backstop_timeout", f"{expired}: {blocker}")
 
 
 def _row_words(nodeid: str) -> str:
