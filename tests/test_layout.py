@@ -182,3 +182,7 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     assert _import_cycles() == [["alone", "rooms"]]
 
+
+
+def test_no_import_cycle_among_top_level_rooms() -> None:
+    assert _import_cycles() == []

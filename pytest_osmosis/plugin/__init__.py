@@ -508,7 +508,7 @@ class XdistControllerHooks:
                 values = budget_values(self.session.options.gate.values)
                 admission.budget = Budget(*values, shared=directory)
             node.workerinput["osmosis_budget_dir"] = str(admission.budget.shared)
-        from pytest_osmosis.regrade import worker_input
+        from pytest_osmosis.plugin.regrade import worker_input
 
         node.workerinput["osmosis_regrade"] = worker_input(self.session)
         if prefetch:  # rows run ahead, so a worker's death needs the exact culprit

@@ -78,7 +78,7 @@ class Controller:
             configs = [p for p in named if is_eval_config(p) and p.is_file()]
         try:
             if options.regrade:
-                from pytest_osmosis.regrade import choose_regrade
+                from pytest_osmosis.plugin.regrade import choose_regrade
 
                 configs = choose_regrade(self.session, session.config, configs)
             if options.plan or session.config.option.collectonly:

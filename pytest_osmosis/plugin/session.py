@@ -222,7 +222,7 @@ class EvalSession:
         blame_dir = workerinput.get("osmosis_blame_dir")
         self._blame_slot = (str(blame_dir), str(workerinput["workerid"])) if blame_dir else None
         if workerinput.get("osmosis_regrade"):
-            from pytest_osmosis.regrade import take_worker_input
+            from pytest_osmosis.plugin.regrade import take_worker_input
 
             take_worker_input(self, workerinput["osmosis_regrade"])
 
@@ -515,7 +515,7 @@ class EvalSession:
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
         blame.enter(item.nodeid)  # a crash in this row's code is pinned on it (xdist workers)
         if self.regrade is not None:
-            from pytest_osmosis.regrade import kept_result
+            from pytest_osmosis.plugin.regrade import kept_result
 
             kept = kept_result(self.regrade, item)
             if kept is not None:  # its workflow failed: nothing to grade again
@@ -579,7 +579,7 @@ class EvalSession:
         writer: TrajectoryWriter = save_trajectory
         recorded = None
         if self.regrade is not None:  # the recorded sample, graded again (regrade.py)
-            from pytest_osmosis.regrade import regrade_steps
+            from pytest_osmosis.plugin.regrade import regrade_steps
 
             recorded, prepare, writer = regrade_steps(self.regrade, item, redactor, storage_faults)
         result = await dispatch.run(
