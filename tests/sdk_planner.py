@@ -8,6 +8,7 @@ where there is none the tests that need it skip. No machine's own path is named 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -25,6 +26,38 @@ def _imports(python: Path, module: str) -> bool:
         [str(python), "-I", "-c", f"import {module}"], capture_output=True, cwd="/", check=False
     )
     return probe.returncode == 0
+
+
+#: What the test modules ask of the SDK's Python while they are collected, asked in one
+#: interpreter per process (five starts of the SDK's Python in each xdist worker before).
+COLLECTED = ("osmosis_ai.eval.local.upload", "osmosis_ai.eval.local.runner, uvicorn, httpx",
+             "osmosis_ai.eval.rubric.report")
+_PROBE = """
+import json, sys
+found = {}
+for statement in sys.argv[1:]:
+    try:
+        exec("import " + statement)
+    except Exception:
+        found[statement] = False
+    else:
+        found[statement] = True
+print(json.dumps(found))
+"""
+
+
+@functools.cache
+def _collected_imports(python: Path) -> dict[str, bool]:
+    if not python.exists():
+        return {}
+    probe = subprocess.run(
+        [str(python), "-I", "-c", _PROBE, *COLLECTED],
+        capture_output=True, text=True, cwd="/", check=False,
+    )
+    if probe.returncode != 0:
+        return {}
+    found: dict[str, bool] = json.loads(probe.stdout.splitlines()[-1])
+    return found
 
 
 def _candidates() -> list[Path]:
@@ -58,7 +91,11 @@ SDK_MISSING = (
 
 def sdk_python_imports(module: str) -> bool:
     """Whether the SDK's Python exists and can import ``module`` (of osmosis-ai)."""
-    return SDK_PYTHON is not None and _imports(SDK_PYTHON, module)
+    if SDK_PYTHON is None:
+        return False
+    if module in COLLECTED:
+        return _collected_imports(SDK_PYTHON).get(module, False)
+    return _imports(SDK_PYTHON, module)
 
 
 _PLANNER = r"""

@@ -186,3 +186,15 @@ def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.Monk
 
 def test_no_import_cycle_among_top_level_rooms() -> None:
     assert _import_cycles() == []
+
+
+def test_the_fast_lane_mirrors_the_libraries_and_starts_no_session() -> None:
+    """``tests/unit/<package>/`` holds the tests of the pytest-free subpackages, and none of
+    them starts a pytest session (pytester), so a change to a library answers in seconds."""
+    unit = Path(__file__).resolve().parent / "unit"
+    mirrored = {p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert mirrored and mirrored <= set(SUBPACKAGES), mirrored - set(SUBPACKAGES)
+    sessions = sorted(
+        str(path.relative_to(unit)) for path in unit.rglob("*.py") if "pytester" in path.read_text()
+    )
+    assert sessions == []

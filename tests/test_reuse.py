@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from test_shard import ROWS, _comparable, _summary_bytes
 from workspaces import calc_rows, read_index, write_workspace
@@ -31,8 +32,8 @@ def _reuse(pytester: pytest.Pytester, *more: str) -> Any:
 
 
 def test_an_unchanged_run_is_recorded_from_the_earlier_one(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     main = _main_run(pytester)
     calls = model_env.requests_total
     result = _reuse(pytester)
@@ -56,8 +57,8 @@ def test_an_unchanged_run_is_recorded_from_the_earlier_one(
 
 
 def test_changed_and_added_rows_run_and_the_rest_is_reused(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _main_run(pytester)
     added = calc_rows([("What is 7 + 7?", "14"), ("What is 9 + 9?", "18")])
     changed = [dict(row) for row in ROWS]
@@ -92,8 +93,8 @@ def test_changed_and_added_rows_run_and_the_rest_is_reused(
     ],
 )
 def test_a_different_model_runs_everything(
-    pytester: pytest.Pytester, model_env, change: tuple[str, str], differs: str | None
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, change: tuple[str, str], differs: str | None
+) -> None:
     _main_run(pytester)
     result = _reuse(pytester, *change)
     out = result.stdout.str()
@@ -104,7 +105,7 @@ def test_a_different_model_runs_everything(
         assert "reuse      20 reused, 10 run (from run 'main')" in out, out
 
 
-def test_a_changed_rollout_runs_everything(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_a_changed_rollout_runs_everything(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _main_run(pytester)
     main_py = pytester.path / "rollouts" / "calc" / "main.py"
     main_py.write_text(main_py.read_text() + "\n# a change\n")
@@ -112,7 +113,7 @@ def test_a_changed_rollout_runs_everything(pytester: pytest.Pytester, model_env)
     assert "nothing reused from run 'main': rollout differs" in out, out
 
 
-def test_a_bad_reuse_run_is_one_line(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_reuse_run_is_one_line(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, rows=ROWS)
     result = _reuse(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -121,7 +122,7 @@ def test_a_bad_reuse_run_is_one_line(pytester: pytest.Pytester, model_env) -> No
     assert not (pytester.path / EVALS / "pr").exists()
 
 
-def test_reuse_under_xdist(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_reuse_under_xdist(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _main_run(pytester)
     (pytester.path / "data" / "calc.jsonl").open("a").write(
         json.dumps({"user_prompt": "What is 6 + 6?", "ground_truth": "12"}) + "\n"

@@ -574,20 +574,21 @@ class Controller:
                 run.index_path = index
 
     def _gate(self, session: pytest.Session) -> None:
-        from pytest_osmosis.gate import Verdict
+        """Every gate rule's verdict (``pytest_osmosis_gate_verdict``) decides the exit status."""
+        from pytest_osmosis.gate import BuiltinGate, GateRun, Verdict, session_verdict
 
-        gate = self.session.options.gate
-        if not gate.active or not self.session.runs:
+        if not self.session.runs:
             return
         if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             return  # interrupted, usage or internal errors keep their own exit status
-        from pytest_osmosis.gate import judge_runs
-
         runs = self.session.runs.values()
-        verdict = judge_runs(
-            gate,
-            [
-                (
+        manager = session.config.pluginmanager
+        if not manager.has_plugin("osmosis-gate"):
+            manager.register(BuiltinGate(self.session.options.gate), "osmosis-gate")
+        found = session.config.hook.pytest_osmosis_gate_verdict(
+            config=session.config,
+            runs=[
+                GateRun(
                     run.plan.run_name,
                     run.metrics,
                     list(run.rundir.records.values()),
@@ -597,6 +598,9 @@ class Controller:
                 for run in runs
             ],
         )
+        verdict = session_verdict(found)
+        if verdict is None:
+            return
         override = session.config.hook.pytest_osmosis_gate(
             config=session.config, metrics=[run.metrics for run in runs], verdict=verdict.as_dict()
         )

@@ -24,7 +24,7 @@ from typing import Any, TypeGuard
 
 from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.core.outcome import OUTCOMES, classify
-from pytest_osmosis.dataset import FORMATS, RowSelectorError
+from pytest_osmosis.dataset import RowSelectorError, readers
 from pytest_osmosis.dataset import parse_row_selector as dataset_row_ranges
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.metrics import aggregate_metrics
@@ -529,9 +529,9 @@ def _dataset_candidates(run: Mapping[str, Any], hints: tuple[Path, ...], cwd: Pa
     for workspace in workspaces:
         data = workspace / "data"
         if isinstance(name, str) and name and "/" not in name:
-            found += [data / f"{name}.{extension}" for extension in FORMATS]
+            found += [data / f"{name}.{extension}" for extension in readers()]
         try:
-            found += sorted(p for p in data.iterdir() if p.suffix.lstrip(".").lower() in FORMATS)
+            found += sorted(p for p in data.iterdir() if p.suffix.lstrip(".").lower() in readers())
         except OSError:
             pass
     sha = dataset_sha256(run)
