@@ -56,7 +56,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXTENSIONS = (
     "pytest_osmosis.rubric.command",
     "pytest_osmosis.commands.cache",
-    "pytest_osmosis.regrade",
+    "pytest_osmosis.commands.regrade",
     "pytest_osmosis.commands.ci",
 )
 

@@ -429,7 +429,7 @@ RULES: tuple[GateOption, ...] = (
     GateOption(
         "gate_bound",
         "--osmosis-gate-bound",
-        "point (default) or wilson: gate on the 95%% Wilson lower bound of the pass rate instead",
+        "point (default) or wilson: gate on the 95% Wilson lower bound of the pass rate instead",
         "BOUND",
         _bound,
         default="point",
@@ -456,7 +456,7 @@ RULES: tuple[GateOption, ...] = (
         "max_regression",
         "--osmosis-max-regression",
         "CI gate: fail when the pass rate fell from the baseline's by more than R (0..1) "
-        "and the paired test shows the drop at 5%% (--osmosis-gate-test)",
+        "and the paired test shows the drop at 5% (--osmosis-gate-test)",
         "R",
         _rate,
         _max_regression,

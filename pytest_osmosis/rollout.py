@@ -30,63 +30,26 @@ __all__ = [
     "get_rollout_context",
 ]
 
+from pytest_osmosis.workspace.rollout_api import (
+    USING_OSMOSIS_SDK,
+    AgentWorkflow,
+    AgentWorkflowConfig,
+    AgentWorkflowContext,
+    AgentWorkflowOutput,
+    ExecutionBackend,
+    Grader,
+    GraderConfig,
+    GraderContext,
+    LocalBackend,
+    RolloutContext,
+    RolloutSample,
+    SampleSource,
+    get_rollout_context,
+)
+
 if TYPE_CHECKING:
     from pytest_osmosis.model.client import bridge_client
     from pytest_osmosis.rubric.grader import RubricGrader
-    from pytest_osmosis.workspace._sdk_api import (
-        AgentWorkflow,
-        AgentWorkflowConfig,
-        AgentWorkflowContext,
-        AgentWorkflowOutput,
-        ExecutionBackend,
-        Grader,
-        GraderConfig,
-        GraderContext,
-        LocalBackend,
-        RolloutContext,
-        RolloutSample,
-        SampleSource,
-        get_rollout_context,
-    )
-
-    USING_OSMOSIS_SDK: bool
-else:
-    try:
-        from osmosis_ai.rollout import (
-            AgentWorkflow,
-            AgentWorkflowConfig,
-            AgentWorkflowContext,
-            AgentWorkflowOutput,
-            ExecutionBackend,
-            Grader,
-            GraderConfig,
-            GraderContext,
-            LocalBackend,
-            RolloutContext,
-            RolloutSample,
-            SampleSource,
-            get_rollout_context,
-        )
-    except ImportError:
-        from pytest_osmosis.workspace._sdk_api import (
-            AgentWorkflow,
-            AgentWorkflowConfig,
-            AgentWorkflowContext,
-            AgentWorkflowOutput,
-            ExecutionBackend,
-            Grader,
-            GraderConfig,
-            GraderContext,
-            LocalBackend,
-            RolloutContext,
-            RolloutSample,
-            SampleSource,
-            get_rollout_context,
-        )
-
-        USING_OSMOSIS_SDK = False
-    else:
-        USING_OSMOSIS_SDK = True
 
 
 def __getattr__(name: str) -> Any:

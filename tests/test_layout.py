@@ -99,6 +99,95 @@ def test_importing_a_subpackage_loads_no_pytest(package: str) -> None:
     assert out.stdout.strip() == "[]", f"importing pytest_osmosis.{package} loads {out.stdout}"
 
 
+MAX_TOP_LEVEL = 20
+
+
+def _top_level_units() -> list[str]:
+    """The package's rooms: its top-level modules and subpackages (dunder files aside)."""
+    modules = [p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("__")]
+    packages = [p.parent.name for p in PACKAGE.glob("*/__init__.py")]
+    return sorted(modules + packages)
+
+
+def _unit_imports(path: Path, units: set[str]) -> set[str]:
+    """The rooms one file imports, at module level or inside a function (``ast``)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    package = ["pytest_osmosis", *(parts if path.name == "__init__.py" else parts[:-1])]
+    if path.name == "__init__.py":
+        package = package[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            dotted = [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = [*base, *(node.module.split(".") if node.module else [])]
+            dotted = [module + [alias.name] if len(module) == 1 else module for alias in node.names]
+        else:
+            continue
+        names.update(d[1] for d in dotted if len(d) > 1 and d[0] == "pytest_osmosis")
+    return names & units
+
+
+def _import_cycles() -> list[list[str]]:
+    """Strongly connected groups of more than one room in the import graph (Tarjan)."""
+    units = set(_top_level_units())
+    graph: dict[str, set[str]] = {unit: set() for unit in units}
+    for path in PACKAGE.rglob("*.py"):
+        unit = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if unit in units:
+            graph[unit] |= _unit_imports(path, units) - {unit}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(unit: str) -> None:
+        index[unit] = low[unit] = len(index)
+        stack.append(unit)
+        for other in graph[unit]:
+            if other not in index:
+                visit(other)
+                low[unit] = min(low[unit], low[other])
+            elif other in stack:
+                low[unit] = min(low[unit], index[other])
+        if low[unit] == index[unit]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == unit:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for unit in sorted(graph):
+        if unit not in index:
+            visit(unit)
+    return cycles
+
+
+def test_at_most_twenty_top_level_rooms() -> None:
+    units = _top_level_units()
+    assert len(units) <= MAX_TOP_LEVEL, units
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check below can fail: two rooms importing each other are found."""
+    package = tmp_path / "pytest_osmosis"
+    (package / "rooms").mkdir(parents=True)
+    (package / "rooms" / "__init__.py").write_text("from pytest_osmosis.alone import x\n")
+    (package / "alone.py").write_text("def f():\n    from .rooms import y\n")
+    (package / "leaf.py").write_text("from . import alone\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+    assert _import_cycles() == [["alone", "rooms"]]
+
+
+
+def test_no_import_cycle_among_top_level_rooms() -> None:
+    assert _import_cycles() == []
+
+
 def test_the_fast_lane_mirrors_the_libraries_and_starts_no_session() -> None:
     """``tests/unit/<package>/`` holds the tests of the pytest-free subpackages, and none of
     them starts a pytest session (pytester), so a change to a library answers in seconds."""

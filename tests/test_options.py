@@ -15,7 +15,7 @@ import pytest
 from model_server import ModelServer
 from workspaces import read_index, write_workspace
 
-from pytest_osmosis.plugin import OPTIONS, RUBRIC_OPTIONS
+from pytest_osmosis.plugin.options import OPTIONS, RUBRIC_OPTIONS
 
 pytest_plugins = ["pytester"]
 
@@ -280,3 +280,27 @@ def test_a_blank_value_is_refused_not_read_as_every_row(
     result.stderr.fnmatch_lines([line])
     assert model_env.requests_total == 0
     assert not (pytester.path / ".osmosis").exists()
+
+
+def test_help_shows_each_option_in_its_group(pytester: pytest.Pytester) -> None:
+    """Seven groups instead of one of ~40, each option in its own, the table deciding."""
+    from pytest_osmosis.plugin.options import GROUPS
+
+    lines = pytester.runpytest("--help").stdout.lines
+    headings = [line.rstrip(":") for line in lines if line.startswith("pytest-osmosis")]
+    assert headings == list(GROUPS.values())
+    starts = {
+        line.rstrip(":"): at for at, line in enumerate(lines) if line.startswith("pytest-osmosis")
+    }
+    bounds = sorted(starts.values()) + [len(lines)]
+    for opt in (*OPTIONS, *RUBRIC_OPTIONS):
+        start = starts[GROUPS[opt.group]]
+        end = next(b for b in bounds if b > start)
+        assert any(line.lstrip().startswith(opt.flag) for line in lines[start:end]), opt.flag
+
+
+def test_help_shows_a_percent_sign_as_written(pytester: pytest.Pytester) -> None:
+    """argparse %-formats an option's help, pytest prints an ini key's as written: both say 95%."""
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    assert "%%" not in text
+    assert text.count("the 95% Wilson lower bound") == 2  # the option and its ini twin

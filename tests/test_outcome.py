@@ -19,8 +19,8 @@ from pytest_osmosis import gate
 from pytest_osmosis.core import outcome
 from pytest_osmosis.core.errors import ConfigError, RunDirectoryError
 from pytest_osmosis.core.words import one_line, percent
-from pytest_osmosis.plugin import OPTIONS
 from pytest_osmosis.plugin.collect import item_name, pytest_verdict, split_item_nodeid
+from pytest_osmosis.plugin.options import OPTIONS
 from pytest_osmosis.results.manifest import validate_run_name as directory_run_name
 from pytest_osmosis.results.metrics import aggregate_metrics
 from pytest_osmosis.workspace.config import validate_run_name as config_run_name

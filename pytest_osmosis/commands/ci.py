@@ -117,7 +117,9 @@ def add_gate_parser(subparsers: Any) -> None:
     )
     for rule in RULES:
         if rule.dest not in BUDGETS:  # budgets stop a session while it runs: nothing to judge
-            parser.add_argument(rule.flag, dest=rule.dest, metavar=rule.metavar, help=rule.help)
+            # argparse %-formats help; a rule's help is plain text (95% Wilson...).
+            help_text = rule.help.replace("%", "%%")
+            parser.add_argument(rule.flag, dest=rule.dest, metavar=rule.metavar, help=help_text)
     parser.set_defaults(handler=cmd_gate)
 
 

@@ -50,7 +50,7 @@ def bridge_client(*, timeout: float | None = DEFAULT_TIMEOUT_S) -> httpx.AsyncCl
     is a whole call. Call it inside ``AgentWorkflow.run`` or ``Grader.grade`` (or any
     code running under a ``RolloutContext``); ``async with`` it or not, as you like.
     """
-    from pytest_osmosis.rollout import get_rollout_context
+    from pytest_osmosis.workspace.rollout_api import get_rollout_context
 
     rollout: Any = get_rollout_context()
     if rollout is None or not rollout.chat_completions_url:

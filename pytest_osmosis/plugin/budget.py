@@ -20,9 +20,12 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_osmosis.results import RunLog
 
 #: How often a worker waiting to start a row looks at what the controller published.
 POLL_S = 0.02
@@ -205,3 +208,59 @@ def budget_values(values: Mapping[str, Any]) -> tuple[int | None, float | None]:
     """The session's (max tokens, max cost) from the gate's option values."""
     tokens, cost = values.get("max_tokens"), values.get("max_cost")
     return (int(tokens) if tokens is not None else None, float(cost) if cost is not None else None)
+
+
+class Admission:
+    """Whether one more row may start in this process: the controller's ``Budget``, or an
+    xdist worker's ``Tickets`` (one of them, or neither: no budget)."""
+
+    def __init__(self, *, is_worker: bool) -> None:
+        self.is_worker = is_worker
+        self.budget: Budget | None = None
+        self.tickets: Tickets | None = None
+        #: Why no new row may start (a spent budget), once the controller said so.
+        self.stop_line: str | None = None
+
+    def may_start(self) -> bool:
+        """Whether the budgets let one more row start now (it counts as started if so)."""
+        if self.tickets is not None:
+            return self.tickets.take()
+        return self.budget is None or self.is_worker or self.budget.admit()
+
+    def stop_starting(self, line: str, logs: Iterable[RunLog]) -> None:
+        """Controller: a budget is spent; no new row starts here or on any xdist worker.
+
+        Rows in flight finish and are recorded; the rows not started stay pending.
+        """
+        self.stop_line = line
+        if self.budget is not None:
+            self.budget.publish_stop(line)
+        for log in logs:
+            log.warning("budget", line)
+
+    def wait_to_start(
+        self,
+        start: Callable[[], bool],
+        *,
+        reportable: Callable[[], bool],
+        recorded: Callable[[], bool],
+        logs: Callable[[], Iterable[RunLog]],
+    ) -> str | None:
+        """Under a budget: ``start()`` a row once it is admitted, or return the line that stops
+        the session when it never will. ``reportable``: the row may still report after a
+        budget is spent (in flight, or recorded); ``recorded``: it reuses a recorded result."""
+        if self.stop_line is not None:
+            return None if reportable() else self.stop_line
+        if (self.budget is None and self.tickets is None) or recorded():
+            return None
+        while not start():
+            if self.tickets is None:  # one process: no row in flight can free room now
+                assert self.budget is not None
+                self.stop_starting(self.budget.stop_line(), logs())
+                return self.stop_line
+            line = self.tickets.stop_line()
+            if line is not None:
+                self.stop_line = line
+                return line
+            wait_between_looks()
+        return None

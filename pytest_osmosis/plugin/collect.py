@@ -83,8 +83,8 @@ class EvalConfigFile(pytest.File):
     def collect(self) -> Iterator[EvalItem]:
         session: EvalSession = self.config.stash[SESSION_KEY]
         try:
-            plan = session.plan_for(self.path)
-            session.ready_rollout(plan)
+            plan = session.plans.plan_for(self.path)
+            session.rollouts.ready(plan, lambda: session.executor)
         except OsmosisError as exc:
             raise self.CollectError(
                 with_hint(str(exc), how_to_run_the_others(self.config, self.path))
@@ -246,11 +246,10 @@ def how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
     """
     if config.option.continue_on_collection_errors:
         return ""
-    from pytest_osmosis.plugin import _named_paths, is_eval_config
-    from pytest_osmosis.plugin.discover import find_eval_configs
+    from pytest_osmosis.plugin.discover import find_eval_configs, is_eval_config, named_paths
 
     session: EvalSession = config.stash[SESSION_KEY]
-    named = _named_paths(config)
+    named = named_paths(config)
     if session.collect_all:
         configs = find_eval_configs(config, named)
     else:

@@ -20,6 +20,7 @@ import pytest
 # Imported with the controller, not by the first result: a module first imported on the main
 # thread while rows run is parsed there (pytest rewrites a plugin's asserts), which
 # EvalItem._repr_failure_py keeps the main thread from doing (CPython gh-106905 on 3.11).
+from pytest_osmosis.plugin.faults import recording, storage_fault_at_finish
 from pytest_osmosis.results.row_metrics import cost_of
 
 if TYPE_CHECKING:
@@ -40,7 +41,9 @@ class Controller:
         #: xdist two workers' reports interleave, so one slot would drop a row's progress.
         self._unshown: dict[str, dict[str, Any]] = {}
         self._letterless: pytest.TestReport | None = None  # live progress: see letterless
-        self.progress_option = progress_option(session.config)
+        from pytest_osmosis.plugin.options import progress_mode
+
+        self.progress_option = progress_mode(session.config)
         self.started = time.monotonic()  # live progress counts elapsed time from here
         #: A result's "config" string -> its Path, made once (a Path's str and hash are
         #: computed once per object: a new one per row cost more than the lookup).
@@ -56,7 +59,7 @@ class Controller:
         any row starts (a failure is one line, exit 4)."""
         from pytest_osmosis.core.errors import OsmosisError
         from pytest_osmosis.model.preflight import check_dependencies
-        from pytest_osmosis.plugin import _named_paths, is_eval_config
+        from pytest_osmosis.plugin.discover import is_eval_config, named_paths
 
         problem = check_dependencies(getattr(session.config, "cache", None))
         if problem is not None:
@@ -68,14 +71,14 @@ class Controller:
         milestones = self.session.milestones or start_up_milestones(session.config)
         self.session.milestones = milestones
 
-        named = _named_paths(session.config)
+        named = named_paths(session.config)
         if self.session.collect_all:
             configs = find_eval_configs(session.config, named)
         else:
             configs = [p for p in named if is_eval_config(p) and p.is_file()]
         try:
             if options.regrade:
-                from pytest_osmosis.regrade import choose_regrade
+                from pytest_osmosis.plugin.regrade import choose_regrade
 
                 configs = choose_regrade(self.session, session.config, configs)
             if options.plan or session.config.option.collectonly:
@@ -103,10 +106,14 @@ class Controller:
         ]
         self._check_gate(models)
         gate = self.session.options.gate
-        if gate.budgeted and self.session.budget is None and not xdist_controller(session):
+        if (
+            gate.budgeted
+            and self.session.admission.budget is None
+            and not xdist_controller(session)
+        ):
             from pytest_osmosis.plugin.budget import Budget, budget_values
 
-            self.session.budget = Budget(*budget_values(gate.values))
+            self.session.admission.budget = Budget(*budget_values(gate.values))
         if not models:
             milestones.finish()
             self._announce(session.config)
@@ -119,9 +126,18 @@ class Controller:
                 model
                 for run in self.session.runs.values()
                 if run.rundir.pending(run_keys(run.plan))
-                for model in self.session.models_to_check(run)
+                for model in self.session.models.models_to_check(
+                    run,
+                    regrading=self.session.regrade is not None,
+                    rollout=self.session.rollouts.get(run.plan.config_path),
+                )
             ]
-            self.session.preflight(checked, in_process=not xdist_controller(session))
+            self.session.models.preflight(
+                checked,
+                lambda: self.session.executor,
+                self.session.runs.values(),
+                in_process=not xdist_controller(session),
+            )
         except OsmosisError as exc:
             # pytest_sessionfinish does not run after a usage error: nothing is recorded.
             self.session.abandon_runs()
@@ -145,7 +161,7 @@ class Controller:
         nothing opened: ``open_runs``); xdist does not stop on a worker's collection error,
         so its workers would run the other configs (exit 1). Stop its controller the same
         way, before any worker starts."""
-        errors = self.session.plan_errors()
+        errors = self.session.plans.plan_errors()
         config = session.config
         if not errors or config.option.continue_on_collection_errors:
             return
@@ -241,7 +257,7 @@ class Controller:
         run = self.session.runs.get(config_path)
         if run is None or result.get("resumed"):
             return
-        with self.session.recording(run, result):  # a full disk or a deleted run: exit 4
+        with recording(run, result):  # a full disk or a deleted run: exit 4
             files = getattr(report, "osmosis_files", None)
             if files:  # a worker on another host sent its attempt's files (execution/remote.py)
                 from pytest_osmosis.execution.remote import unpack_trial
@@ -287,7 +303,7 @@ class Controller:
         """Count what the row spent; once a budget is spent no new row starts."""
         cost = cost_of(result.get("cost_usd"))
         run.costs[str(result["rollout_id"])] = cost
-        budget = self.session.budget
+        budget = self.session.admission.budget
         if budget is None:
             return
         worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
@@ -297,18 +313,20 @@ class Controller:
     def _budget_check(self) -> None:
         """xdist: once a budget is spent and no row is in flight, the workers stop; in one
         process the queued rows are offered the room the row just recorded left."""
-        budget = self.session.budget
-        if budget is None or self.session.stop_line is not None:
+        budget = self.session.admission.budget
+        if budget is None or self.session.admission.stop_line is not None:
             return
         if budget.shared is None:
             if self.session._executor is not None:
                 self.session._executor.pump()
         elif budget.spent() and budget.in_flight() == 0:
-            self.session.stop_starting(budget.stop_line())
+            self.session.admission.stop_starting(
+                budget.stop_line(), [run.log for run in self.session.runs.values()]
+            )
 
     def worker_gone(self, node: Any) -> None:
         """xdist: a worker is down; the rows it started and never reported do not count."""
-        budget = self.session.budget
+        budget = self.session.admission.budget
         if budget is not None:
             budget.worker_gone(str(node.gateway.id))
             self._budget_check()
@@ -427,7 +445,7 @@ class Controller:
                 if run.metrics:
                     run.row_metrics = self._row_metrics(run)
                 if not stopped and run.storage_fault is not None:
-                    self.session.storage_fault_at_finish(session, run)
+                    storage_fault_at_finish(session, run)
             self._recorded_to_junit(session.config)
             self._finished_runs_status(session)
             if self.session.options.report:
@@ -610,20 +628,6 @@ class Controller:
                 run.upload_line = result.line
                 if not result.uploaded and not result.line.startswith("not uploaded"):
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def progress_option(config: pytest.Config) -> str:
-    """``--osmosis-progress`` (or its ini twin), checked: a bad value is one line, exit 4."""
-    from pytest_osmosis.plugin import PROGRESS_OPTION, option_value
-    from pytest_osmosis.plugin.progress import parse_mode
-
-    given = option_value(config, PROGRESS_OPTION)
-    if given is None:
-        return "auto"
-    try:
-        return parse_mode(*given)
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
 
 
 def xdist_controller(session: pytest.Session) -> bool:

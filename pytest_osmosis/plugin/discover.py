@@ -1,5 +1,5 @@
-"""Find the eval configs a session will collect, before collection (the xdist controller
-never collects, yet must open run directories before workers start)."""
+"""Which paths are eval configs, and finding those a session will collect before collection
+(the xdist controller never collects, yet must open run directories before workers start)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,36 @@ from pathlib import Path
 
 import pytest
 
-from pytest_osmosis.plugin import is_eval_config
+
+def is_eval_config(path: Path) -> bool:
+    """``<workspace>/configs/eval/<name>.toml``: the layout every Osmosis workspace has.
+
+    Lives here, not in plan.py, so that deciding whether to enable imports nothing heavy.
+    """
+    return (
+        path.suffix == ".toml"
+        and path.parent.name == "eval"
+        and path.parent.parent.name == "configs"
+    )
+
+
+def unused_eval_configs(config: pytest.Config) -> str | None:
+    """The first ``configs/eval/*.toml`` in (or one level below) a directory pytest was given."""
+    base = config.invocation_params.dir
+    for directory in named_paths(config):
+        if not directory.is_dir():
+            continue
+        for pattern in ("configs/eval/*.toml", "*/configs/eval/*.toml"):
+            for path in sorted(directory.glob(pattern)):
+                return str(path.relative_to(base)) if path.is_relative_to(base) else str(path)
+    return None
+
+
+def named_paths(config: pytest.Config) -> list[Path]:
+    """The paths given on the command line (node ids cut to their file), resolved."""
+    base = config.invocation_params.dir
+    return [(base / arg.split("::", 1)[0]).resolve() for arg in config.args]
+
 
 _SKIP_DIRS = {".git", ".osmosis", ".venv", "venv", "node_modules", "__pycache__", ".tox"}
 

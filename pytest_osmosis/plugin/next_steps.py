@@ -84,7 +84,8 @@ def _execution(session: EvalSession, config: pytest.Config) -> str:
     where = "in this process"
     if workers and config.pluginmanager.has_plugin("dsession"):
         where = f"on {_plural(workers, 'xdist worker')}"
-    served = [run for run in session.runs.values() if session.load_rollout(run.plan).mode == SERVER]
+    runs = session.runs.values()
+    served = [run for run in runs if session.rollouts.load(run.plan).mode == SERVER]
     return f"{where}, rollouts in servers of their own" if served else where
 
 
@@ -178,7 +179,7 @@ def _command(session: EvalSession, run: ControllerRun, *extra: str) -> str:
     """The session's own command, written to reach this run again: its options (minus the
     one-off flags), this run's config when several ran or the name was generated, and
     ``--osmosis-name`` when the run's name is not the one the command gives."""
-    from pytest_osmosis.plugin import joined_option_values
+    from pytest_osmosis.plugin.options import joined_option_values
 
     config = session.config
     params = config.invocation_params

@@ -89,12 +89,12 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
 
 def _cache_mode(config: pytest.Config) -> str | None:
     """``--osmosis-cache`` (and its ini twin) when the plugin has that option."""
-    from pytest_osmosis.plugin import OPTIONS, _value
+    from pytest_osmosis.plugin.options import OPTIONS, option_value
 
     option = next((opt for opt in OPTIONS if opt.dest == "cache"), None)
     if option is None:
         return None
-    given = _value(config, option)
+    given = option_value(config, option)
     return str(given[0]) if given is not None else "off"
 
 
@@ -131,7 +131,7 @@ def plan_config(
     shown = ConfigPlan(_shown(path, base))
     opened = session.runs.get(path)
     try:
-        plan = session.plan_for(path)
+        plan = session.plans.plan_for(path)
         if opened is None:  # an opened run (--osmosis-confirm) has its name and state
             inputs = run_inputs(plan)
             if session.regrade is not None:
@@ -140,12 +140,12 @@ def plan_config(
             plan.run_name = choose_run_name(plan, session.options.name, inputs, utc_now(), several)
             if session.regrade is not None:
                 session.regrade.check_target(plan.run_dir)
-        session.load_rollout(plan)
-        session.warn_loaded(plan)
+        session.rollouts.load(plan)
+        session.rollouts.warn_loaded(plan)
     except OsmosisError as exc:
         # Collection reports it too, as open_runs would have kept it (a rollout imported a
         # second time may not fail the same way).
-        session._errors[path] = exc
+        session.plans.errors[path] = exc
         shown.rows.append(("error", str(exc)))
         return shown
     settings, experiment, dataset = plan.settings, plan.config.experiment, plan.dataset
@@ -167,7 +167,7 @@ def plan_config(
         items = f"{len(plan.work_keys())} of {plan.total_items}, {plan.shard}"
     rows.append(("work items", f"{items} ({pending} to run)"))
     rows.append(("concurrency", str(session.total_concurrency())))
-    rows.append(("execution", session.execution_text(plan)))
+    rows.append(("execution", session.rollouts.execution_text(plan)))
     rows.append(
         (
             "budgets",

@@ -39,10 +39,11 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
             terminal.write_line(line)
         if run.upload_line:
             terminal.write_line(f"upload     {run.upload_line}")
-    if session.budget is not None and any(run.metrics for run in session.runs.values()):
+    if session.admission.budget is not None and any(run.metrics for run in session.runs.values()):
         # The budget counts this session's rows (each session has its own budget).
-        spent = "spent: " if session.budget.spent() else ""
-        terminal.write_line(f"budget     {spent}{session.budget.spend_text()} (this session)")
+        budget = session.admission.budget
+        spent = "spent: " if budget.spent() else ""
+        terminal.write_line(f"budget     {spent}{budget.spend_text()} (this session)")
     verdict = session.verdict
     if verdict is not None:
         word = "PASSED" if verdict.passed else "FAILED"

@@ -33,7 +33,6 @@ from pytest_osmosis.model.routes import (
     JUDGE_MODEL_NOT_FOUND,
     JUDGE_PROVIDER_ERROR,
 )
-from pytest_osmosis.rollout import Grader, GraderContext, get_rollout_context
 from pytest_osmosis.rubric.judge import (
     _EMBEDDED_EXPLANATION_CHARS,
     _EMBEDDED_MAX_TOKENS,
@@ -46,6 +45,7 @@ from pytest_osmosis.rubric.judge import (
     message_text,
     one_line,
 )
+from pytest_osmosis.workspace.rollout_api import Grader, GraderContext, get_rollout_context
 
 __all__ = ["ARTIFACT_NAME", "JUDGE_MODEL_HEADER", "RubricGrader"]
 

@@ -225,7 +225,7 @@ def _find(
     main_timeout: float,
     port: int,
 ) -> LoadedRollout:
-    import pytest_osmosis.rollout as api
+    from pytest_osmosis.workspace import rollout_api as api
 
     backends: list[Any] = []
     warnings: list[str] = []
@@ -561,8 +561,8 @@ class _Guard:
         Deleting a ``__new__`` set on a class does not give back ``object.__new__``'s own
         argument handling (CPython), so it stays: outside a load it only builds the object.
         """
-        import pytest_osmosis.rollout  # noqa: F401  (imports the SDK when present)
         import pytest_osmosis.workspace._sdk_api as ours
+        import pytest_osmosis.workspace.rollout_api  # noqa: F401  (imports the SDK when present)
 
         bases: list[type[Any]] = [ours.ExecutionBackend]
         sdk = sys.modules.get("osmosis_ai.rollout.backend.base")
@@ -649,7 +649,7 @@ def _capture_backends(
     import ``main`` again while it is being built, and that copy's own module-level
     backend is the SDK's side effect of the re-import, not a second backend of the rollout.
     """
-    import pytest_osmosis.rollout  # noqa: F401  (imports the SDK when present)
+    import pytest_osmosis.workspace.rollout_api  # noqa: F401  (imports the SDK when present)
 
     originals: dict[type[Any], Any] = {}
     depth = threading.local()
