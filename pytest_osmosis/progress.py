@@ -299,7 +299,7 @@ class Progress:
 
     def add_cost(self, row: Mapping[str, Any]) -> None:
         """A result's or a recorded row's cost, when it has one (shown only once one has)."""
-        from pytest_osmosis.results.runs import COST_KEY
+        from pytest_osmosis.results.run_reader import COST_KEY
 
         cost = row.get(COST_KEY)
         self.costed += 1
