@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeGuard
@@ -164,41 +164,44 @@ def recorded_selection(selector: Any) -> list[int] | None:
 # ----------------------------------------------------------------------------- rows
 
 
+def _is_text(value: Any) -> TypeGuard[str]:
+    return isinstance(value, str) and bool(value)
+
+
+def _is_cost(value: Any) -> bool:
+    return is_number(value) and value >= 0
+
+
+def _kept(value: Any) -> Any:
+    return value
+
+
+#: What a row keeps of a recorded field, in this order: its check and its conversion.
+_ROW_FIELDS: tuple[tuple[str, Callable[[Any], bool], Callable[[Any], Any]], ...] = (
+    ("trajectory_filename", _is_text, _kept),
+    ("status", _is_text, _kept),
+    ("error_type", _is_text, _kept),
+    ("reward", is_number, float),
+    ("duration_ms", is_number, float),
+    (COST_KEY, _is_cost, float),
+    ("tokens", is_int, _kept),
+    ("source_row_index", is_int, _kept),
+    ("resumed", lambda value: value is True, _kept),
+)
+
+
 def _normalize_row(raw: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An index or journal row as the reader trusts it: None without a valid work key."""
     row_index, run_index = raw.get("row_index"), raw.get("run_index")
-    if not isinstance(row_index, int) or not isinstance(run_index, int):
-        return None
-    if isinstance(row_index, bool) or isinstance(run_index, bool) or min(row_index, run_index) < 0:
+    if not (is_int(row_index) and is_int(run_index)) or min(row_index, run_index) < 0:
         return None
     row: dict[str, Any] = {"row_index": row_index, "run_index": run_index}
     rollout_id = raw.get("rollout_id")
-    if (
-        isinstance(rollout_id, str)
-        and rollout_id
-        and "/" not in rollout_id
-        and rollout_id
-        not in (
-            ".",
-            "..",
-        )
-    ):
+    if _is_text(rollout_id) and "/" not in rollout_id and rollout_id not in (".", ".."):
         row["rollout_id"] = rollout_id
-    for key in ("trajectory_filename", "status", "error_type"):
-        value = raw.get(key)
-        if isinstance(value, str) and value:
-            row[key] = value
-    for key in ("reward", "duration_ms"):
-        if is_number(raw.get(key)):
-            row[key] = float(raw[key])
-    cost = raw.get(COST_KEY)
-    if is_number(cost) and cost >= 0:
-        row[COST_KEY] = float(cost)
-    if is_int(raw.get("tokens")):
-        row["tokens"] = raw["tokens"]
-    if is_int(raw.get("source_row_index")):
-        row["source_row_index"] = raw["source_row_index"]
-    if raw.get("resumed") is True:
-        row["resumed"] = True
+    for key, check, convert in _ROW_FIELDS:
+        if check(raw.get(key)):
+            row[key] = convert(raw[key])
     return row
 
 
@@ -231,9 +234,19 @@ def _rows(
         if row is not None:
             by_key[(row["row_index"], row["run_index"])] = row
     source = "index.jsonl" if index is not None else "none"
+    if _merge_journal(run_dir, by_key, events or []):
+        source = "events.jsonl" if index is None else "index.jsonl+events.jsonl"
+    return [by_key[key] for key in sorted(by_key)], source
+
+
+def _merge_journal(
+    run_dir: Path, by_key: dict[tuple[int, int], dict[str, Any]], events: list[dict[str, Any]]
+) -> int:
+    """Put the journal's records the index lacks (or has another rollout for) into *by_key*;
+    every row keeps the journal's dataset row. Returns how many records were taken."""
     journal_sources: dict[tuple[int, int], int] = {}
     merged = 0
-    for raw in events or []:
+    for raw in events:
         record = _normalize_row(raw)
         if record is None:
             continue
@@ -251,12 +264,10 @@ def _rows(
             record["trajectory_filename"] = "trajectory.json"
         by_key[key] = record
         merged += 1
-    if merged:
-        source = "events.jsonl" if index is None else "index.jsonl+events.jsonl"
     for key, source_row in journal_sources.items():
         if key in by_key:
             by_key[key].setdefault("source_row_index", source_row)
-    return [by_key[key] for key in sorted(by_key)], source
+    return merged
 
 
 # ----------------------------------------------------------------------------- one run
