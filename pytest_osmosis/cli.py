@@ -46,9 +46,9 @@ DEFAULT_LIMIT = 20
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 EXTENSIONS = (
     "pytest_osmosis.rubric.command",
-    "pytest_osmosis.cache_command",
+    "pytest_osmosis.commands.cache",
     "pytest_osmosis.regrade",
-    "pytest_osmosis.ci_commands",
+    "pytest_osmosis.commands.ci",
 )
 
 Handler = Callable[[argparse.Namespace], int]

@@ -31,9 +31,9 @@ from pytest_osmosis.results.source_run import (
 if TYPE_CHECKING:
     import pytest
 
-    from pytest_osmosis.collect import EvalItem
     from pytest_osmosis.execution.runner import TrajectoryWriter
-    from pytest_osmosis.session import EvalSession
+    from pytest_osmosis.plugin.collect import EvalItem
+    from pytest_osmosis.plugin.session import EvalSession
 
 
 def choose_regrade(session: EvalSession, config: pytest.Config, configs: list[Path]) -> list[Path]:

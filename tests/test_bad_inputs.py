@@ -25,11 +25,11 @@ import hypothesis  # noqa: F401
 import pytest
 from workspaces import calc_rows, toml_text, write_workspace
 
-import pytest_osmosis.collect  # noqa: F401
-import pytest_osmosis.discover  # noqa: F401
+import pytest_osmosis.plugin.collect  # noqa: F401
+import pytest_osmosis.plugin.discover  # noqa: F401
+import pytest_osmosis.plugin.session  # noqa: F401
 import pytest_osmosis.results  # noqa: F401
 import pytest_osmosis.rollout  # noqa: F401
-import pytest_osmosis.session  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

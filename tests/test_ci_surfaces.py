@@ -18,7 +18,7 @@ import pytest
 from test_gate import ROWS
 from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
 
-from pytest_osmosis.github import annotation_lines, command, gate_section
+from pytest_osmosis.plugin.github import annotation_lines, command, gate_section
 
 # test_gate's five rows: 3 pass; row 3 is below the threshold; row 4 is an error.
 BASE = ("--osmosis-eval", "-p", "no:cacheprovider")

@@ -204,7 +204,7 @@ import time
 
 import pytest
 
-from pytest_osmosis.collect import SESSION_KEY
+from pytest_osmosis.plugin.collect import SESSION_KEY
 
 seen = []
 

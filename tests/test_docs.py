@@ -195,8 +195,8 @@ def test_the_name_check_reads_definitions_not_mentions() -> None:
     assert _defines(_module_file(here), "_defines")
     assert _defines(_module_file(here), "_QUALIFIED")
     assert not _defines(_module_file(here), "ast")  # imported, not defined
-    assert _defines(_module_file("session.py"), "EvalSession.open_runs")
-    assert not _defines(_module_file("session.py"), "EvalSession.no_such_method")
+    assert _defines(_module_file("plugin/session.py"), "EvalSession.open_runs")
+    assert not _defines(_module_file("plugin/session.py"), "EvalSession.no_such_method")
     assert _qualified_names("`a/b.py::C.d(x=1)` and `osmosis_ai/x.py::y`") == {("a/b.py", "C.d")}
 
 

@@ -16,11 +16,11 @@ import pytest
 from aiohttp import web
 from workspaces import calc_rows, free_port, write_workspace
 
-from pytest_osmosis.milestones import Milestones
 from pytest_osmosis.model import direct
 from pytest_osmosis.model.bridge import Bridge
 from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, ModelRoute
 from pytest_osmosis.model.wire import _call_metrics, _chat_call, _control_names, _payload, _usage
+from pytest_osmosis.plugin.milestones import Milestones
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = ("--osmosis-eval", "-p", "no:cacheprovider")
@@ -84,7 +84,7 @@ def test_the_first_line_is_written_before_the_session_modules_are_imported(
 
         def noting_write(self, content, **kwargs):
             if content.startswith("osmosis [") and not first:
-                first.append((content, "pytest_osmosis.session" in sys.modules))
+                first.append((content, "pytest_osmosis.plugin.session" in sys.modules))
             return write(self, content, **kwargs)
 
         TerminalReporter.__init__ = on_a_terminal

@@ -416,7 +416,7 @@ class _Node:
 def _scheduler(
     pytester: pytest.Pytester, shard_rows: int = 1, culprit: Any = None
 ) -> tuple[Any, list[str], _Node, _Node]:
-    from pytest_osmosis.xdist_scheduler import EvalScheduling
+    from pytest_osmosis.plugin.xdist_scheduler import EvalScheduling
 
     config = pytester.parseconfig("--tx", "2*popen", "-p", "xdist")
     sched = EvalScheduling(config, None, shard_rows=shard_rows, culprit=culprit)

@@ -41,8 +41,8 @@ KILLS = 20
 ZYGOTE = r"""
 import json, os, sys, threading
 import litellm, pytest, xdist, httpx, aiohttp  # the expensive imports, done once
-import pytest_osmosis.plugin, pytest_osmosis.session, pytest_osmosis.model.bridge
-import pytest_osmosis.collect, pytest_osmosis.results, pytest_osmosis.xdist
+import pytest_osmosis.plugin, pytest_osmosis.plugin.session, pytest_osmosis.model.bridge
+import pytest_osmosis.plugin.collect, pytest_osmosis.results, pytest_osmosis.plugin.xdist
 assert threading.active_count() == 1, threading.enumerate()  # fork-safe: one thread
 
 def reply(payload):

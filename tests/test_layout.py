@@ -1,11 +1,11 @@
-"""The package's layout shows its architecture: only top-level modules know pytest.
+"""The package's layout shows its architecture: only the plugin and a few top-level modules know pytest.
 
-Subpackages (core/, workspace/, dataset/, execution/, model/, rubric/, results/, report/)
-are plain libraries that a command, a benchmark or another runner can use without pytest;
-the top-level modules (plugin, collect, session, controller, xdist, ...) adapt them to
-pytest. A subpackage importing pytest, its internals, xdist or pluggy fails here: in its
-source, and in a fresh interpreter that imports every one of its modules (an import of a
-top-level module from a subpackage would bring pytest in).
+Subpackages (core/, workspace/, dataset/, execution/, model/, rubric/, results/, report/,
+commands/) are plain libraries that a command, a benchmark or another runner can use without
+pytest; plugin/ (session, controller, collect, xdist, ...) and a few top-level modules adapt
+them to pytest. A library subpackage importing pytest, its internals, xdist or pluggy fails
+here: in its source, and in a fresh interpreter that imports every one of its modules (an
+import of the pytest side from a library would bring pytest in).
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ import pytest_osmosis
 
 PACKAGE = Path(pytest_osmosis.__file__).resolve().parent
 PYTEST_WORLD = ("pytest", "_pytest", "xdist", "pluggy", "pytest_timeout")
-SUBPACKAGES = ["core", "dataset", "execution", "model", "report", "results", "rubric", "workspace"]
+PYTEST_ADAPTER = "plugin"  # the one subpackage that is the pytest side
+SUBPACKAGES = [
+    "commands", "core", "dataset", "execution", "model", "report", "results", "rubric", "workspace"
+]
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -39,7 +42,8 @@ def test_only_top_level_modules_import_pytest() -> None:
     offenders = {
         str(path.relative_to(PACKAGE)): sorted(_imported_roots(path) & set(PYTEST_WORLD))
         for path in sorted(PACKAGE.glob("*/**/*.py"))
-        if _imported_roots(path) & set(PYTEST_WORLD)
+        if path.relative_to(PACKAGE).parts[0] != PYTEST_ADAPTER
+        and _imported_roots(path) & set(PYTEST_WORLD)
     }
     assert offenders == {}
 
@@ -47,10 +51,12 @@ def test_only_top_level_modules_import_pytest() -> None:
 def test_the_subpackages_exist_and_say_what_they_are() -> None:
     packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert packages == [
+        "commands",
         "core",
         "dataset",
         "execution",
         "model",
+        "plugin",
         "report",
         "results",
         "rubric",

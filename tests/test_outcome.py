@@ -16,11 +16,11 @@ import pytest
 from workspaces import MIXED_ROWS, write_workspace
 
 from pytest_osmosis import gate
-from pytest_osmosis.collect import item_name, pytest_verdict, split_item_nodeid
 from pytest_osmosis.core import outcome
 from pytest_osmosis.core.errors import ConfigError, RunDirectoryError
 from pytest_osmosis.core.words import one_line, percent
 from pytest_osmosis.plugin import OPTIONS
+from pytest_osmosis.plugin.collect import item_name, pytest_verdict, split_item_nodeid
 from pytest_osmosis.results.manifest import validate_run_name as directory_run_name
 from pytest_osmosis.results.metrics import aggregate_metrics
 from pytest_osmosis.workspace.config import validate_run_name as config_run_name
@@ -60,7 +60,7 @@ def test_the_pytest_mapping_is_one_place_and_a_run_run_again_exits_as_it_did(
 ) -> None:
     """Changing how pytest reports an outcome in ``outcome.PYTEST_OUTCOMES`` alone changes
     the items, the exit status of a run run again and what pytest-rerunfailures re-runs."""
-    from pytest_osmosis.rerun import never_rerun
+    from pytest_osmosis.plugin.rerun import never_rerun
 
     monkeypatch.setitem(outcome.PYTEST_OUTCOMES, outcome.BELOW_THRESHOLD, below_threshold_as)
     write_workspace(pytester.path, rows=MIXED_ROWS[:2])  # a pass and a reward below threshold

@@ -154,7 +154,7 @@ def test_plain_pytest_is_unchanged_and_never_imports_litellm(pytester: pytest.Py
 
         def test_no_litellm():
             assert "litellm" not in sys.modules
-            assert not any(m.startswith("pytest_osmosis.session") for m in sys.modules)
+            assert not any(m.startswith("pytest_osmosis.plugin.session") for m in sys.modules)
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

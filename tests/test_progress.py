@@ -27,7 +27,7 @@ from model_server import ModelServer
 from workspaces import MIXED_ROWS, write_workspace
 
 from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, PASSED, SKIPPED
-from pytest_osmosis.progress import (
+from pytest_osmosis.plugin.progress import (
     MAX_WIDTH,
     UPDATES_PER_SECOND,
     PinnedFile,

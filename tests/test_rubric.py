@@ -43,7 +43,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "example_workspace" / "rubric
 
 # The plugin module may already load rubric_items (pytest_plugins); then -p is a no-op.
 _WIRED = "rubric_items" in inspect.getsource(pytest_osmosis.plugin)
-PLUGIN = () if _WIRED else ("-p", "pytest_osmosis.rubric_items")
+PLUGIN = () if _WIRED else ("-p", "pytest_osmosis.plugin.rubric_items")
 
 
 def answer(score: Any, explanation: str = "because") -> str:
@@ -895,7 +895,7 @@ def test_rubric_grader_settings_are_checked_where_they_are_written() -> None:
 def test_importing_the_rubric_modules_does_not_import_litellm() -> None:
     code = (
         "import sys\n"
-        "import pytest_osmosis.rubric.command, pytest_osmosis.rubric.judge, pytest_osmosis.rubric_items\n"
+        "import pytest_osmosis.rubric.command, pytest_osmosis.rubric.judge, pytest_osmosis.plugin.rubric_items\n"
         "import pytest_osmosis.rubric.grader\n"
         "assert 'litellm' not in sys.modules, 'litellm imported'\n"
     )

@@ -92,7 +92,7 @@ def test_a_shard_keeps_its_rows_when_rows_are_added_elsewhere(
     pytester: pytest.Pytester,
 ) -> None:
     from pytest_osmosis.dataset import clear_dataset_cache
-    from pytest_osmosis.shard import Shard
+    from pytest_osmosis.dataset.shard import Shard
     from pytest_osmosis.workspace.plan import build_plan
 
     def owned(rows: list[dict[str, Any]]) -> set[str]:

@@ -1,5 +1,5 @@
 """xdist's workers kept running ahead: a shard queued behind the rows in flight, each
-queued row started once (pytest_osmosis/xdist_scheduler.py, xdist.py)."""
+queued row started once (pytest_osmosis/plugin/xdist_scheduler.py, xdist.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def test_a_worker_is_sent_its_next_shard_while_one_is_still_queued_behind_its_ro
     Sent when it held a single shard, the next came back only after the worker's in-flight
     rows had started finishing, and their free slots stayed empty until it arrived.
     """
-    from pytest_osmosis.xdist_scheduler import EvalScheduling
+    from pytest_osmosis.plugin.xdist_scheduler import EvalScheduling
 
     config = pytester.parseconfig("--tx", "2*popen", "-p", "xdist")
     sched = EvalScheduling(config, None, shard_rows=3)
@@ -63,7 +63,7 @@ class WorkerInteractor:
 def test_each_queued_row_is_handed_out_to_start_once(pytester: pytest.Pytester) -> None:
     """The running item and the next come first, then the queue; later calls (one per item
     the worker runs) return only what xdist sent since."""
-    from pytest_osmosis.xdist import newly_queued_indices
+    from pytest_osmosis.plugin.xdist import newly_queued_indices
 
     config = pytester.parseconfig()
     interactor = WorkerInteractor()

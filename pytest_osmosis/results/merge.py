@@ -197,7 +197,7 @@ def merge_shards(paths: Sequence[Path], output_root: Path, name: str | None = No
     *name* defaults to the shards' run name without ``-shard-K-of-N``. Nothing is written
     when a check refuses, and a merge that fails midway removes what it wrote.
     """
-    from pytest_osmosis.shard import unsharded_name
+    from pytest_osmosis.dataset.shard import unsharded_name
 
     if not paths:
         raise MergeError("no shard run directories given")

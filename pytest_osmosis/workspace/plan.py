@@ -20,7 +20,7 @@ from typing import Any
 from pytest_osmosis import __version__
 from pytest_osmosis.core.errors import ConfigError, DatasetError, RunDirectoryError
 from pytest_osmosis.dataset import SelectedDataset, open_dataset, resolve_dataset_path
-from pytest_osmosis.shard import Shard, row_digests, shard_keys
+from pytest_osmosis.dataset.shard import Shard, row_digests, shard_keys
 from pytest_osmosis.workspace.config import (
     MAX_ITEMS,
     EvalConfig,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
-from pytest_osmosis.collect import split_item_nodeid
 from pytest_osmosis.execution import blame
+from pytest_osmosis.plugin.collect import split_item_nodeid
 
 #: A worker is sent its next shard while it holds no more than this many shards' items:
 #: the one in flight, and one queued behind it (see ``EvalScheduling._reschedule``).

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_osmosis.session import ControllerRun, EvalSession
+    from pytest_osmosis.plugin.session import ControllerRun, EvalSession
 
 #: Annotations of one config's attempts (GitHub shows 10 errors a step); the rest are one count.
 MAX_ANNOTATIONS = 10
@@ -90,7 +90,7 @@ class GitHubHooks:
         self._resume_commands(config)  # what the job prints after pytest is obeyed again
 
     def pytest_osmosis_row_result(self, config: pytest.Config, result: dict[str, Any]) -> None:
-        from pytest_osmosis.collect import pytest_verdict
+        from pytest_osmosis.plugin.collect import pytest_verdict
 
         _, text, _ = pytest_verdict(result, result["source_row_index"], result["run_index"])
         if text:
@@ -149,9 +149,9 @@ def _surface_failed(config: pytest.Config, surface: str, exc: BaseException) -> 
 
 def not_passed(run: ControllerRun, headlines: Mapping[tuple[str, int, int], str]) -> list[Attempt]:
     """A run's attempts that did not pass, worst first: errors, then the lowest rewards."""
-    from pytest_osmosis.collect import pytest_verdict
     from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, classify
-    from pytest_osmosis.session import resumed_result
+    from pytest_osmosis.plugin.collect import pytest_verdict
+    from pytest_osmosis.plugin.session import resumed_result
 
     plan = run.plan
     threshold = plan.settings.pass_threshold

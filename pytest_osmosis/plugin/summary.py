@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pytest_osmosis.session import ControllerRun, EvalSession
+    from pytest_osmosis.plugin.session import ControllerRun, EvalSession
 
 
 def write_summary(terminal: Any, session: EvalSession) -> None:
@@ -27,7 +27,7 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
             )
         ran_before = run.pending_at_start == 0 and run.executed == 0 and run.rundir.records
         if ran_before and not run.reused:
-            from pytest_osmosis.next_steps import nothing_retried
+            from pytest_osmosis.plugin.next_steps import nothing_retried
 
             terminal.write_line(
                 nothing_retried(session, run)

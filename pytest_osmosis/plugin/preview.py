@@ -24,7 +24,7 @@ import pytest
 from pytest_osmosis.core.errors import OsmosisError
 
 if TYPE_CHECKING:
-    from pytest_osmosis.session import EvalSession
+    from pytest_osmosis.plugin.session import EvalSession
     from pytest_osmosis.workspace.plan import EvalPlan
 
 
@@ -52,8 +52,8 @@ def _shown(path: Path, base: Path) -> str:
 def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> tuple[str, int]:
     """Whether the run is new, resumes (and how much is recorded) or would be refused;
     and how many work items would run."""
-    from pytest_osmosis.controller import run_keys
     from pytest_osmosis.core.outcome import is_retried
+    from pytest_osmosis.plugin.controller import run_keys
     from pytest_osmosis.results import changed_input_keys, read_journal
     from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
 

@@ -20,7 +20,7 @@ import pytest
 def never_rerun() -> tuple[str, ...]:
     """``rerun_except`` patterns: the eval outcomes that are never run again (what an item
     raises for them, ``collect.RAISED_FOR``; an infrastructure error is re-run)."""
-    from pytest_osmosis.collect import RAISED_FOR
+    from pytest_osmosis.plugin.collect import RAISED_FOR
 
     return tuple(f"^{failure.__name__}: " for failure in RAISED_FOR.values())
 

@@ -30,7 +30,7 @@ from pytest_osmosis.core.words import safe_text
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
 
-    from pytest_osmosis.session import EvalSession
+    from pytest_osmosis.plugin.session import EvalSession
     from pytest_osmosis.workspace.plan import EvalPlan
 
 
@@ -246,8 +246,8 @@ def how_to_run_the_others(config: pytest.Config, broken: Path) -> str:
     """
     if config.option.continue_on_collection_errors:
         return ""
-    from pytest_osmosis.discover import find_eval_configs
     from pytest_osmosis.plugin import _named_paths, is_eval_config
+    from pytest_osmosis.plugin.discover import find_eval_configs
 
     session: EvalSession = config.stash[SESSION_KEY]
     named = _named_paths(config)

@@ -60,16 +60,16 @@ from pytest_osmosis.workspace.plan import (
 )
 
 if TYPE_CHECKING:
-    from pytest_osmosis.budget import Budget, Tickets
-    from pytest_osmosis.collect import EvalItem
+    from pytest_osmosis.dataset.shard import Shard
     from pytest_osmosis.gate import GateOptions, Verdict
-    from pytest_osmosis.milestones import Milestones
     from pytest_osmosis.model.bridge import Bridge
     from pytest_osmosis.model.cache import CallCache
+    from pytest_osmosis.plugin.budget import Budget, Tickets
+    from pytest_osmosis.plugin.collect import EvalItem
+    from pytest_osmosis.plugin.milestones import Milestones
     from pytest_osmosis.results import RunDirectory, RunLog
     from pytest_osmosis.results.reuse import ReuseSource
     from pytest_osmosis.results.source_run import SourceRun
-    from pytest_osmosis.shard import Shard
 
 
 @dataclass
@@ -238,7 +238,7 @@ class EvalSession:
         self._run_names.update(workerinput.get("osmosis_runs", {}))
         self._worker_prefetch = bool(workerinput.get("osmosis_prefetch", False))
         if workerinput.get("osmosis_budget_dir"):
-            from pytest_osmosis.budget import Tickets
+            from pytest_osmosis.plugin.budget import Tickets
 
             self.tickets = Tickets(
                 Path(workerinput["osmosis_budget_dir"]), str(workerinput["workerid"])
@@ -638,7 +638,7 @@ class EvalSession:
         and no more than the open-files limit leaves room for (said once, in one line)."""
         wanted = self.total_concurrency()
         if self.is_worker:
-            from pytest_osmosis.xdist import per_worker
+            from pytest_osmosis.plugin.xdist import per_worker
 
             workerinput: dict[str, Any] = self.config.workerinput  # type: ignore[attr-defined]
             wanted = per_worker(wanted, int(workerinput.get("workercount", 1)))
@@ -698,7 +698,7 @@ class EvalSession:
                 self._prefetch(item.session.items)
         if self.is_worker and self._worker_prefetch:
             # xdist sends this worker whole shards; start what was queued for it since.
-            from pytest_osmosis.xdist import newly_queued_indices
+            from pytest_osmosis.plugin.xdist import newly_queued_indices
 
             items = item.session.items
             self._prefetch([items[i] for i in newly_queued_indices(self.config) if i < len(items)])
@@ -729,7 +729,7 @@ class EvalSession:
             return None if self.may_report(item) else self.stop_line
         if (self.budget is None and self.tickets is None) or self.carried_forward(item):
             return None
-        from pytest_osmosis.budget import wait_between_looks
+        from pytest_osmosis.plugin.budget import wait_between_looks
 
         factory = lambda: self._execute(item)  # noqa: E731
         while not self.executor.start(item.nodeid, factory):
@@ -815,7 +815,7 @@ class EvalSession:
 
     def item_key(self, nodeid: str) -> tuple[Path, tuple[int, int]] | None:
         """Controller: the run and (row_index, run_index) an eval item's node id names."""
-        from pytest_osmosis.collect import split_item_nodeid
+        from pytest_osmosis.plugin.collect import split_item_nodeid
 
         parts = split_item_nodeid(nodeid)
         if parts is None:
@@ -916,7 +916,7 @@ class EvalSession:
         )
 
     def _prefetch(self, items: list[pytest.Item]) -> None:
-        from pytest_osmosis.collect import EvalItem
+        from pytest_osmosis.plugin.collect import EvalItem
 
         for other in items:
             if isinstance(other, EvalItem) and self.carried_forward(other) is None:
@@ -1217,7 +1217,7 @@ _DEFAULT_CAPACITY = 4  # a LocalBackend without a workflow_config advertises 4 o
 
 def _row_words(nodeid: str) -> str:
     """``row <source row> run <n>``: how a line names an eval item (else its node id)."""
-    from pytest_osmosis.collect import split_item_nodeid
+    from pytest_osmosis.plugin.collect import split_item_nodeid
 
     parts = split_item_nodeid(nodeid)
     return nodeid if parts is None else f"row {parts[1]} run {parts[2]}"

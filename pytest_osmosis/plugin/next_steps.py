@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_osmosis.session import ControllerRun, EvalSession
+    from pytest_osmosis.plugin.session import ControllerRun, EvalSession
 
 #: Flags that change what a run does once: never part of the command that resumes it.
 _ONCE = ("--osmosis-fresh", "--osmosis-retry-failed", "--osmosis-retry-below-threshold")

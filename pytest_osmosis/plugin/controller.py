@@ -23,8 +23,8 @@ import pytest
 from pytest_osmosis.results.row_metrics import cost_of
 
 if TYPE_CHECKING:
-    from pytest_osmosis.progress import Progress
-    from pytest_osmosis.session import ControllerRun, EvalSession
+    from pytest_osmosis.plugin.progress import Progress
+    from pytest_osmosis.plugin.session import ControllerRun, EvalSession
 
 #: (node id, config path, row_index, run_index) of a recorded item a finished run deselected.
 RecordedEntry = tuple[str, str, int, int]
@@ -62,8 +62,8 @@ class Controller:
         if problem is not None:
             raise pytest.UsageError(problem)
         options = self.session.options
-        from pytest_osmosis.discover import find_eval_configs
         from pytest_osmosis.plugin import start_up_milestones
+        from pytest_osmosis.plugin.discover import find_eval_configs
 
         milestones = self.session.milestones or start_up_milestones(session.config)
         self.session.milestones = milestones
@@ -79,7 +79,7 @@ class Controller:
 
                 configs = choose_regrade(self.session, session.config, configs)
             if options.plan or session.config.option.collectonly:
-                from pytest_osmosis.preview import show_plan
+                from pytest_osmosis.plugin.preview import show_plan
 
                 line = show_plan(self.session, session.config, configs)
                 if line is not None:  # --osmosis-plan: the plan alone
@@ -90,7 +90,7 @@ class Controller:
             raise pytest.UsageError(str(exc)) from None
         self._stop_xdist_on_plan_errors(session)
         if options.confirm:
-            from pytest_osmosis.preview import confirm
+            from pytest_osmosis.plugin.preview import confirm
 
             line = confirm(self.session, session.config)
             if line is not None:  # declined: as an interrupt before any row
@@ -104,7 +104,7 @@ class Controller:
         self._check_gate(models)
         gate = self.session.options.gate
         if gate.budgeted and self.session.budget is None and not xdist_controller(session):
-            from pytest_osmosis.budget import Budget, budget_values
+            from pytest_osmosis.plugin.budget import Budget, budget_values
 
             self.session.budget = Budget(*budget_values(gate.values))
         if not models:
@@ -132,7 +132,7 @@ class Controller:
 
     def _announce(self, config: pytest.Config) -> None:
         """What is about to run, before the first row (next_steps.py)."""
-        from pytest_osmosis.next_steps import start_lines
+        from pytest_osmosis.plugin.next_steps import start_lines
 
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:  # -p no:terminal
@@ -151,7 +151,7 @@ class Controller:
             return
         if not config.pluginmanager.has_plugin("dsession"):
             return
-        from pytest_osmosis.collect import how_to_run_the_others, with_hint
+        from pytest_osmosis.plugin.collect import how_to_run_the_others, with_hint
 
         path, exc = errors[0]
         count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
@@ -218,7 +218,7 @@ class Controller:
 
     def record(self, report: pytest.TestReport) -> None:
         """Journal the result a report carries, before anything reports it."""
-        from pytest_osmosis.rerun import is_rerun
+        from pytest_osmosis.plugin.rerun import is_rerun
         from pytest_osmosis.results.atomic import interrupt_held
 
         if is_rerun(report):  # pytest-rerunfailures runs it again: the last attempt counts
@@ -329,7 +329,7 @@ class Controller:
         """Progress on the results table's basis: what earlier sessions recorded counts."""
         if self.progress is None:
             from pytest_osmosis.core.outcome import OUTCOMES, classify
-            from pytest_osmosis.progress import Progress, mode_for
+            from pytest_osmosis.plugin.progress import Progress, mode_for
 
             config = self.session.config
             reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -482,8 +482,8 @@ class Controller:
         return doc
 
     def summary(self, terminalreporter: Any, exitstatus: int = 0) -> None:
-        from pytest_osmosis.next_steps import write_next_steps
-        from pytest_osmosis.summary import write_summary
+        from pytest_osmosis.plugin.next_steps import write_next_steps
+        from pytest_osmosis.plugin.summary import write_summary
 
         if self.stopped is not None:
             terminalreporter.write_line(self.stopped[0])
@@ -505,8 +505,8 @@ class Controller:
         xml = config.stash.get(xml_key, None)
         if xml is None:
             return
-        from pytest_osmosis.collect import recorded_reports
-        from pytest_osmosis.session import resumed_result
+        from pytest_osmosis.plugin.collect import recorded_reports
+        from pytest_osmosis.plugin.session import resumed_result
 
         for run in self.session.runs.values():
             for nodeid, key in run.recorded_items:
@@ -600,7 +600,7 @@ class Controller:
         mode = self.session.options.upload
         if mode is None:
             return
-        from pytest_osmosis.upload import upload_run
+        from pytest_osmosis.plugin.upload import upload_run
 
         status = session.exitstatus
         for run in self.session.runs.values():
@@ -620,7 +620,7 @@ class Controller:
 def progress_option(config: pytest.Config) -> str:
     """``--osmosis-progress`` (or its ini twin), checked: a bad value is one line, exit 4."""
     from pytest_osmosis.plugin import PROGRESS_OPTION, option_value
-    from pytest_osmosis.progress import parse_mode
+    from pytest_osmosis.plugin.progress import parse_mode
 
     given = option_value(config, PROGRESS_OPTION)
     if given is None:

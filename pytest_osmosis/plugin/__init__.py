@@ -20,9 +20,9 @@ from pytest_osmosis.dataset.formats import suffixes as dataset_suffixes
 from pytest_osmosis.gate import RULES, GateOptionError, GateOptions, gate_options
 
 if TYPE_CHECKING:
-    from pytest_osmosis.controller import Controller, RecordedEntry
-    from pytest_osmosis.milestones import Milestones
-    from pytest_osmosis.session import EvalSession
+    from pytest_osmosis.plugin.controller import Controller, RecordedEntry
+    from pytest_osmosis.plugin.milestones import Milestones
+    from pytest_osmosis.plugin.session import EvalSession
 
 
 @dataclass(frozen=True)
@@ -607,7 +607,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "osmosis(config, rollout, model, dataset): set on every Osmosis eval item"
     )
     if _value(config, RUBRIC_OPTIONS[0]):
-        config.pluginmanager.import_plugin("pytest_osmosis.rubric_items")
+        config.pluginmanager.import_plugin("pytest_osmosis.plugin.rubric_items")
     if not _enabled(config):
         return
     # Third-party noise an eval run should not make: LiteLLM's pydantic warnings, and
@@ -627,7 +627,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def start_up_milestones(config: pytest.Config) -> Milestones:
     """The controller's start-up milestones, on pytest's terminal (milestones.py)."""
-    from pytest_osmosis.milestones import Milestones
+    from pytest_osmosis.plugin.milestones import Milestones
 
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     return Milestones(reporter, quiet=config.get_verbosity() < 0)
@@ -635,7 +635,7 @@ def start_up_milestones(config: pytest.Config) -> Milestones:
 
 def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestones | None) -> None:
     """The eval session of this process, its options checked, its roles registered."""
-    from pytest_osmosis.session import EvalSession, SessionOptions
+    from pytest_osmosis.plugin.session import EvalSession, SessionOptions
 
     values = {opt.dest: _value(config, opt) for opt in OPTIONS}
     _check_values(values)
@@ -688,7 +688,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         collect_all=bool(values["eval"]) or (bool(options.regrade) and not named_configs),
     )
     session.milestones = milestones
-    from pytest_osmosis.collect import SESSION_KEY
+    from pytest_osmosis.plugin.collect import SESSION_KEY
 
     config.stash[SESSION_KEY] = session
     from pytest_osmosis.redaction import install_redaction
@@ -706,17 +706,17 @@ def register_ci(
     GitHub Actions on the controller when ``GITHUB_ACTIONS=true``; pytest-html's reward
     column and pytest-rerunfailures' exceptions when those plugins are installed.
     """
-    from pytest_osmosis.github import GitHubHooks, active, github_mode
+    from pytest_osmosis.plugin.github import GitHubHooks, active, github_mode
 
     mode = github_mode(*(github or (None, "--osmosis-github")))
     if not session.is_worker and active(mode):
         config.pluginmanager.register(GitHubHooks(session), "osmosis-github")
     if config.pluginmanager.hasplugin("html"):
-        from pytest_osmosis.html_columns import HtmlHooks
+        from pytest_osmosis.plugin.html_columns import HtmlHooks
 
         config.pluginmanager.register(HtmlHooks(), "osmosis-html")
     if config.pluginmanager.hasplugin("rerunfailures"):
-        from pytest_osmosis.rerun import add_rerun_except
+        from pytest_osmosis.plugin.rerun import add_rerun_except
 
         add_rerun_except(config)
 
@@ -738,7 +738,7 @@ def register_roles(config: pytest.Config, session: EvalSession) -> None:
         keep = partial(WorkerHooks.send_recorded, config)
         config.pluginmanager.register(WorkerHooks(session), "osmosis-worker")
     else:
-        from pytest_osmosis.controller import Controller
+        from pytest_osmosis.plugin.controller import Controller
 
         controller = Controller(session)
         keep = controller.keep_recorded
@@ -784,7 +784,7 @@ def _shard(given: tuple[Any, str] | None) -> Any:
     if given is None:
         return None
     from pytest_osmosis.core.errors import ConfigError
-    from pytest_osmosis.shard import parse_shard
+    from pytest_osmosis.dataset.shard import parse_shard
 
     try:
         return parse_shard(str(given[0]), given[1])
@@ -796,7 +796,7 @@ def _upload_mode(given: tuple[Any, str] | None) -> str | None:
     """``--osmosis-upload on-pass|always`` (or its ini twin): a bad value is one line."""
     if given is None:
         return None
-    from pytest_osmosis.upload import parse_mode
+    from pytest_osmosis.plugin.upload import parse_mode
 
     try:
         return parse_mode(str(given[0]), given[1])
@@ -811,7 +811,7 @@ def _is_override(dest: str) -> bool:
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if not is_eval_config(file_path):
         return None
-    from pytest_osmosis.collect import SESSION_KEY, EvalConfigFile
+    from pytest_osmosis.plugin.collect import SESSION_KEY, EvalConfigFile
 
     session = parent.config.stash.get(SESSION_KEY, None)
     if session is None:
@@ -841,8 +841,8 @@ class EvalHooks:
         The item's marker (collect.py) gives the seconds; what fires is our exception,
         which run_item tells from any other failure without reading pytest-timeout's text.
         """
-        from pytest_osmosis.collect import EvalItem
         from pytest_osmosis.execution.executor import arm_backstop
+        from pytest_osmosis.plugin.collect import EvalItem
 
         seconds = getattr(settings, "timeout", None)
         if not isinstance(item, EvalItem) or not seconds:
@@ -869,7 +869,7 @@ class EvalHooks:
 
         It is not run and not reported: it stays pending, as every row after it does.
         """
-        from pytest_osmosis.collect import EvalItem
+        from pytest_osmosis.plugin.collect import EvalItem
 
         if not isinstance(item, EvalItem):
             return None
@@ -908,7 +908,7 @@ class EvalHooks:
         the recorded results (pytest_sessionfinish). A run with anything pending keeps
         replaying its recorded items, so its report shows every row.
         """
-        from pytest_osmosis.collect import EvalItem
+        from pytest_osmosis.plugin.collect import EvalItem
 
         by_config: dict[Path, list[EvalItem]] = {}
         for item in items:
@@ -955,7 +955,7 @@ class EvalHooks:
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         """Runner process: put the item's result on its report (builtins only: it crosses xdist)."""
         report = yield
-        from pytest_osmosis.collect import EvalItem, describe_report
+        from pytest_osmosis.plugin.collect import EvalItem, describe_report
 
         if isinstance(item, EvalItem):
             describe_report(item, call, report)
@@ -996,7 +996,7 @@ class ControllerHooks:
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
     ) -> Generator[None, tuple[str, Any, Any], tuple[str, Any, Any]]:
-        from pytest_osmosis.collect import crashed_status
+        from pytest_osmosis.plugin.collect import crashed_status
 
         status = yield
         status = crashed_status(report) or status  # a crashed worker's row is an error
@@ -1032,7 +1032,7 @@ class WorkerHooks:
         workerinput: dict[str, Any] = session.config.workerinput  # type: ignore[attr-defined]
         self.session.set_worker_input(workerinput)
         if workerinput.get("osmosis_controller_pid"):
-            from pytest_osmosis.xdist import watch_controller
+            from pytest_osmosis.plugin.xdist import watch_controller
 
             watch_controller(session.config, int(workerinput["osmosis_controller_pid"]))
 
@@ -1056,8 +1056,8 @@ class XdistControllerHooks:
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        from pytest_osmosis.xdist import dist_was_chosen, per_worker
-        from pytest_osmosis.xdist_scheduler import EvalScheduling
+        from pytest_osmosis.plugin.xdist import dist_was_chosen, per_worker
+        from pytest_osmosis.plugin.xdist_scheduler import EvalScheduling
 
         if dist_was_chosen(config) or not self.session.runs or self._internals_problem():
             return None
@@ -1082,7 +1082,7 @@ class XdistControllerHooks:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
-        from pytest_osmosis.xdist import dist_was_chosen
+        from pytest_osmosis.plugin.xdist import dist_was_chosen
 
         node.workerinput["osmosis_runs"] = {
             str(path): run.plan.run_name for path, run in self.session.runs.items()
@@ -1099,7 +1099,7 @@ class XdistControllerHooks:
             if self.session.budget is None or self.session.budget.shared is None:
                 import tempfile
 
-                from pytest_osmosis.budget import Budget, budget_values
+                from pytest_osmosis.plugin.budget import Budget, budget_values
 
                 directory = Path(tempfile.mkdtemp(prefix="osmosis-budget-"))
                 values = budget_values(self.session.options.gate.values)
@@ -1117,7 +1117,7 @@ class XdistControllerHooks:
 
     def _internals_problem(self) -> str | None:
         """xdist's private API our scheduler needs, when it changed (warned once)."""
-        from pytest_osmosis.xdist_scheduler import internals_problem, warn_once
+        from pytest_osmosis.plugin.xdist_scheduler import internals_problem, warn_once
 
         problem = internals_problem(self.session.config)
         if problem is not None:

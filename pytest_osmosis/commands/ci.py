@@ -79,8 +79,8 @@ def add_upload_parser(subparsers: Any) -> None:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
+    from pytest_osmosis.plugin.upload import upload_run
     from pytest_osmosis.results.runs import resolve_run
-    from pytest_osmosis.upload import upload_run
 
     root = Path(args.output).expanduser().resolve() if args.output else None
     result = upload_run(resolve_run(args.run, root), Path.cwd())
@@ -152,7 +152,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     verdict = judge_runs(options, [(name, metrics, records, threshold, run_dir)])
     word = "PASSED" if verdict.passed else "FAILED"
     sys.stdout.write(f"osmosis gate {word}\n" + "".join(f"{r}\n" for r in verdict.reasons))
-    from pytest_osmosis.github import active
+    from pytest_osmosis.plugin.github import active
 
     if active(str(args.github).strip().lower()):
         _github(run, run_dir, metrics, records, threshold, verdict.as_dict())
@@ -168,8 +168,8 @@ def _github(
     verdict: dict[str, Any],
 ) -> None:
     """The step summary and annotations a session writes, from the run directory alone."""
-    from pytest_osmosis.github import annotation_lines, gate_section, not_passed, run_section
-    from pytest_osmosis.session import ControllerRun
+    from pytest_osmosis.plugin.github import annotation_lines, gate_section, not_passed, run_section
+    from pytest_osmosis.plugin.session import ControllerRun
 
     recorded = cast(ControllerRun, _recorded_run(run, run_dir, metrics, records, threshold))
     text = run_section(recorded, {}) + gate_section(verdict)
