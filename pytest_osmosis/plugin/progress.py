@@ -508,7 +508,7 @@ class StatusLine:
         cls, reporter: Any, snapshot: Callable[[float], Snapshot], *, clock: Clock
     ) -> StatusLine | None:
         """Put a PinnedFile under pytest's terminal writer; None when that cannot be done."""
-        from pytest_osmosis.redaction import RedactingStream
+        from pytest_osmosis.plugin.redaction import RedactingStream
 
         writer = getattr(reporter, "_tw", None)
         owner, attr = writer, "_file"
