@@ -407,34 +407,54 @@ def duration_s(metrics: dict[str, Any]) -> float | None:
 
 
 @contextlib.contextmanager
-def model_server(delay: float) -> Iterator[dict[str, str]]:
+def model_server(delay: float, *, tls: bool = False) -> Iterator[dict[str, str]]:
     """Start ``tests/model_server.py`` as its own process; yields the env that points at it.
 
     It is a separate process so its CPU never lands in a measured run's RUSAGE_CHILDREN
-    delta (it is only reaped after every measurement).
+    delta (it is only reaped after every measurement). ``tls`` serves https with a
+    certificate made here for 127.0.0.1 (openssl, self-signed): a provider's honest
+    stand-in (a TLS handshake, encrypted bytes), which clients trust through
+    ``SSL_CERT_FILE`` (httpx and LiteLLM read it), verification left on.
     """
-    proc = subprocess.Popen(
-        [PYTHON, str(MODEL_SERVER), "--port", "0", "--delay", str(delay)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http://"):
-            raise SystemExit(f"model server did not start (said {url!r})")
-        yield {
-            "OPENAI_API_BASE": url,
-            "OPENAI_BASE_URL": url,
-            "OPENAI_API_KEY": "sk-bench-model-server",
-        }
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryDirectory(prefix="bench-tls-") as name:
+        argv = [PYTHON, str(MODEL_SERVER), "--port", "0", "--delay", str(delay)]
+        trust: dict[str, str] = {}
+        if tls:
+            cert, key = self_signed_certificate(Path(name))
+            argv += ["--tls", str(cert), str(key)]
+            trust = {"SSL_CERT_FILE": str(cert)}
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            assert proc.stdout is not None
+            url = proc.stdout.readline().strip()
+            if not url.startswith("https://" if tls else "http://"):
+                raise SystemExit(f"model server did not start (said {url!r})")
+            yield {
+                "OPENAI_API_BASE": url,
+                "OPENAI_BASE_URL": url,
+                "OPENAI_API_KEY": "sk-bench-model-server",
+                **trust,
+            }
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def self_signed_certificate(where: Path) -> tuple[Path, Path]:
+    """A certificate and key for 127.0.0.1, made now (no key is kept in the repository)."""
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
 
 
 @contextlib.contextmanager

@@ -9,8 +9,8 @@ the line that shows it:
   completed row (``_common.sdk_cmd``: ``LocalEvalRunner``, the engine of
   ``osmosis eval run``, driven offline in process);
 - **failing model**: a dead endpoint, a missing key, an unknown model id (the loopback
-  server answers 404): ours, to the ``ERROR:`` line; the SDK's, to its exit (in the
-  first run only: it takes 7-25 s to give up).
+  server answers 404), an unknown provider (``nosuchprovider/x``): ours, to the ``ERROR:``
+  line; the SDK's, to its exit (in the first run only: it takes 7-25 s to give up).
 
 A 5-row smoke test, one call a row to the loopback model (50 ms), rows written for
 ``osmosis_ai`` (both sides run the same files). With the embedded model installed, the
@@ -173,6 +173,11 @@ def workspace(root: Path, model: str) -> Path:
     return root
 
 
+FAILING = ("dead endpoint", "missing key", "unknown model id", "unknown provider")
+"""The failing models: the last is ``nosuchprovider/x`` (its own workspace), decided from
+LiteLLM's files without importing it (model/providers.py)."""
+
+
 def dead_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -185,6 +190,8 @@ def failing_env(case: str, good: dict[str, str], not_found: dict[str, str]) -> d
         return {**good, "OPENAI_BASE_URL": url, "OPENAI_API_BASE": url}
     if case == "missing key":
         return {**good, "OPENAI_API_KEY": ""}
+    if case == "unknown provider":
+        return good
     return not_found
 
 
@@ -219,6 +226,7 @@ def measure(runs: int, with_sdk: bool) -> tuple[dict[str, list[float]], list[str
     with c.tempdir("bench-first-") as tmp, c.model_server(0.05) as good:
         with _server_with(not_found_config.name) as not_found:
             root = workspace(tmp / "ws", "openai/bench")
+            unknown = workspace(tmp / "ws-unknown", "nosuchprovider/x")
             plain = c.plain_suite(tmp / "plain", 1)
             for i in range(runs):
                 # The floor: plain pytest's own first line (its header), this machine, now.
@@ -240,9 +248,10 @@ def measure(runs: int, with_sdk: bool) -> tuple[dict[str, list[float]], list[str
                     note("sdk first line", seen.first())
                     note("sdk first result", seen.first(r"^FIRST RESULT"))
                     note("sdk wall", seen.wall)
-                for case in ("dead endpoint", "missing key", "unknown model id"):
+                for case in FAILING:
                     env = failing_env(case, good, not_found)
-                    failed = ours(root, env, f"ours, {case}")
+                    where = unknown if case == "unknown provider" else root
+                    failed = ours(where, env, f"ours, {case}")
                     error = [line for _, line in failed.lines if line.startswith("ERROR:")]
                     if failed.rc != 4 or len(error) != 1:
                         raise SystemExit(f"ours, {case}: expected one ERROR line:\n{failed.text()}")
@@ -250,7 +259,7 @@ def measure(runs: int, with_sdk: bool) -> tuple[dict[str, list[float]], list[str
                     if i == 0:
                         notes.append(f"ours, {case}: {error[0][:160]}")
                     if sdk and i == 0:  # once: the SDK takes 7-25 s to give up
-                        note(f"sdk {case}", theirs(root, env, f"sdk, {case}").wall)
+                        note(f"sdk {case}", theirs(where, env, f"sdk, {case}").wall)
             readme = embedded_readme(tmp)
             if readme is not None:
                 note("README pytest -v wall", readme.wall)
@@ -356,7 +365,7 @@ def checks(numbers: dict[str, list[float]], notes: list[str]) -> list[c.Check]:
                 sdk=against(ours_first, "sdk first result", "first result"),
             )
         )
-    for case in ("dead endpoint", "missing key", "unknown model id"):
+    for case in FAILING:
         value = median(f"ours {case}")
         if value is None:
             continue

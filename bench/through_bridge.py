@@ -4,7 +4,10 @@ The same 1,000 items, each making one real model call through the plugin's loopb
 bridge (``httpx`` POST to ``get_rollout_context().chat_completions_url``) to the loopback
 model server answering after 200 ms, against ``litellm.acompletion`` called directly
 at the same concurrency (64) in a separate process. Target: CPU per call <= 1.3 x
-LiteLLM's.
+LiteLLM's, on both routes a call takes: ``direct`` (the server over plain HTTP: an
+OpenAI-compatible endpoint, called without LiteLLM) and ``litellm`` (the same server over
+https with a certificate made for the run: the stand-in for a real provider, which rows
+reach through LiteLLM).
 
 CPU is ``getrusage(RUSAGE_CHILDREN)`` user+sys around each subprocess; the model server
 is its own long-lived process and is never in a delta. Fixed costs (interpreter, LiteLLM
@@ -121,11 +124,30 @@ asyncio.run(main())
 """
 
 
+ROUTES = ("direct", "litellm")
+"""The two routes a row's call takes: ``direct`` to an OpenAI-compatible endpoint over plain
+HTTP (model/direct.py, no LiteLLM), ``litellm`` to an https provider (every real one): the
+model server serves https with a self-signed certificate made for the run, trusted through
+``SSL_CERT_FILE`` (`_common.model_server`). Each is compared with bare
+``litellm.acompletion`` against the same server."""
+
+
 def measure(
-    items: int, small: int, batch: int, repeat: int, client_kind: str, sdk_items: int
+    items: int,
+    small: int,
+    batch: int,
+    repeat: int,
+    client_kind: str,
+    sdk_items: int,
+    routes: tuple[str, ...] = ROUTES,
 ) -> dict[str, dict[int, list[c.Run]]]:
-    runs: dict[str, dict[int, list[c.Run]]] = {"plugin": {}, "litellm": {}, "httpx": {}}
-    with c.tempdir("bench-bridge-") as tmp, c.model_server(0.2) as env:
+    runs: dict[str, dict[int, list[c.Run]]] = {"httpx": {}}
+    with (
+        c.tempdir("bench-bridge-") as tmp,
+        c.model_server(0.2) as plain,
+        c.model_server(0.2, tls=True) as tls,
+    ):
+        servers = {"direct": plain, "litellm": tls}
         ws_by_n = {n: c.eval_workspace(tmp / f"ws{n}", n, batch_size=batch) for n in (items, small)}
         script = tmp / "direct.py"
         script.write_text(DIRECT)
@@ -133,26 +155,30 @@ def measure(
         client.write_text(HTTPX)
         for i in range(repeat):
             for n in (items, small):
-                out = tmp / f"out-{n}-{i}"
-                r = c.run(
-                    f"plugin via bridge, {n} calls #{i + 1}",
-                    c.osmosis_cmd(output=out),
-                    cwd=ws_by_n[n],
-                    env={**env, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
-                ).check(f"{n} passed")
-                runs["plugin"].setdefault(n, []).append(r)
-                d = c.run(
-                    f"litellm.acompletion direct, {n} calls #{i + 1}",
-                    [c.PYTHON, str(script), str(n), str(batch)],
-                    cwd=tmp,
-                    env=env,
-                ).check('"calls"')
-                runs["litellm"].setdefault(n, []).append(d)
+                for route in routes:
+                    env = servers[route]
+                    out = tmp / f"out-{route}-{n}-{i}"
+                    r = c.run(
+                        f"plugin, {route} route, {n} calls #{i + 1}",
+                        c.osmosis_cmd(output=out),
+                        cwd=ws_by_n[n],
+                        env={**env, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
+                    ).check(f"{n} passed")
+                    runs.setdefault(f"plugin {route}", {}).setdefault(n, []).append(r)
+                    d = c.run(
+                        f"litellm.acompletion alone, {env['OPENAI_BASE_URL'][:5]}, {n} calls "
+                        f"#{i + 1}",
+                        [c.PYTHON, str(script), str(n), str(batch)],
+                        cwd=tmp,
+                        env=env,
+                    ).check('"calls"')
+                    runs.setdefault(f"litellm {route}", {}).setdefault(n, []).append(d)
+                # The rollout's client talks to the bridge over plain HTTP on either route.
                 h = c.run(
                     f"{client_kind} client alone, {n} calls #{i + 1}",
                     [c.PYTHON, str(client), str(n), str(batch), client_kind],
                     cwd=tmp,
-                    env=env,
+                    env=plain,
                 ).check('"calls"')
                 runs["httpx"].setdefault(n, []).append(h)
         if sdk_items:
@@ -167,7 +193,7 @@ def measure(
                         ws_by_n[n],
                         output=tmp / f"sdk-{n}",
                         batch_size=batch,
-                        env={**env, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
+                        env={**plain, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
                         rows=n,
                     )
                 ]
@@ -198,55 +224,64 @@ def checks(
             "wall": wall_big,
             "cpu": cpu_big,
         }
-    phases = [_phase(r) for r in runs["litellm"][items]]
-    phase_cpu_ms = min(p["phase_cpu"] for p in phases) / items * 1000
-    phase_rate = max(items / p["phase_s"] for p in phases)
-    ours, theirs, client = per["plugin"], per["litellm"], per["httpx"]
+    client = per["httpx"]
     client_phase = min(_phase(r)["phase_cpu"] for r in runs["httpx"][items]) / items * 1000
-    rest = ours["marginal_cpu_ms"] - theirs["marginal_cpu_ms"] - client["marginal_cpu_ms"]
     ideal_rate = 64 / 0.2
-    sdk = c.no_sdk("ours-only") if client_kind == "bridge_client" else c.sdk_absent()
-    if "sdk" in per:
-        theirs_sdk = per["sdk"]
-        sdk = c.versus_sdk(
-            f"{theirs_sdk['marginal_cpu_ms']:.2f} ms CPU/call marginal = "
-            f"{theirs_sdk['marginal_cpu_ms'] / theirs['marginal_cpu_ms']:.2f} x litellm; "
-            f"{theirs_sdk['marginal_rate']:.0f} calls/s marginal, wall "
-            f"{theirs_sdk['wall']:.2f} s for {theirs_sdk['n']:.0f} ({theirs_sdk['n']:.0f} vs "
-            f"{small} calls)",
-            ours["marginal_cpu_ms"],
-            theirs_sdk["marginal_cpu_ms"],
-            "CPU/call",
+    found = []
+    for route in ROUTES:
+        if f"plugin {route}" not in per:
+            continue
+        ours, theirs = per[f"plugin {route}"], per[f"litellm {route}"]
+        phases = [_phase(r) for r in runs[f"litellm {route}"][items]]
+        phase_cpu_ms = min(p["phase_cpu"] for p in phases) / items * 1000
+        phase_rate = max(items / p["phase_s"] for p in phases)
+        rest = ours["marginal_cpu_ms"] - theirs["marginal_cpu_ms"] - client["marginal_cpu_ms"]
+        sdk = c.no_sdk("ours-only") if client_kind == "bridge_client" else c.sdk_absent()
+        if "sdk" in per and route == "direct":
+            theirs_sdk = per["sdk"]
+            sdk = c.versus_sdk(
+                f"{theirs_sdk['marginal_cpu_ms']:.2f} ms CPU/call marginal = "
+                f"{theirs_sdk['marginal_cpu_ms'] / theirs['marginal_cpu_ms']:.2f} x litellm; "
+                f"{theirs_sdk['marginal_rate']:.0f} calls/s marginal, wall "
+                f"{theirs_sdk['wall']:.2f} s for {theirs_sdk['n']:.0f} ({theirs_sdk['n']:.0f} vs "
+                f"{small} calls)",
+                ours["marginal_cpu_ms"],
+                theirs_sdk["marginal_cpu_ms"],
+                "CPU/call",
+            )
+        where = "plain HTTP, no LiteLLM" if route == "direct" else "https, through LiteLLM"
+        found.append(
+            c.Check(
+                f"bridge: CPU per call, {route} route ({client_kind} client in the rollout)",
+                f"plugin {ours['marginal_cpu_ms']:.2f} ms vs litellm.acompletion "
+                f"{theirs['marginal_cpu_ms']:.2f} ms (marginal, {items} vs {small} calls, "
+                f"{where})",
+                "plugin CPU per call <= 1.3 x litellm direct",
+                ours["marginal_cpu_ms"] / theirs["marginal_cpu_ms"],
+                1.3,
+                notes=[
+                    f"total CPU / calls (incl. start-up): plugin {ours['total_cpu_ms']:.2f} ms "
+                    f"({ours['cpu']:.2f} s), litellm {theirs['total_cpu_ms']:.2f} ms "
+                    f"({theirs['cpu']:.2f} s) -> ratio "
+                    f"{ours['total_cpu_ms'] / theirs['total_cpu_ms']:.3f}",
+                    f"litellm call phase measured in-process: {phase_cpu_ms:.2f} ms CPU per call",
+                    f"the rollout's {client_kind} client alone (to the model server over plain "
+                    f"HTTP): {client['marginal_cpu_ms']:.2f} ms marginal, {client_phase:.2f} ms "
+                    "in-process",
+                    f"so plugin = litellm {theirs['marginal_cpu_ms']:.2f} + {client_kind} client "
+                    f"{client['marginal_cpu_ms']:.2f} + bridge server and harness {rest:.2f} ms",
+                    f"calls/s marginal: plugin {ours['marginal_rate']:.0f}, litellm "
+                    f"{theirs['marginal_rate']:.0f} (ideal 64 / 0.2 s = {ideal_rate:.0f}); "
+                    f"litellm call phase in-process {phase_rate:.0f}/s",
+                    f"calls/s overall (N / wall incl. start-up): plugin "
+                    f"{ours['overall_rate']:.0f} (wall {ours['wall']:.2f} s), litellm "
+                    f"{theirs['overall_rate']:.0f} (wall {theirs['wall']:.2f} s)",
+                    "min over repeats of each (size, side) before taking differences",
+                ],
+                sdk=sdk,
+            )
         )
-    return [
-        c.Check(
-            f"bridge: CPU per call ({client_kind} client in the rollout)",
-            f"plugin {ours['marginal_cpu_ms']:.2f} ms vs litellm.acompletion "
-            f"{theirs['marginal_cpu_ms']:.2f} ms (marginal, {items} vs {small} calls)",
-            "plugin CPU per call <= 1.3 x litellm direct",
-            ours["marginal_cpu_ms"] / theirs["marginal_cpu_ms"],
-            1.3,
-            notes=[
-                f"total CPU / calls (incl. start-up): plugin {ours['total_cpu_ms']:.2f} ms "
-                f"({ours['cpu']:.2f} s), litellm {theirs['total_cpu_ms']:.2f} ms "
-                f"({theirs['cpu']:.2f} s) -> ratio "
-                f"{ours['total_cpu_ms'] / theirs['total_cpu_ms']:.3f}",
-                f"litellm call phase measured in-process: {phase_cpu_ms:.2f} ms CPU per call",
-                f"the rollout's {client_kind} client alone (to the model server): "
-                f"{client['marginal_cpu_ms']:.2f} ms marginal, {client_phase:.2f} ms in-process",
-                f"so plugin = litellm {theirs['marginal_cpu_ms']:.2f} + {client_kind} client "
-                f"{client['marginal_cpu_ms']:.2f} + bridge server and harness {rest:.2f} ms",
-                f"calls/s marginal: plugin {ours['marginal_rate']:.0f}, litellm "
-                f"{theirs['marginal_rate']:.0f} (ideal 64 / 0.2 s = {ideal_rate:.0f}); "
-                f"litellm call phase in-process {phase_rate:.0f}/s",
-                f"calls/s overall (N / wall incl. start-up): plugin {ours['overall_rate']:.0f} "
-                f"(wall {ours['wall']:.2f} s), litellm {theirs['overall_rate']:.0f} "
-                f"(wall {theirs['wall']:.2f} s)",
-                "min over repeats of each (size, side) before taking differences",
-            ],
-            sdk=sdk,
-        )
-    ]
+    return found
 
 
 def main() -> None:
@@ -263,6 +298,9 @@ def main() -> None:
         "a new httpx client per call, or the plugin's bridge_client; alone, bridge_client "
         "is measured as one shared httpx client)",
     )
+    parser.add_argument(
+        "--route", choices=(*ROUTES, "both"), default="both", help="which route(s) to measure"
+    )
     parser.add_argument("--sdk-items", type=int, default=500, help="the SDK side's N")
     parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
@@ -272,7 +310,8 @@ def main() -> None:
     if sdk and args.sdk_items <= args.small:
         parser.error("--sdk-items must be larger than --small")
     sdk_items = args.sdk_items if sdk else 0
-    runs = measure(args.items, args.small, args.batch, args.repeat, args.client, sdk_items)
+    routes = ROUTES if args.route == "both" else (args.route,)
+    runs = measure(args.items, args.small, args.batch, args.repeat, args.client, sdk_items, routes)
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")
     c.finish(

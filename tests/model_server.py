@@ -161,6 +161,8 @@ class ModelServer:
         self._last_at = 0.0
         self._lock = threading.Lock()
         self._port_wanted = port
+        self.ssl_context: Any = None
+        """An ``ssl.SSLContext`` to serve https with (set before starting): a provider's stand-in."""
         self._port = 0
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,7 +178,8 @@ class ModelServer:
     @property
     def url(self) -> str:
         """Base URL the way OpenAI clients want it (they append /chat/completions)."""
-        return f"http://127.0.0.1:{self._port}/v1"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self._port}/v1"
 
     def env(self) -> dict[str, str]:
         """Environment that points LiteLLM's `openai/` provider (and the OpenAI SDK) here."""
@@ -287,7 +290,9 @@ class ModelServer:
         """Listen on the running loop (used by the thread mode and the CLI)."""
         runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self._port_wanted, backlog=1024)
+        site = web.TCPSite(
+            runner, "127.0.0.1", self._port_wanted, backlog=1024, ssl_context=self.ssl_context
+        )
         await site.start()
         self._runner = runner
         self._port = int(runner.addresses[0][1])
@@ -681,9 +686,17 @@ def main(argv: list[str] | None = None) -> None:
         "--rate-limit", type=float, default=0.0, help="requests/s beyond which it answers 429"
     )
     parser.add_argument("--config", help="JSON file: delay, delays, replies, tool_rules, ...")
+    parser.add_argument(
+        "--tls", nargs=2, metavar=("CERT", "KEY"), help="serve https with this certificate"
+    )
     args = parser.parse_args(argv)
 
     server = ModelServer(delay=args.delay, port=args.port)
+    if args.tls:
+        import ssl
+
+        server.ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.ssl_context.load_cert_chain(*args.tls)
     if args.config:
         with open(args.config, encoding="utf-8") as fh:
             server.configure(json.load(fh))

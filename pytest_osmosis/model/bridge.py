@@ -56,6 +56,7 @@ from pytest_osmosis.model.routes import (
     _route_secrets,
     _Target,
     _uses_responses_api,
+    not_a_model_id,
 )
 from pytest_osmosis.model.wire import (
     _BadRequest,
@@ -358,9 +359,7 @@ class Bridge:
                 )
         except Exception as exc:
             raise ModelPreflightError(
-                f"model preflight failed for {route.model_path!r}: not a LiteLLM model id; "
-                "use 'provider/model' (e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "
-                f"or {EMBEDDED_MODEL_PATH!r} ({_one_line(exc, self._secrets)})"
+                not_a_model_id(route.model_path, _one_line(exc, self._secrets))
             ) from None
         try:
             # By the route the rows' calls take, as the SDK's preflight does; our own

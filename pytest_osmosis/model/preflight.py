@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from pytest_osmosis.core.errors import ModelPreflightError
 from pytest_osmosis.model.bridge import Bridge
 from pytest_osmosis.model.direct import direct_base
-from pytest_osmosis.model.routes import ModelRoute
+from pytest_osmosis.model.routes import ModelRoute, not_a_model_id
 
 _MARK = "osmosis-preflight: "
 
@@ -37,6 +37,9 @@ async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | N
     ``in_process`` imports LiteLLM here (off the loop thread) and checks on this loop.
     An OpenAI-compatible route is checked here and directly, in every process.
     """
+    refused = unknown_provider(route)
+    if refused is not None:
+        raise ModelPreflightError(refused)
     if direct_base(route) is not None:
         return await _check_here(route)
     if in_process:
@@ -75,6 +78,19 @@ async def check_model(route: ModelRoute, *, in_process: bool = False) -> str | N
         raise ModelPreflightError(str(answer["error"]))
     warning = answer.get("warning")
     return str(warning) if warning else None
+
+
+def unknown_provider(route: ModelRoute) -> str | None:
+    """The preflight's line for a provider LiteLLM certainly lacks, decided from its files
+    without its ~3 s import (model/providers.py); None when LiteLLM has to be asked."""
+    from pytest_osmosis.model.providers import certainly_unknown
+
+    api_base = route.kwargs.get("api_base")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # as the session calls it
+    if not certainly_unknown(route.litellm_model, api_base if isinstance(api_base, str) else None):
+        return None
+    provider = route.litellm_model.split("/", 1)[0]
+    return not_a_model_id(route.model_path, f"LiteLLM has no provider {provider!r}")
 
 
 async def _check_in_process(route: ModelRoute) -> str | None:

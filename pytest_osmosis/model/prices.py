@@ -22,19 +22,27 @@ COST_MAP = "model_prices_and_context_window_backup.json"
 
 
 @functools.cache
-def _map_text() -> str | None:
-    """The bundled map's text (read once per process), or None without LiteLLM."""
+def litellm_dir() -> Path | None:
+    """The installed LiteLLM package's directory, found without importing it; None without it."""
     try:
         spec = importlib.util.find_spec("litellm")
     except (ImportError, ValueError):
         return None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for location in locations:
-        try:
-            return (Path(location) / COST_MAP).read_text(encoding="utf-8")
-        except OSError:
-            continue
+    for location in list(spec.submodule_search_locations or []) if spec is not None else []:
+        return Path(location)
     return None
+
+
+@functools.cache
+def cost_map_text() -> str | None:
+    """The bundled map's text (read once per process), or None without LiteLLM."""
+    root = litellm_dir()
+    if root is None:
+        return None
+    try:
+        return (root / COST_MAP).read_text(encoding="utf-8")
+    except OSError:
+        return None
 
 
 def _entry(text: str, key: str) -> dict[str, Any] | None:
@@ -53,7 +61,7 @@ def _entry(text: str, key: str) -> dict[str, Any] | None:
 @functools.cache
 def price(model: str) -> tuple[float, float] | None:
     """(dollars per prompt token, per completion token) of ``model``; None: no flat price."""
-    text = _map_text()
+    text = cost_map_text()
     if text is None:
         return None
     provider, _, name = model.partition("/")

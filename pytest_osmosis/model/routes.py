@@ -27,6 +27,7 @@ __all__ = [
     "JUDGE_PROVIDER_ERROR",
     "ModelRoute",
     "is_openai_api",
+    "not_a_model_id",
     "provider_of",
     "resolve_route",
 ]
@@ -93,6 +94,15 @@ def resolve_route(model_path: str) -> ModelRoute:
 
         return embedded_route()
     return ModelRoute(model_path=model_path, litellm_model=model_path, kwargs={})
+
+
+def not_a_model_id(model_path: str, detail: str) -> str:
+    """The preflight's one line for a model id no LiteLLM provider serves."""
+    return (
+        f"model preflight failed for {model_path!r}: not a LiteLLM model id; "
+        "use 'provider/model' (e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "
+        f"or {EMBEDDED_MODEL_PATH!r} ({detail})"
+    )
 
 
 def _model_ids(models: Iterable[str]) -> set[str]:

@@ -1119,10 +1119,14 @@ class EvalSession:
         if model_path == EMBEDDED_MODEL_PATH:
             return False
         from pytest_osmosis.model.direct import rows_go_direct
+        from pytest_osmosis.model.preflight import unknown_provider
         from pytest_osmosis.model.routes import resolve_route
 
+        route = resolve_route(model_path)
+        if unknown_provider(route) is not None:
+            return False  # no row runs: the preflight refuses it without LiteLLM
         prices = self.options.gate.values.get("max_cost") is not None
-        return prices or not rows_go_direct(resolve_route(model_path))
+        return prices or not rows_go_direct(route)
 
     def _import_litellm(self, model_path: str) -> None:
         """Wait for LiteLLM (rows call the model through it): a failed import is one line."""
