@@ -42,6 +42,7 @@ BENCHMARKS = (
     ("instructions", "12"),
     ("shards", "13"),
     ("reuse", "14"),
+    ("ssh_workers", "16"),
 )
 
 # --smoke: sizes that only show every script runs and writes its checks (the ratios
@@ -62,6 +63,7 @@ SMOKE = {
     "instructions": ["--small", "10", "--large", "30"],
     "shards": ["--items", "40", "--sleep", "0.05"],
     "reuse": ["--items", "20", "--sleep", "0.05"],
+    "ssh_workers": ["--items", "40", "--repeat", "1", "--sleep", "0.05"],
 }
 
 PROBE = (

@@ -8,7 +8,7 @@ per row, or no row is common to both runs. What may differ on purpose (the model
 rollout's code, settings, the dataset's other rows) is listed in the verdict.
 
 Rows are matched by content (:func:`pytest_osmosis.dataset.rows.row_digest`): a session
-records its rows' digests in ``osmosis_metrics.json``; a run without them (the SDK's) is
+records its rows' digests (results/row_digests.py); a run without them (the SDK's) is
 read through its dataset file, found by the sha256 its manifest records.
 """
 
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 #: ``--osmosis-baseline-allow`` values: differences a user accepts on purpose.
 ALLOWABLE = ("pass_threshold",)
-#: The ``osmosis_metrics.json`` key of a run's row digests (dataset row -> digest).
-DIGESTS_KEY = "row_digests"
 #: ``metrics.json`` summary keys that must equal the journal's recount.
 _COUNTED = ("total_samples", "completed_samples", "passed", "failed", "graded")
 
@@ -91,12 +89,11 @@ def run_row_digests(run: Mapping[str, Any], hints: tuple[Path, ...] = ()) -> dic
     From the digests a session recorded, else from the run's dataset file (the one whose
     bytes its manifest's sha256 names; *hints* first); None when neither is there.
     """
-    recorded = run.get("row_metrics", {}).get(DIGESTS_KEY)
-    if isinstance(recorded, dict) and recorded:
-        try:
-            return {int(row): str(digest) for row, digest in recorded.items()}
-        except ValueError:
-            pass
+    from pytest_osmosis.results.row_digests import read_row_digests
+
+    recorded = read_row_digests(Path(run["path"])) if run.get("path") else None
+    if recorded is not None:
+        return recorded
     from pytest_osmosis.dataset import open_dataset
     from pytest_osmosis.results.runs import find_dataset
 

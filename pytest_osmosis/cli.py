@@ -7,8 +7,9 @@ exit codes a script can branch on: 0 ok, 2 usage error or run not found, 1 anyth
 Extending: a module in ``EXTENSIONS`` adds a subcommand by exposing
 ``add_<name>_parser(subparsers)``
 that calls ``subparsers.add_parser(...)`` and ``set_defaults(handler=fn)`` (or
-``func=fn``) where ``fn(args: argparse.Namespace) -> int`` returns the exit code;
-``pytest_osmosis.rubric.command`` is picked up this way when it exists. Handlers raise
+``func=fn``) where ``fn(args: argparse.Namespace) -> int`` returns the exit code
+(``pytest_osmosis.rubric.command`` is one); a module listed there that cannot be imported
+fails every command. Handlers raise
 :class:`~pytest_osmosis.core.errors.OsmosisError` subclasses for errors a user meets
 (``ConfigError`` and ``RunNotFoundError`` exit 2, the others 1).
 """
@@ -446,12 +447,18 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def _register_extensions(subparsers: Any) -> None:
-    """Let optional modules add subcommands; a missing module is not an error."""
+    """Let the modules of :data:`EXTENSIONS` add their subcommands.
+
+    Each is part of this package: one that cannot be imported is a broken install or a
+    renamed module, and fails every command loudly rather than losing its subcommands.
+    """
     for name in EXTENSIONS:
         try:
             module = importlib.import_module(name)
-        except ImportError:
-            continue
+        except ImportError as exc:
+            raise ImportError(
+                f"pytest-osmosis: cannot import {name}, which adds subcommands: {exc}"
+            ) from exc
         for attribute in sorted(vars(module)):
             register = getattr(module, attribute)
             wanted = attribute.startswith("add_") and attribute.endswith("_parser")

@@ -4,8 +4,11 @@ Without a gate option pytest's own semantics hold (any failed row fails the sess
 With ``--osmosis-min-pass-rate`` the rows stay visible, but the exit status says whether
 the evaluation as a whole is good enough.
 
-A rule is one entry of :data:`RULES`: its option (which the plugin declares from here),
-how its value is read, and its check. Adding a rule is adding an entry. An option
+A built-in rule is one entry of :data:`RULES`: its option (which the plugin declares from
+here), how its value is read, and its check. Adding a rule is adding an entry. A project
+adds a rule of its own without a fork: a conftest or plugin implements the
+``pytest_osmosis_gate_verdict`` hook (hookspecs.py) and returns a :class:`Verdict`; the
+built-in rules are that hook's first implementation (:class:`BuiltinGate`). An option
 without a check is a setting: rules read it (``--osmosis-gate-bound``,
 ``--osmosis-baseline``), or the controller enforces it while rows run (the budgets,
 ``--osmosis-max-tokens`` and ``--osmosis-max-cost``).
@@ -91,6 +94,9 @@ class GateOptions:
 
 @dataclass
 class Verdict:
+    """A gate rule's decision on the session's runs: whether they pass, and the lines that
+    say why (printed under ``osmosis gate PASSED/FAILED``)."""
+
     passed: bool
     reasons: list[str] = field(default_factory=list)
     #: Rows worse than in the baseline (the step summary lists them), when one was compared.
@@ -101,6 +107,27 @@ class Verdict:
         if self.regressions is not None:
             found["regressions"] = list(self.regressions)
         return found
+
+    @classmethod
+    def all_of(cls, verdicts: Sequence[Verdict]) -> Verdict:
+        """The session's verdict: it passes only when every rule's verdict does."""
+        combined = cls(passed=all(verdict.passed for verdict in verdicts))
+        for verdict in verdicts:
+            combined.reasons += verdict.reasons
+            if verdict.regressions is not None:
+                combined.regressions = [*(combined.regressions or []), *verdict.regressions]
+        return combined
+
+
+@dataclass(frozen=True)
+class GateRun:
+    """One finished run as a gate rule sees it."""
+
+    name: str
+    metrics: Mapping[str, Any]  # its ``metrics.json``
+    records: Sequence[Mapping[str, Any]]  # its journal's records, one per attempt
+    pass_threshold: float
+    run_dir: Path
 
 
 def _rate(flag: str, text: str) -> float:
@@ -524,22 +551,57 @@ def decide(
     return verdict
 
 
-def judge_runs(
-    options: GateOptions,
-    runs: list[tuple[str, dict[str, Any], Sequence[Mapping[str, Any]], float, Path]],
-) -> Verdict:
-    """The gate's verdict on finished runs: (name, ``metrics.json``, journal records, pass
-    threshold, run directory) each. What the session's controller and ``pytest-osmosis
-    gate`` both call, so a run is judged the same wherever it was gated."""
+def judge_runs(options: GateOptions, runs: Sequence[GateRun]) -> Verdict:
+    """The built-in rules' verdict on finished runs. What the session's gate (through
+    :class:`BuiltinGate`) and ``pytest-osmosis gate`` both call, so a run is judged the same
+    wherever it was gated."""
     from pytest_osmosis.results.row_metrics import attempts_by_row
 
     details = {
-        name: RunDetail(attempts_by_row(records, threshold), run_dir)
-        for name, _, records, threshold, run_dir in runs
+        run.name: RunDetail(attempts_by_row(run.records, run.pass_threshold), run.run_dir)
+        for run in runs
     }
-    verdict = decide(options, [(name, metrics) for name, metrics, *_ in runs], details)
-    verdict.regressions = _baseline_regressions(options, [(run[0], run[4]) for run in runs])
+    verdict = decide(options, [(run.name, dict(run.metrics)) for run in runs], details)
+    verdict.regressions = _baseline_regressions(options, [(run.name, run.run_dir) for run in runs])
     return verdict
+
+
+class BuiltinGate:
+    """The built-in rules as an implementation of ``pytest_osmosis_gate_verdict`` (a pluggy
+    plugin: the method's name is the hook's), so they are one rule among a project's.
+
+    A plain class: pytest hashes a plugin when it is registered (pytest 8.4), and the
+    options hold dicts."""
+
+    def __init__(self, options: GateOptions) -> None:
+        self.options = options
+
+    def pytest_osmosis_gate_verdict(self, runs: Sequence[GateRun]) -> Verdict | None:
+        if not self.options.active:
+            return None  # no built-in gate option given: no say
+        return judge_runs(self.options, runs)
+
+
+def session_verdict(found: Sequence[object]) -> Verdict | None:
+    """The verdicts ``pytest_osmosis_gate_verdict`` returned, combined (None: none had a say).
+
+    A value that is not a :class:`Verdict` fails the gate with a line naming it: a rule
+    that cannot say what it decided must not let a run pass.
+    """
+    verdicts = [
+        verdict
+        if isinstance(verdict, Verdict)
+        else Verdict(
+            False,
+            [
+                "pytest_osmosis_gate_verdict returned "
+                f"{type(verdict).__name__} {verdict!r}, not a pytest_osmosis.gate.Verdict or None"
+            ],
+        )
+        for verdict in found
+        if verdict is not None
+    ]
+    return Verdict.all_of(verdicts) if verdicts else None
 
 
 def _baseline_regressions(

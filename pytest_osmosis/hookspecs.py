@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from pytest_osmosis.gate import GateRun, Verdict
+
+
+@pytest.hookspec
+def pytest_osmosis_gate_verdict(config: pytest.Config, runs: Sequence[GateRun]) -> Verdict | None:
+    """A gate rule: its verdict on the session's finished runs (controller or single process,
+    at session end, unless the session was interrupted or broke).
+
+    Return a ``pytest_osmosis.gate.Verdict``, or None to have no say. Every implementation
+    is called (not firstresult), the built-in rules first (``gate.BuiltinGate``, no say
+    without a gate option): the session passes only when every verdict does, so a project's
+    rule adds to the built-in gate and cannot switch it off by answering first. When no
+    rule has a say, pytest's own semantics hold (any failed row fails the session).
+    """
 
 
 @pytest.hookspec(firstresult=True)
@@ -16,7 +33,8 @@ def pytest_osmosis_gate(
     ``metrics`` holds each run's ``metrics.json``; ``verdict`` is the built-in gate's
     decision (``{"passed": bool, "reasons": [...]}``, and ``"regressions"``: the rows worse
     than in the ``--osmosis-baseline`` run, when one is compared). Return True or False to
-    override it, None to keep it. Called only when a gate option is set.
+    override it, None to keep it. Called only when a rule had a say
+    (``pytest_osmosis_gate_verdict``); a new rule is better written as one of those.
     """
 
 

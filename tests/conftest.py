@@ -166,7 +166,9 @@ def model_server(model_loop: _LoopThread) -> Iterator[ModelServer]:
 
 @pytest.fixture
 def model_env(model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> ModelServer:
-    """The model server, with LiteLLM's OpenAI variables pointing at it."""
+    """The model server, with LiteLLM's OpenAI variables pointing at it (and the OpenAI
+    Agents SDK's tracing off: it would export each run's spans to api.openai.com)."""
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
     return model_server

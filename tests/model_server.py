@@ -601,8 +601,8 @@ class ModelServer:
 def _as_messages(body: dict[str, Any]) -> list[Any] | None:
     """Chat messages of a chat body, or of a Responses body's ``input`` items."""
     if "messages" in body:
-        messages = body["messages"]
-        return messages if isinstance(messages, list) else None
+        chat = body["messages"]
+        return chat if isinstance(chat, list) else None
     items = body.get("input")
     if isinstance(items, str):
         return [{"role": "user", "content": items}]

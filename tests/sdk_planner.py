@@ -8,6 +8,7 @@ where there is none the tests that need it skip. No machine's own path is named 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -25,6 +26,38 @@ def _imports(python: Path, module: str) -> bool:
         [str(python), "-I", "-c", f"import {module}"], capture_output=True, cwd="/", check=False
     )
     return probe.returncode == 0
+
+
+#: What the test modules ask of the SDK's Python while they are collected, asked in one
+#: interpreter per process (five starts of the SDK's Python in each xdist worker before).
+COLLECTED = ("osmosis_ai.eval.local.upload", "osmosis_ai.eval.local.runner, uvicorn, httpx",
+             "osmosis_ai.eval.rubric.report")
+_PROBE = """
+import json, sys
+found = {}
+for statement in sys.argv[1:]:
+    try:
+        exec("import " + statement)
+    except Exception:
+        found[statement] = False
+    else:
+        found[statement] = True
+print(json.dumps(found))
+"""
+
+
+@functools.cache
+def _collected_imports(python: Path) -> dict[str, bool]:
+    if not python.exists():
+        return {}
+    probe = subprocess.run(
+        [str(python), "-I", "-c", _PROBE, *COLLECTED],
+        capture_output=True, text=True, cwd="/", check=False,
+    )
+    if probe.returncode != 0:
+        return {}
+    found: dict[str, bool] = json.loads(probe.stdout.splitlines()[-1])
+    return found
 
 
 def _candidates() -> list[Path]:
@@ -58,7 +91,11 @@ SDK_MISSING = (
 
 def sdk_python_imports(module: str) -> bool:
     """Whether the SDK's Python exists and can import ``module`` (of osmosis-ai)."""
-    return SDK_PYTHON is not None and _imports(SDK_PYTHON, module)
+    if SDK_PYTHON is None:
+        return False
+    if module in COLLECTED:
+        return _collected_imports(SDK_PYTHON).get(module, False)
+    return _imports(SDK_PYTHON, module)
 
 
 _PLANNER = r"""
@@ -100,7 +137,8 @@ def sdk_judge(run_dir: Path) -> dict[str, Any]:
 #: name (the run directory is ``<root>/sdk-evals/<name>``), and ``python`` to start the
 #: server as ``python <entrypoint>`` (the SDK's own test seam, ``server_interpreter``) or
 #: ``bootstrap`` to start it through the SDK's ``_server_bootstrap.py`` as ``uv run`` does
-#: (the entrypoint's folder first on ``sys.path``), without uv: no network.
+#: (the entrypoint's folder first on ``sys.path``), without uv: no network;
+#: ``bootstrap=<python>`` does that on another Python (a rollout's own environment).
 SDK_EVAL_RUN = r"""
 import asyncio, contextlib, json, os, sys
 from pathlib import Path
@@ -111,10 +149,11 @@ from osmosis_ai.eval.local.runner import EvalRunSpec, LocalEvalOptions, LocalEva
 root, rollout, entrypoint, dataset_name, name, start = sys.argv[1:7]
 root = Path(root)
 interpreter = sys.executable
-if start == "bootstrap":
+if start.partition("=")[0] == "bootstrap":
+    python = start.partition("=")[2] or sys.executable
     bootstrap = Path(local_runner.__file__).with_name("_server_bootstrap.py")
     interpreter = str(root / ".sdk-bootstrap")
-    Path(interpreter).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{bootstrap}" "$@"\n')
+    Path(interpreter).write_text(f'#!/bin/sh\nexec "{python}" "{bootstrap}" "$@"\n')
     os.chmod(interpreter, 0o755)
 
 

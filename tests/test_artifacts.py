@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import calc_rows, read_index, write_workspace
 
@@ -174,10 +175,10 @@ class Exact(Grader):
 @pytest.fixture
 def planted_run(
     pytester: pytest.Pytester,
-    model_server,
+    model_server: ModelServer,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, Path, pytest.RunResult]:  # type: ignore[no-untyped-def]
+) -> tuple[Path, Path, pytest.RunResult]:
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
     outside = outside_dir(tmp_path_factory.mktemp("host"))

@@ -497,7 +497,7 @@ def test_a_process_that_dies_mid_row_leaves_that_row_readable(tmp_path: Path, ho
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_worker_killed_from_outside_blames_no_row(
     pytester: pytest.Pytester, model_env: Any
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """kill -9 (the OOM killer) while the worker's row waits on the model: no row's code
     was running, so no row is recorded ``worker_crashed``; the row runs again and passes."""
     root = pytester.path

@@ -341,7 +341,7 @@ def test_responses_route_carries_tool_calls_both_ways(
             model="m",
             messages=messages,
             tools=WEATHER,
-            tool_choice=choice,  # type: ignore[arg-type]
+            tool_choice=choice,
         )
     )
     sent = model_server.requests[-1][1]
@@ -360,7 +360,7 @@ def test_responses_route_carries_tool_calls_both_ways(
     ]
     second = at_openai.run(
         client.chat.completions.create(model="m", messages=messages, tools=WEATHER)
-    )  # type: ignore[arg-type]
+    )
     assert model_server.requests[-1][1]["input"][1:] == [
         {
             "type": "function_call",

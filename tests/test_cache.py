@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from workspaces import calc_rows, only_run_dir, read_index, write_workspace
 
 from pytest_osmosis.model.cache import CACHE_FILENAME, cache_path
@@ -49,8 +50,8 @@ def _fresh_runs(root: Path) -> None:
 
 
 def test_a_second_run_with_use_calls_no_model_and_gives_the_same_results(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS), evaluation={"n": 2})
     first = pytester.runpytest("--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider")
     first.assert_outcomes(passed=6)
@@ -74,15 +75,15 @@ def test_a_second_run_with_use_calls_no_model_and_gives_the_same_results(
     assert metrics["summary"]["tokens_used"] == sum(r[4] for r in recorded)
 
 
-def test_off_is_the_default_and_writes_no_cache(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_off_is_the_default_and_writes_no_cache(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]))
     pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert not (pytester.path / ".osmosis" / "evals" / ".cache").exists()
 
 
 def test_replay_fails_exactly_the_row_whose_entry_is_gone_and_calls_no_model(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS))
     pytester.runpytest(
         "--osmosis-eval", "--osmosis-cache", "record", "-p", "no:cacheprovider"
@@ -111,7 +112,7 @@ def test_replay_fails_exactly_the_row_whose_entry_is_gone_and_calls_no_model(
     assert [index[i]["status"] for i in (0, 2)] == ["success", "success"]
 
 
-def test_replay_without_a_cache_stops_before_any_row(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_replay_without_a_cache_stops_before_any_row(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]))
     result = pytester.runpytest(
         "--osmosis-eval", "--osmosis-cache", "replay", "-p", "no:cacheprovider"
@@ -133,7 +134,7 @@ def test_bad_cache_options_are_one_line(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--osmosis-cache-max-age: expected a positive age like*"])
 
 
-def test_n_attempts_hit_distinct_entries(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_n_attempts_hit_distinct_entries(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     """Each attempt of a row has its own entry: deleting attempt 1's fails attempt 1 alone."""
     from pytest_osmosis.model.cache import CallCache
 
@@ -225,8 +226,8 @@ class Exact(Grader):
 
 
 def test_a_two_turn_tool_calling_agent_replays_both_turns(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     from model_server import ToolRule
 
     model_env.tool_rules = [ToolRule("add", "add", {"a": 1, "b": 2})]
@@ -300,8 +301,8 @@ class Judged(Grader):
 
 
 def test_judge_calls_are_cached_and_replay_needs_no_key(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model_env.replies = {"grade": "PASS"}
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:2]), rollout_source=JUDGE_ROLLOUT)
     pytester.makeini("[pytest]\nosmosis_judge_models = openai/judge-model\n")
@@ -359,8 +360,8 @@ class Any(Grader):
 
 
 def test_secrets_never_enter_the_cache(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TOOL_TOKEN", SECRET)
     model_env.replies = {"leak": f"the token is {SECRET}"}
     rows = calc_rows(
@@ -391,8 +392,8 @@ def test_secrets_never_enter_the_cache(
 
 
 def test_entries_older_than_the_max_age_are_called_again(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:2]))
     pytester.runpytest(
         "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
@@ -465,8 +466,8 @@ def _integrity(path: Path) -> str:
 
 
 def test_xdist_workers_share_the_cache_and_a_killed_worker_tears_nothing(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     marker = pytester.path / "kill-marker"
     marker.touch()
     rows = [{"user_prompt": f"What is {i} + 10?", "ground_truth": str(i + 10)} for i in range(8)]
@@ -566,8 +567,8 @@ def test_a_writer_killed_mid_write_leaves_every_committed_entry_whole(tmp_path: 
 
 
 def test_a_second_session_replays_while_another_writes(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     """Session A records (its answers held by the model server, its writer busy); session B
     replays other rows from the same file meanwhile, without waiting for A and without
     calling the model."""
@@ -604,8 +605,8 @@ def test_a_second_session_replays_while_another_writes(
 
 
 def test_the_cache_command_lists_prunes_clears_and_finds_it(
-    pytester: pytest.Pytester, model_env, capsys: pytest.CaptureFixture[str]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pytest_osmosis.cli import main
 
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS), rollout_source=JUDGE_ROLLOUT)
@@ -676,8 +677,8 @@ class Any(Grader):
 
 
 def test_the_same_request_twice_in_an_attempt_replays_both_answers_in_order(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]), rollout_source=REPEAT_ROLLOUT)
 
     def ids() -> list[str]:
@@ -700,8 +701,8 @@ def test_the_same_request_twice_in_an_attempt_replays_both_answers_in_order(
 
 
 def test_the_plan_counts_the_work_items_the_cache_will_answer(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     """--osmosis-plan with a cache mode says how many work items have recorded answers."""
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS), evaluation={"n": 2})
     pytester.runpytest(
@@ -760,8 +761,8 @@ class Exact(Grader):
 
 
 def test_a_call_retried_after_a_provider_failure_replays(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     """The failed call got no answer, so it holds no repeat number: the retry's answer is
     stored as the call's first, and replay finds it there (it was stored as the second)."""
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:2]), rollout_source=RETRY_ROLLOUT)
@@ -857,8 +858,8 @@ def _damage(root: Path, response: str) -> str:
 
 
 def test_use_calls_the_model_again_for_a_damaged_entry_and_records_it_over(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]))
     pytester.runpytest(
         "--osmosis-eval", "--osmosis-cache", "use", "-p", "no:cacheprovider"
@@ -881,8 +882,8 @@ def test_use_calls_the_model_again_for_a_damaged_entry_and_records_it_over(
 
 
 def test_use_checks_the_model_before_any_row_even_when_the_cache_knows_it(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A row the cache cannot answer would call a dead endpoint: one line, exit 4, nothing
     recorded (not the row's agent_error)."""
     write_workspace(pytester.path, rows=calc_rows(QUESTIONS[:1]))

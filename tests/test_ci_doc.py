@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from test_shard import ROWS
 from workspaces import write_workspace
@@ -109,7 +110,7 @@ def _fake_gh(bin_dir: Path, record: Path) -> None:
     gh.chmod(gh.stat().st_mode | stat.S_IEXEC)
 
 
-def test_the_documented_workflow_runs(pytester: pytest.Pytester, model_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_the_documented_workflow_runs(pytester: pytest.Pytester, model_env: ModelServer, tmp_path: Path) -> None:
     steps, matrix = workflow_steps(DOC.read_text())
     assert matrix == ["1", "2", "3", "4"]
     assert {step.job for step in steps} == {"shard", "merge"}
@@ -198,8 +199,8 @@ def _act(step: Step, shard: str, checkout: Path, artifacts: Path, env: dict[str,
 
 
 def test_the_gate_command_judges_as_the_session_did(
-    pytester: pytest.Pytester, model_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import contextlib
     import io
 

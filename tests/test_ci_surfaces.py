@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 from test_gate import ROWS
-from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
+from workspaces import (
+    CALC_ROLLOUT,
+    calc_rows,
+    only_run_dir,
+    read_index,
+    run_session,
+    write_workspace,
+)
 
 from pytest_osmosis.plugin.github import annotation_lines, command, gate_section
 
@@ -34,9 +41,7 @@ def workspace(pytester: pytest.Pytester, model_env: Any) -> pytest.Pytester:
 
 
 def run(pytester: pytest.Pytester, xdist: tuple[str, ...], *args: str) -> pytest.RunResult:
-    if xdist:
-        return pytester.runpytest_subprocess(*BASE, *xdist, *args)
-    return pytester.runpytest(*BASE, *args)
+    return run_session(pytester, *BASE, *xdist, *args)
 
 
 # ------------------------------------------------------------------ GitHub Actions
@@ -62,7 +67,7 @@ def runner_commands(lines: list[str]) -> list[str]:
     return obeyed
 
 
-def annotations(lines: list[str]) -> list[str]:
+def workflow_commands(lines: list[str]) -> list[str]:
     """The commands obeyed, but for ours that turn commands off around the session's text."""
     return [c for c in runner_commands(lines) if not c.startswith("::stop-commands::")]
 
@@ -114,7 +119,7 @@ def test_github_step_summary_and_annotations(
         "",
     ]
     # One workflow command per attempt that did not pass, at its dataset line.
-    assert annotations(result.stdout.lines) == [
+    assert workflow_commands(result.stdout.lines) == [
         f"::error file=data/calc.jsonl,line=5,title=ci%3A row 4 run 0::{RAISED}",
         f"::error file=data/calc.jsonl,line=4,title=ci%3A row 3 run 0::{LOW}",
     ]
@@ -136,7 +141,7 @@ def test_github_annotations_stop_at_ten_per_config_then_count(
     monkeypatch.setenv("GITHUB_WORKSPACE", str(pytester.path))
     result = pytester.runpytest(*BASE)
     result.assert_outcomes(failed=24)
-    commands = annotations(result.stdout.lines)
+    commands = workflow_commands(result.stdout.lines)
     assert len(commands) == 22
     by_file = {
         name: [c for c in commands if c.startswith(f"::error file=data/{name},line=")]
@@ -191,7 +196,7 @@ def test_a_lone_surrogate_changes_no_exit_status(
     assert result.ret == 0, result.stdout.str()  # the gate's verdict: 3 of 5 pass
     headline = "agent_error: workflow raised RuntimeError: bytes \\udcff (row 4, run 0)"
     assert f"| 4 | 0 | errored |  | {headline} |" in github.read_text(encoding="utf-8")
-    assert annotations(result.stdout.lines)[0].endswith(f"::{headline}")
+    assert workflow_commands(result.stdout.lines)[0].endswith(f"::{headline}")
     assert "bytes \\udcff" in junit.read_text(encoding="utf-8")
     assert "cannot write" not in result.stdout.str()
 

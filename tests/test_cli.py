@@ -16,7 +16,7 @@ from typing import Any
 import importlib_metadata  # noqa: F401
 import pytest
 from reference_paths import REFERENCE_RUN
-from workspaces import calc_rows, read_index, write_workspace
+from workspaces import MIXED_ROWS, read_index, write_workspace
 
 from pytest_osmosis.cli import main
 from pytest_osmosis.results.metrics import aggregate_metrics
@@ -446,15 +446,7 @@ def test_python_dash_m_runs_the_cli(workspace: Path) -> None:
 # ----------------------------------------------------------------------------- our own run
 
 
-MIXED = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-        ("What is 2 + 3?", "5", "grader_raise"),
-        ("What is 4 + 4?", "8", "skip"),
-    ]
-)
+MIXED = MIXED_ROWS  # one of each outcome, and two errors
 
 
 def test_cli_over_a_run_written_by_the_plugin(
@@ -545,11 +537,27 @@ def test_modules_can_add_subcommands(
 
     module.add_fake_osmosis_extension_parser = add_fake_osmosis_extension_parser  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fake_osmosis_extension", module)
-    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_osmosis_extension", "no_such_module_xyz"))
+    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_osmosis_extension",))
     assert main(["fake-ext", "--word", "hi"]) == 7
     assert seen[0].word == "hi"
     assert main(["--help"]) == 0
     assert "fake-ext" in capsys.readouterr().out
+    # A listed module that cannot be imported (a renamed module, a broken install) is never
+    # dropped silently with its subcommands: every command fails, naming it.
+    monkeypatch.setattr(cli, "EXTENSIONS", ("fake_osmosis_extension", "no_such_module_xyz"))
+    with pytest.raises(ImportError, match=r"cannot import no_such_module_xyz, which adds subcommands: No module named 'no_such_module_xyz'"):
+        main(["list"])
+
+
+def test_every_extension_module_imports() -> None:
+    """The real list: each module exists and adds at least one subcommand."""
+    import importlib
+
+    from pytest_osmosis import cli
+
+    for name in cli.EXTENSIONS:
+        module = importlib.import_module(name)
+        assert any(a.startswith("add_") and a.endswith("_parser") for a in vars(module)), name
 
 
 def test_latest_names_the_newest_run_unless_a_run_is_called_latest(

@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 
 import pytest
-from workspaces import calc_rows, read_index, write_workspace
+from model_server import ModelServer
+from workspaces import calc_rows, read_index, run_session, write_workspace
 
 pytest_plugins = ["pytester"]
 
@@ -48,8 +49,8 @@ def _workspace(root: Path) -> None:
 
 
 def test_the_error_line_says_how_to_run_the_other_configs(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _workspace(pytester.path)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.INTERRUPTED
@@ -73,11 +74,12 @@ def test_a_lone_broken_config_names_no_others(pytester: pytest.Pytester) -> None
 
 @pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_continue_on_collection_errors_runs_the_good_configs(
-    pytester: pytest.Pytester, model_env, workers: tuple[str, ...]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, workers: tuple[str, ...]
+) -> None:
     _workspace(pytester.path)
-    result = pytester.runpytest_subprocess(
-        "--osmosis-eval", "-p", "no:cacheprovider", "--continue-on-collection-errors", *workers
+    result = run_session(
+        pytester, "--osmosis-eval", "-p", "no:cacheprovider", "--continue-on-collection-errors",
+        *workers,
     )
     result.assert_outcomes(passed=5, errors=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED  # the broken config still fails it
@@ -118,13 +120,13 @@ def test_the_hint_after_a_traceback_is_a_line_of_its_own(pytester: pytest.Pytest
 
 @pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_an_interrupted_collection_opens_no_run_and_calls_no_model(
-    pytester: pytest.Pytester, model_env, workers: tuple[str, ...]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, workers: tuple[str, ...]
+) -> None:
     """The healthy configs' run directories were made (left ``incomplete``) and the model
     was called for the preflight; under ``-n 2`` the session exited 1 with the other
     configs run, where a single process exits 2."""
     _workspace(pytester.path)
-    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", *workers)
+    result = run_session(pytester, "--osmosis-eval", "-p", "no:cacheprovider", *workers)
     output = "\n".join([*result.outlines, *result.errlines])
     assert result.ret == pytest.ExitCode.INTERRUPTED, output
     assert "Interrupted: 1 error during collection" in output

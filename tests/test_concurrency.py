@@ -11,23 +11,22 @@ import time
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from workspaces import calc_rollout, calc_rows, read_index, write_workspace
 
 ROWS = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(16)])
 
 
 @pytest.fixture
-def slow_model(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    model_server.delay = 0.4
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
-    return model_server
+def slow_model(model_env: ModelServer) -> ModelServer:
+    model_env.delay = 0.4
+    return model_env
 
 
 UNCAPPED = calc_rollout('AgentWorkflowConfig(name="calc")')  # advertises no in-flight cap
 
 
-def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model) -> None:  # type: ignore[no-untyped-def]
+def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model: ModelServer) -> None:
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8}, rollout_source=UNCAPPED)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=16)
@@ -37,8 +36,8 @@ def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_mode
 
 
 def test_command_line_concurrency_overrides_batch_size(
-    pytester: pytest.Pytester, slow_model
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 8})
     result = pytester.runpytest(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-concurrency", "3"
@@ -47,7 +46,7 @@ def test_command_line_concurrency_overrides_batch_size(
     assert slow_model.peak_in_flight == 3
 
 
-def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, slow_model) -> None:  # type: ignore[no-untyped-def]
+def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, slow_model: ModelServer) -> None:
     write_workspace(
         pytester.path, rows=ROWS, evaluation={"batch_size": 8, "n": 2}, rollout_source=UNCAPPED
     )
@@ -100,7 +99,7 @@ def test_xdist_shards_rows_and_never_runs_one_twice(pytester: pytest.Pytester, s
 )
 def test_default_in_flight_is_what_osmosis_eval_run_picks(
     pytester: pytest.Pytester,
-    model_env,  # type: ignore[no-untyped-def]
+    model_env: ModelServer,
     workflow_config: str | None,
     evaluation: dict[str, int] | None,
     args: tuple[str, ...],
@@ -124,8 +123,8 @@ def test_default_in_flight_is_what_osmosis_eval_run_picks(
 
 
 def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes(
-    pytester: pytest.Pytester, slow_model
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
     rows = [dict(r) for r in ROWS[:10]]
     rows[1]["ground_truth"] = "wrong"
     write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 4})
@@ -152,8 +151,8 @@ def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes
 
 
 def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
-    pytester: pytest.Pytester, slow_model, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, slow_model: ModelServer, tmp_path: Path
+) -> None:
     slow_model.delay = 1.0
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 2})
     env = dict(os.environ)
@@ -231,8 +230,8 @@ def pytest_configure(config):
 
 
 def test_rows_finished_ahead_are_journalled_when_the_session_dies_by_internalerror(
-    pytester: pytest.Pytester, slow_model
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
     """Five rows finished on the loop thread but were never reported: they were lost (the
     journal held 1 of 6 rows) and the next session paid for them again."""
     slow_model.delay = 0.0
@@ -271,8 +270,8 @@ def pytest_keyboard_interrupt(excinfo):
 
 
 def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
-    pytester: pytest.Pytester, slow_model
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
     """It ended with a raw KeyboardInterrupt traceback and rc -2."""
     slow_model.delay = 0.0
     slow_model.hold = "What is 3 + 1"  # row 3 waits on the model until the test lets it go
@@ -338,8 +337,8 @@ def pytest_configure(config):
 
 
 def test_changed_xdist_internals_are_warned_once_and_every_row_still_runs(
-    pytester: pytest.Pytester, slow_model
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
     """xdist's private API changing costs the run-ahead, visibly; it never fails a row."""
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 4})
     pytester.makeconftest(XDIST_WITHOUT_QUEUE_LOCK)
@@ -426,8 +425,8 @@ pytest_timeout.PYTEST_FAILURE_MESSAGE = "Zeit abgelaufen nach %s s"
 
 @pytest.mark.parametrize("timeout_text", ["as shipped", "reworded"])
 def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
-    pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch, timeout_text: str
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch, timeout_text: str
+) -> None:
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
     rows = calc_rows([("fine", "x"), ("please block", "x"), ("fine too", "x")])
@@ -453,7 +452,7 @@ def test_a_row_blocking_the_loop_is_caught_by_the_backstop_and_named(
     )
 
 
-def test_a_429_storm_slows_the_run_but_fails_no_row(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_429_storm_slows_the_run_but_fails_no_row(pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("OPENAI_MAX_RETRIES", "0")
@@ -496,8 +495,8 @@ backend = LocalBackend(
 
 @pytest.mark.parametrize("xdist", [False, True], ids=["in-process", "xdist"])
 def test_a_rate_limited_provider_is_paced_not_hammered(
-    pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch, xdist: bool
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch, xdist: bool
+) -> None:
     """Issue 15 target 7 in small: 429s are few, counted exactly, and fail no row."""
     for key, value in model_server.env().items():
         monkeypatch.setenv(key, value)
@@ -558,8 +557,8 @@ backend = LocalBackend(workflow=OneBlocks, grader=Always)
 
 
 def test_only_the_row_blocking_the_loop_is_charged_for_the_block(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     """Eight in flight, one holds the loop 5.5 s past its 4 s budget: it alone times out.
 
     The seven others await an event the blocker sets after blocking, so each waited through
@@ -599,8 +598,8 @@ sys.exit(pytest.main(sys.argv[1:]))
 
 
 def test_concurrency_beyond_the_fd_limit_is_capped_with_a_warning_and_fails_no_row(
-    pytester: pytest.Pytester, slow_model
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
     """500 in flight under ``ulimit -n 256``: one warning naming the cap, every row passes.
 
     The model holds each call until all 100 are in flight (or 2 s passed): uncapped, that

@@ -13,8 +13,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import SDK_MISSING, SDK_PYTHON, sdk_python_imports
-from workspaces import calc_rows, read_index, write_workspace
+from workspaces import MIXED_ROWS, calc_rows, read_index, run_session, write_workspace
 
 pytestmark = pytest.mark.skipif(
     not sdk_python_imports("osmosis_ai.eval.local.upload"), reason=SDK_MISSING
@@ -52,25 +53,16 @@ def judge(run_dir: Path) -> dict[str, object]:
     return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
-MIXED = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-        ("What is 2 + 3?", "5", "grader_raise"),
-        ("What is 4 + 4?", "8", "skip"),
-        ("What is 6 + 1?", "7", "no_reward"),
-    ]
-)
+MIXED = [*MIXED_ROWS, *calc_rows([("What is 6 + 1?", "7", "no_reward")])]
 
 
 @pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_mixed_outcomes_are_accepted_with_the_sdks_metrics(
-    pytester: pytest.Pytester, model_env, xdist: tuple[str, ...]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, xdist: tuple[str, ...]
+) -> None:
     write_workspace(pytester.path, rows=MIXED, evaluation={"n": 2})
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "mixed", *xdist)
-    result = pytester.runpytest_subprocess(*args)
+    result = run_session(pytester, *args)
     result.assert_outcomes(passed=2, failed=2, errors=6, skipped=2)
     run_dir = pytester.path / ".osmosis" / "evals" / "mixed"
     verdict = judge(run_dir)
@@ -84,18 +76,18 @@ def test_mixed_outcomes_are_accepted_with_the_sdks_metrics(
 
 
 def test_an_interrupted_run_is_refused_until_resumed_to_completion(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     rows = [dict(r) for r in MIXED[:4]]
     write_workspace(pytester.path, rows=rows)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "half")
-    pytester.runpytest_subprocess(*args, "-x")
+    pytester.runpytest(*args, "-x")
     run_dir = pytester.path / ".osmosis" / "evals" / "half"
     first = judge(run_dir)
     assert not first["accepted"]
     assert "not completed" in str(first["refusal"]) or "incomplete" in str(first["refusal"])
     done_before = {(r["row_index"], r["rollout_id"]) for r in read_index(run_dir)}
-    pytester.runpytest_subprocess(*args)
+    pytester.runpytest(*args)
     second = judge(run_dir)
     assert second["accepted"], second.get("refusal")
     assert second["sdk_summary"] == second["our_summary"]

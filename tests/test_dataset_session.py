@@ -7,18 +7,24 @@ nested too deep, a dataset replaced mid-run: one clear line, never a traceback).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
+from readme_examples import readme_example
 from workspaces import only_run_dir, read_index, write_workspace
 
+import pytest_osmosis.dataset.formats as formats
 import pytest_osmosis.dataset.scan as dataset_scan
 from pytest_osmosis.core.errors import DatasetError
 from pytest_osmosis.dataset import (
     FORMATS,
+    RowList,
     Scan,
     SelectedDataset,
     clear_dataset_cache,
@@ -61,18 +67,8 @@ def open_ds(path: Path) -> SelectedDataset:
 def _scan_tsv(path: Path, selection: Selection) -> Scan:
     """A toy format: a header line, then tab-separated cells (what a plugin would add)."""
 
-    class Rows:
-        def __init__(self) -> None:
-            self.values: list[dict[str, Any]] = []
-
-        def raw(self, position: int) -> dict[str, Any]:
-            return dict(self.values[position])
-
-        def keep(self, positions: list[int]) -> None:
-            self.values = [self.values[at] for at in positions]
-
     data, sha256, identity = dataset_scan.read_all(path)
-    store = Rows()
+    store = RowList()
     scan = Scan(store, selection.sampling, sha256, identity)
     header, *lines = data.decode("utf-8").splitlines()
     for source, line in enumerate(lines):
@@ -85,8 +81,8 @@ def _scan_tsv(path: Path, selection: Selection) -> Scan:
 
 
 def test_a_registered_format_is_collected_and_run(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(FORMATS, "tsv", _scan_tsv)
     write_workspace(pytester.path)
     (pytester.path / "data" / "calc.jsonl").unlink()
@@ -101,6 +97,73 @@ def test_a_registered_format_is_collected_and_run(
     assert [record["status"] for record in read_index(only_run_dir(pytester.path))] == ["success"]
     manifest = json.loads((only_run_dir(pytester.path) / "manifest.json").read_text())
     assert manifest["inputs"]["dataset"]["selected_source_rows"] == "1"
+
+
+def _tsv_plugin() -> str:
+    """The README's dataset format (``Extending``), as printed; importing it leaves a mark
+    in $MARK."""
+    mark = 'import os\nwith open(os.environ["MARK"], "a") as mark:\n    mark.write("imported\\n")\n'
+    return mark + readme_example(1)
+
+
+def _install_distribution(site: Path, entry_points: str) -> None:
+    """What pip install leaves for a distribution (an installed package): its module and
+    its dist-info, which importlib.metadata finds on sys.path."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "osmosis_tsv.py").write_text(_tsv_plugin())
+    info = site / "osmosis_tsv-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: osmosis-tsv\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+def test_an_installed_distribution_adds_a_format_only_when_the_plugin_is_on(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = pytester.path / "site"
+    _install_distribution(site, "[pytest_osmosis.dataset_formats]\ntsv = osmosis_tsv:scan_tsv\n")
+    mark = pytester.path / "mark.txt"
+    monkeypatch.setenv("MARK", str(mark))
+    root = str(Path(__file__).parents[1])  # this checkout's pytest_osmosis, in the subprocess too
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(site), root, os.environ.get("PYTHONPATH", "")])
+    )
+    write_workspace(pytester.path)
+    (pytester.path / "data" / "calc.jsonl").unlink()
+    lines = ["user_prompt\tground_truth", "What is 2 + 2?\t4", "What is 3 * 5?\t15"]
+    (pytester.path / "data" / "calc.tsv").write_text("\n".join(lines) + "\n")
+    off = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--collect-only")
+    assert off.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert not mark.exists(), "a pytest run without --osmosis-eval imported a format plugin"
+    on = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider")
+    on.assert_outcomes(passed=2)
+    assert mark.read_text() == "imported\n"
+    manifest = json.loads((only_run_dir(pytester.path) / "manifest.json").read_text())
+    tsv = (pytester.path / "data" / "calc.tsv").read_bytes()
+    assert manifest["inputs"]["dataset"]["sha256"] == hashlib.sha256(tsv).hexdigest()
+
+
+def test_a_format_plugin_that_cannot_load_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _install_distribution(tmp_path, "[pytest_osmosis.dataset_formats]\ncsv = osmosis_tsv:gone\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MARK", str(tmp_path / "mark.txt"))
+    monkeypatch.setattr(formats, "_plugins_loaded", [])
+    with pytest.raises(
+        DatasetError,
+        match=r"^dataset format entry point 'csv' = 'osmosis_tsv:gone' \(osmosis-tsv\): the suffix \.csv already has a reader$",
+    ):
+        formats.readers()
+    (tmp_path / "osmosis_tsv-0.1.dist-info" / "entry_points.txt").write_text(
+        "[pytest_osmosis.dataset_formats]\ntsv = osmosis_tsv:gone\n"
+    )
+    with pytest.raises(
+        DatasetError,
+        match=r"^dataset format entry point 'tsv' = 'osmosis_tsv:gone' \(osmosis-tsv\): cannot load: AttributeError: .*gone",
+    ):
+        formats.readers()
+    assert "tsv" not in FORMATS
 
 
 def test_the_registry_decides_lookup_and_the_refusal(
@@ -146,8 +209,8 @@ def test_metadata_nested_too_deep_is_a_dataset_error_naming_the_row(tmp_path: Pa
 
 
 def test_a_deeply_nested_row_is_one_collection_error_not_a_traceback(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     rows = [
         {"user_prompt": "What is 2 + 2?", "ground_truth": "4", "metadata": _nested(900)},
         {"user_prompt": "What is 3 * 5?", "ground_truth": "15", "metadata": _nested(255)},
@@ -162,9 +225,7 @@ def test_a_deeply_nested_row_is_one_collection_error_not_a_traceback(
     # The deepest row the rule accepts (255: the deepest the SDK's client sends) runs to a
     # result; past 252 levels its trajectory cannot be written, as the SDK's cannot (measured
     # with osmosis-ai 0.3.8: pydantic's serialization depth), and its line says so.
-    result = pytester.runpytest(
-        "--osmosis-eval", "--osmosis-rows", "1-2", "-p", "no:cacheprovider"
-    )
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-rows", "1-2", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         # pydantic-core's words: "Maximum serialization depth exceeded", or at the floor
@@ -211,8 +272,8 @@ backend = LocalBackend(workflow=Replacing, grader=Exact)
 
 
 def test_the_dataset_replaced_mid_run_stops_in_one_line_rows_pending(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     data = pytester.path / "data" / "calc.jsonl"
     rows = [{"user_prompt": f"row {i}", "ground_truth": "4"} for i in range(64)]
     rows[0]["metadata"] = {"replace": str(data)}

@@ -4,13 +4,17 @@ Code cites the contract as ``contract §x.y`` (docs/contract.md keeps the resear
 section numbers), and docs/how-it-works.md names the module of every step. These tests
 read files only: every cited section must be a heading of docs/contract.md, every module
 the docs name must exist, every ``module.py::name`` (or ``module.py::Class.method``) they
-name must be defined there, and the docs' relative links must resolve.
+name must be defined there, and the docs' relative links must resolve. The README's and docs/sdk-call-routes.md's
+``module.py::name`` citations count too, and so do the ones into the official SDK's
+source (checked against the SDK that ``OSMOSIS_SDK_PYTHON`` names).
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -177,16 +181,59 @@ def test_every_module_the_docs_name_exists(doc: str) -> None:
     assert not missing, f"docs/{doc} names modules that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("doc", ["how-it-works.md", "contract.md"])
-def test_every_name_the_docs_give_a_module_is_defined_there(doc: str) -> None:
-    qualified = _qualified_names((DOCS / doc).read_text(encoding="utf-8"))
-    assert len(qualified) >= 20, f"the name pattern found too little: {sorted(qualified)}"
+@pytest.mark.parametrize(
+    ("doc", "at_least"),
+    [
+        ("docs/how-it-works.md", 20),
+        ("docs/contract.md", 20),
+        ("docs/sdk-call-routes.md", 1),
+        ("README.md", 1),
+    ],
+)
+def test_every_name_the_docs_give_a_module_is_defined_there(doc: str, at_least: int) -> None:
+    qualified = _qualified_names((ROOT / doc).read_text(encoding="utf-8"))
+    assert len(qualified) >= at_least, f"the name pattern found too little: {sorted(qualified)}"
     undefined = sorted(
         f"{path}::{name}"
         for path, name in qualified
         if not _module_file(path).is_file() or not _defines(_module_file(path), name)
     )
-    assert not undefined, f"docs/{doc} names what its module does not define: {undefined}"
+    assert not undefined, f"{doc} names what its module does not define: {undefined}"
+
+
+def _sdk_source() -> Path:
+    """The official SDK's installed package directory (``osmosis_ai/``), found without
+    importing it, in the interpreter ``OSMOSIS_SDK_PYTHON`` names; a skip without one."""
+    python = os.environ.get("OSMOSIS_SDK_PYTHON")
+    if not python:
+        pytest.skip("the SDK's source is cited: set OSMOSIS_SDK_PYTHON to check it")
+    found = subprocess.run(
+        [python, "-c", "import importlib.util as u; print(u.find_spec('osmosis_ai').origin)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(found.stdout.strip()).parent.parent
+
+
+def test_every_name_the_docs_cite_from_the_sdk_is_defined_there() -> None:
+    """``osmosis_ai/eval/local/runner.py::_classify_outcome``: the SDK version we pin
+    (0.3.8) still defines what the docs say we follow."""
+    cited = {
+        (path, name)
+        for doc in ("docs/how-it-works.md", "docs/contract.md", "README.md")
+        for span in _CODE_SPAN.findall((ROOT / doc).read_text(encoding="utf-8"))
+        for path, name in _QUALIFIED.findall(span)
+        if path.startswith(_SDK_PATH)
+    }
+    assert cited, "the docs cite no SDK source any more: drop this test"
+    root = _sdk_source()
+    undefined = sorted(
+        f"{path}::{name}"
+        for path, name in cited
+        if not (root / path).is_file() or not _defines(root / path, name)
+    )
+    assert not undefined, f"the docs cite what the SDK does not define: {undefined}"
 
 
 def test_the_name_check_reads_definitions_not_mentions() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import only_run_dir, read_index, write_workspace
 
@@ -208,8 +209,8 @@ def outcomes(run_dir: Path) -> dict[int, tuple[str, str | None]]:
 
 
 def test_ordinary_faults_are_failed_rows_with_their_own_types(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     behaviours = [do for do, _ in ORDINARY_FAULTS]
     write_workspace(
         pytester.path,
@@ -248,8 +249,8 @@ def pytest_runtest_logreport(report):
 
 
 def test_a_row_blocking_the_event_loop_is_stopped_by_the_backstop_and_named(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     """Only the blocker can exceed the budgets: it blocks until its backstop has fired.
 
     The other rows' budgets (6 s for one loopback model call, 3 s for a comparison) hold on
@@ -310,8 +311,8 @@ CRASH_TYPES = {2: "worker_crashed", 4: "agent_error", 6: "worker_crashed", 8: "v
 
 
 def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = pytester.path
     (root / "armed").touch()
     monkeypatch.setenv("FAULT_IMPORTS", str(root / "imports.log"))
@@ -357,8 +358,8 @@ def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
 
 @pytest.mark.parametrize("crash", ["exit_now", "segv_now"])
 def test_a_prefetched_row_that_crashes_is_the_one_recorded(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, crash: str
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch, crash: str
+) -> None:
     """The worker's main thread waits for row 0 while row 2, run ahead, kills the worker.
 
     Row 2 is recorded ``worker_crashed`` and never sent again; rows 0, 1 and 3, in flight
@@ -535,8 +536,8 @@ DirectClient.complete = _complete_emfile
 
 @pytest.mark.parametrize("workers", [None, "2"], ids=["single", "xdist"])
 def test_the_bridge_out_of_descriptors_leaves_the_row_pending_and_stops_in_one_line(
-    pytester: pytest.Pytester, model_env, workers: str | None
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, workers: str | None
+) -> None:
     """Our own exhaustion is no rollout's failure: exit 4, one line, the row left pending.
 
     Under xdist the worker that meets it must not end the session from inside a row

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+from model_server import ModelServer
 from workspaces import calc_rows, write_workspace
 
 PLAIN = ("-p", "no:cacheprovider", "-p", "no:randomly")
@@ -75,8 +77,8 @@ def test_help_names_what_each_retry_flag_reruns(pytester: pytest.Pytester) -> No
 
 
 def test_retry_failed_keeps_low_rewards_says_why_and_the_other_flag_reruns_them(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _low(pytester.path)
     named = ("--osmosis-eval", "--osmosis-name", "low", *PLAIN)
     pytester.runpytest(*named).assert_outcomes(passed=1, failed=1)
@@ -105,8 +107,8 @@ def test_retry_failed_keeps_low_rewards_says_why_and_the_other_flag_reruns_them(
 
 
 def test_retry_failed_on_a_new_run_says_nothing_was_recorded(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _workspace(pytester.path)
     result = pytester.runpytest("--osmosis-eval", "--osmosis-retry-failed", *PLAIN)
     result.assert_outcomes(passed=2)
@@ -122,8 +124,8 @@ def test_retry_failed_on_a_new_run_says_nothing_was_recorded(
 
 
 def test_the_plan_says_which_named_run_each_config_resumes(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _workspace(pytester.path)
     pytester.runpytest("--osmosis-eval", "--osmosis-name", "intr3", *PLAIN).assert_outcomes(
         passed=2
@@ -161,8 +163,8 @@ def test_the_plan_says_which_named_run_each_config_resumes(
 
 
 def test_a_compact_block_before_the_first_row_and_one_line_under_q(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _workspace(pytester.path)
     args = ("--osmosis-eval", "--osmosis-name", "block", "--osmosis-concurrency", "3", *PLAIN)
     result = pytester.runpytest(*args, "--osmosis-n", "2")
@@ -185,8 +187,8 @@ def test_a_compact_block_before_the_first_row_and_one_line_under_q(
 
 
 def test_the_block_on_a_terminal_stays_above_the_status_line(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     from test_progress import STATUS, frames, run_on_a_terminal, shown
 
     _workspace(pytester.path)
@@ -210,7 +212,7 @@ def test_the_block_on_a_terminal_stays_above_the_status_line(
     assert any(line.startswith("upload   osmosis eval upload .osmosis/evals/tty") for line in final)
 
 
-def test_after_the_table_the_commands_that_come_next(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_after_the_table_the_commands_that_come_next(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _low(pytester.path)
     first = pytester.runpytest("--osmosis-eval", "--osmosis-name", "monday", *PLAIN)
     first.stdout.fnmatch_lines(
@@ -237,8 +239,8 @@ def test_after_the_table_the_commands_that_come_next(pytester: pytest.Pytester, 
 
 
 def test_the_resume_command_after_a_selection_finishes_the_run(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     """A session that deselected some of a run's items (``-k``, ``--lf``) could never finish
     the run with its own command: the resume command leaves the selection out."""
     import shlex
@@ -259,7 +261,7 @@ def test_the_resume_command_after_a_selection_finishes_the_run(
     assert info["eval_run"]["status"] == "finished"
 
 
-def test_after_ctrl_c_run_the_same_command_again(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_after_ctrl_c_run_the_same_command_again(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     import signal
     import subprocess
     import sys
@@ -297,7 +299,7 @@ def test_after_ctrl_c_run_the_same_command_again(pytester: pytest.Pytester, mode
 # -- 5: 0/0 is not 0.0% ------------------------------------------------------------------------
 
 
-def test_a_pass_rate_of_nothing_reads_n_a(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_a_pass_rate_of_nothing_reads_n_a(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, rows=calc_rows([("What is 4 + 4?", "8", "skip")]))
     result = pytester.runpytest("--osmosis-eval", "--osmosis-progress", "log", *PLAIN)
     result.assert_outcomes(skipped=1)
@@ -312,8 +314,8 @@ def test_a_pass_rate_of_nothing_reads_n_a(pytester: pytest.Pytester, model_env) 
 
 
 def test_a_client_with_default_retries_does_not_retry_what_the_bridge_retried(
-    model_loop, model_server
-) -> None:  # type: ignore[no-untyped-def]
+    model_loop: Any, model_server: ModelServer
+) -> None:
     """The README's AsyncOpenAI has max_retries=2: without the bridge's x-should-retry it
     would send each of its 3 tries through the bridge's own 3 (9 provider requests)."""
     import openai
@@ -350,8 +352,8 @@ def test_a_client_with_default_retries_does_not_retry_what_the_bridge_retried(
 
 
 def test_a_provider_error_headline_has_no_bridge_url_and_no_mdn_link(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _workspace(pytester.path)
     model_env.fail_on = {"3 * 5": (500, 100)}  # row 1's calls: the provider answers 500
     result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "p500", *PLAIN)
@@ -392,8 +394,8 @@ def _info_errored(run_dir: Path) -> str:
 
 
 def test_direct_rows_are_priced_from_litellms_map_without_importing_it(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     import litellm
 
     _workspace(pytester.path)
@@ -500,7 +502,7 @@ backend = LocalBackend(workflow=Sums, grader=Exact)
 """
 
 
-def test_the_report_shows_a_metadata_rows_input(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_the_report_shows_a_metadata_rows_input(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(
         pytester.path,
         rows=[
@@ -528,8 +530,8 @@ def test_the_report_shows_a_metadata_rows_input(pytester: pytest.Pytester, model
 
 
 def test_info_lists_errored_and_below_threshold_attempts(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     from workspaces import MIXED_ROWS
 
     write_workspace(pytester.path, rows=MIXED_ROWS)
@@ -542,7 +544,7 @@ def test_info_lists_errored_and_below_threshold_attempts(
     assert "Skipped attempts (1)" in lines
 
 
-def test_compare_is_report_compare(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_compare_is_report_compare(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     import contextlib
     import io
 
@@ -580,8 +582,8 @@ def test_per_row_tick_labels_do_not_overlap_at_30_rows() -> None:
 
 
 def test_runs_html_plots_small_and_incomplete_runs_on_lines_of_their_own(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     from pytest_osmosis.report import write_index
 
     _workspace(pytester.path)

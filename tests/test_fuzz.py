@@ -3,8 +3,8 @@ error type with a one-line message, never another exception.
 
 Covers the eval TOML (bytes, generated documents, mutations of a valid one, then the
 rollout path rules and the settings overrides), the dataset name lookup, the Parquet
-reader (JSONL and CSV are fuzzed against the official reader in test_dataset.py), and the
-journal replay that a resume trusts.
+reader (JSONL and CSV are fuzzed against the official reader in
+tests/unit/dataset/test_dataset.py), and the journal replay that a resume trusts.
 """
 
 from __future__ import annotations

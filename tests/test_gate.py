@@ -5,6 +5,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+from model_server import ModelServer
+from readme_examples import readme_example
 from workspaces import calc_rows, write_workspace
 
 # 3 of 5 attempts pass (60%); one row is a workflow error (20% error rate).
@@ -20,9 +22,7 @@ ROWS = calc_rows(
 
 
 @pytest.fixture
-def workspace(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def workspace(pytester: pytest.Pytester, model_env: ModelServer) -> pytest.Pytester:
     write_workspace(pytester.path, rows=ROWS)
     return pytester
 
@@ -120,4 +120,49 @@ def test_bad_gate_values_are_usage_errors(workspace: pytest.Pytester) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         ["*--osmosis-min-pass-rate: must be a number from 0 to 1, got '80'*"]
+    )
+
+
+def token_rule(limit: int) -> str:
+    """The README's gate rule: no run may spend more than *limit* tokens."""
+    rule = readme_example(0)
+    assert "LIMIT = 50_000\n" in rule
+    return rule.replace("LIMIT = 50_000\n", f"LIMIT = {limit}\n")
+
+
+@pytest.mark.parametrize(
+    ("limit", "args", "code", "lines"),
+    [
+        # alone, the rule decides: failed rows no longer fail the session...
+        (10**9, (), 0, ["*osmosis gate PASSED*", "*every run under 1000000000 tokens*"]),
+        # ...and it fails a run the built-in rules pass; both say why
+        (
+            1,
+            ("--osmosis-min-pass-rate", "0.6"),
+            1,
+            ["*osmosis gate FAILED*", "*pass rate 60.0%*>= 60.0%*", "*: more than 1 tokens*"],
+        ),
+    ],
+)
+def test_a_conftest_gate_rule_joins_the_built_in_gate(
+    workspace: pytest.Pytester, limit: int, args: tuple[str, ...], code: int, lines: list[str]
+) -> None:
+    workspace.makeconftest(token_rule(limit))
+    result = workspace.runpytest("--osmosis-eval", "-p", "no:cacheprovider", *args)
+    assert result.ret == code
+    result.stdout.fnmatch_lines(lines)
+    result.assert_outcomes(passed=3, failed=1, errors=1)
+
+
+def test_a_gate_rule_that_returns_no_verdict_fails_the_gate(workspace: pytest.Pytester) -> None:
+    workspace.makeconftest("def pytest_osmosis_gate_verdict(config, runs):\n    return True\n")
+    result = workspace.runpytest(
+        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-min-pass-rate", "0.1"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*osmosis gate FAILED*",
+            "*pytest_osmosis_gate_verdict returned bool True, not a pytest_osmosis.gate.Verdict or None*",
+        ]
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import CALC_ROLLOUT, HELD, calc_rows, wait_until, write_workspace
 
@@ -58,9 +59,9 @@ def _run_dir(pytester: pytest.Pytester, name: str) -> Path:
 
 
 @pytest.fixture
-def served(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def served(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
     monkeypatch.delenv("CALC_BREAK", raising=False)
     return pytester
 

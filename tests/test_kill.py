@@ -141,7 +141,7 @@ def zygote() -> Iterator[Zygote]:
 
 
 @pytest.fixture
-def server(model_loop) -> Iterator[ModelServer]:  # type: ignore[no-untyped-def]
+def server(model_loop: Any) -> Iterator[ModelServer]:
     model = ModelServer(delay=0.25).start(loop=model_loop.loop)
     yield model
     model.stop()

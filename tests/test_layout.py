@@ -97,3 +97,15 @@ def test_importing_a_subpackage_loads_no_pytest(package: str) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"importing pytest_osmosis.{package} loads {out.stdout}"
+
+
+def test_the_fast_lane_mirrors_the_libraries_and_starts_no_session() -> None:
+    """``tests/unit/<package>/`` holds the tests of the pytest-free subpackages, and none of
+    them starts a pytest session (pytester), so a change to a library answers in seconds."""
+    unit = Path(__file__).resolve().parent / "unit"
+    mirrored = {p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    assert mirrored and mirrored <= set(SUBPACKAGES), mirrored - set(SUBPACKAGES)
+    sessions = sorted(
+        str(path.relative_to(unit)) for path in unit.rglob("*.py") if "pytester" in path.read_text()
+    )
+    assert sessions == []

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import read_index, write_workspace
 
@@ -133,8 +134,8 @@ ESCAPES = [
 
 
 def test_exits_interrupts_stops_and_own_cancels_are_one_failed_row_each(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     behaviours = [do for do, _ in ESCAPES]
     write_workspace(
         pytester.path,
@@ -167,8 +168,8 @@ def test_exits_interrupts_stops_and_own_cancels_are_one_failed_row_each(
 
 
 def test_a_rollouts_own_cancelled_error_is_one_recorded_failure(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(
         pytester.path,
         rows=rows(["ok", "cancel", "ok"]),
@@ -189,8 +190,8 @@ def test_a_rollouts_own_cancelled_error_is_one_recorded_failure(
 
 
 def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(
         pytester.path,
         rows=rows(["ok", "grader_extra_object", "ok", "grader_extra_deep", "ok"]),
@@ -230,8 +231,8 @@ def test_an_unserialisable_extra_field_costs_only_that_rows_trajectory(
 
 @pytest.mark.parametrize("args", [(), ("-s",), ("-n", "2")], ids=["captured", "s", "xdist"])
 def test_a_rollout_closing_sys_stdout_costs_no_row_and_no_flood(
-    pytester: pytest.Pytester, model_env, args: tuple[str, ...]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, args: tuple[str, ...]
+) -> None:
     """It made 2,730 lines of errors (pytest's capture stream closed under it)."""
     write_workspace(
         pytester.path,
@@ -263,8 +264,8 @@ def test_a_rollout_closing_sys_stdout_costs_no_row_and_no_flood(
     ids=["row", "attempt", "negative", "source", "failed-reward"],
 )
 def test_a_journal_line_for_a_work_item_that_does_not_exist_is_refused_at_resume(
-    pytester: pytest.Pytester, model_env, edit: dict[str, Any], words: str
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, edit: dict[str, Any], words: str
+) -> None:
     write_workspace(
         pytester.path,
         rows=rows(["ok"] * 10),

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from workspaces import read_index, write_workspace
 
 from pytest_osmosis.plugin import OPTIONS, RUBRIC_OPTIONS
@@ -181,10 +182,10 @@ def test_addopts_from_the_environment_are_read_the_same_way(
 def test_output_outside_the_workspace_in_the_readme_spelling(
     pytester: pytest.Pytester,
     monkeypatch: pytest.MonkeyPatch,
-    model_env,
+    model_env: ModelServer,
     workers: tuple[str, ...],
     exists: bool,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """The README's ``--osmosis-output /abs/dir``: the run lands there, the ini still counts.
 
     A directory the session creates is one too: xdist's workers parse the controller's
@@ -265,11 +266,11 @@ BLANK_CASES = [
 @pytest.mark.parametrize(("args", "ini", "line"), BLANK_CASES)
 def test_a_blank_value_is_refused_not_read_as_every_row(
     pytester: pytest.Pytester,
-    model_env,
+    model_env: ModelServer,
     args: tuple[str, ...],
     ini: str | None,
     line: str,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     """``--osmosis-rows "$ROWS"`` with ROWS unset must not become a full, paid run."""
     write_workspace(pytester.path)
     if ini is not None:

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from workspaces import calc_rows, write_workspace
+from model_server import ModelServer
+from workspaces import calc_rows, run_session, write_workspace
 
 PLAIN = ("-p", "no:cacheprovider", "-p", "no:randomly")
 
@@ -49,11 +50,11 @@ def _plan_lines(output: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_plan_prints_and_spends_nothing(
-    pytester: pytest.Pytester, model_env, workers: tuple[str, ...]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, workers: tuple[str, ...]
+) -> None:
     _workspace(pytester.path)
-    result = pytester.runpytest_subprocess(
-        "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *workers, *PLAIN
+    result = run_session(
+        pytester, "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *workers, *PLAIN
     )
     assert result.ret == pytest.ExitCode.OK
     out = result.stdout.str()
@@ -81,7 +82,7 @@ def test_plan_prints_and_spends_nothing(
     assert not (pytester.path / ".osmosis").exists()
 
 
-def test_plan_says_a_named_run_resumes(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_plan_says_a_named_run_resumes(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     pytester.runpytest("--osmosis-eval", "--osmosis-name", "nightly", "-k", "row_0_", *PLAIN)
     requests = model_env.requests_total
@@ -100,7 +101,7 @@ def test_plan_says_a_named_run_resumes(pytester: pytest.Pytester, model_env) -> 
     assert model_env.requests_total == requests
 
 
-def test_collect_only_shows_the_plan(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_collect_only_shows_the_plan(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     result = pytester.runpytest("--osmosis-eval", "--co", "-q", *PLAIN)
     assert result.ret == pytest.ExitCode.OK
@@ -133,7 +134,7 @@ def test_a_broken_config_is_one_line_of_the_plan(pytester: pytest.Pytester) -> N
     assert "Exit" not in result.stdout.str()
 
 
-def test_confirm_is_skipped_without_a_terminal(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_confirm_is_skipped_without_a_terminal(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     result = pytester.runpytest_subprocess("--osmosis-eval", "--osmosis-confirm", *PLAIN)
     result.assert_outcomes(passed=4)
@@ -174,8 +175,8 @@ def _in_terminal(root: Path, answer: bytes, *args: str) -> tuple[int, str]:
 
 
 def test_confirm_declined_makes_no_model_call_and_no_run(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _workspace(pytester.path)
     status, out = _in_terminal(
         pytester.path, b"n\n", "--osmosis-eval", "--osmosis-confirm", "--osmosis-name", "x", *PLAIN
@@ -189,7 +190,7 @@ def test_confirm_declined_makes_no_model_call_and_no_run(
     assert not (pytester.path / ".osmosis" / "evals" / "x").exists()
 
 
-def test_confirm_accepted_runs(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_confirm_accepted_runs(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     status, out = _in_terminal(pytester.path, b"y\n", "--osmosis-eval", "--osmosis-confirm", *PLAIN)
     assert "[y/N]" in out

@@ -9,28 +9,23 @@ import sys
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from workspaces import (
+    MIXED_ROWS,
     calc_rows,
     only_run_dir,
     read_index,
+    run_session,
     toml_text,
     write_workspace,
 )
 
 pytest_plugins = ["pytester"]
 
-MIXED = calc_rows(
-    [
-        ("What is 2 + 2?", "4"),
-        ("What is 3 * 5?", "16"),
-        ("What is 1 + 1?", "2", "workflow_raise"),
-        ("What is 2 + 3?", "5", "grader_raise"),
-        ("What is 4 + 4?", "8", "skip"),
-    ]
-)
+MIXED = MIXED_ROWS  # one of each outcome, and two errors
 
 
-def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, rows=MIXED)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider", "-rA")
     # A low reward is a failure, an error an error (at setup), a removed sample a skip.
@@ -63,7 +58,7 @@ def test_every_outcome_maps_to_pytest(pytester: pytest.Pytester, model_env) -> N
     assert model_env.requests_total == 4 + 1  # four rows reach the model, plus the preflight
 
 
-def test_each_budget_expires_into_its_own_error(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_each_budget_expires_into_its_own_error(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     rows = calc_rows(
         [
             ("What is 2 + 2?", "4", "workflow_sleep:30"),
@@ -89,8 +84,8 @@ def test_each_budget_expires_into_its_own_error(pytester: pytest.Pytester, model
 
 
 def test_invalid_rewards_and_returns_are_validation_errors(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     rows = calc_rows(
         [
             ("What is 2 + 2?", "4", "nan"),
@@ -110,7 +105,7 @@ def test_invalid_rewards_and_returns_are_validation_errors(
     )
 
 
-def test_attempts_overrides_and_ini_twins(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_attempts_overrides_and_ini_twins(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, evaluation={"n": 2})
     ids = _collected(pytester)
     assert ids == [
@@ -200,8 +195,8 @@ def test_unreachable_model_stops_before_any_row(
 
 
 def test_missing_secret_stops_the_session_naming_it(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("CALC_TOKEN", raising=False)
     write_workspace(pytester.path, secrets=["CALC_TOKEN"])
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
@@ -209,7 +204,7 @@ def test_missing_secret_stops_the_session_naming_it(
     result.stderr.fnmatch_lines(["*CALC_TOKEN*"])
 
 
-def test_xdist_gives_the_same_outcomes(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_xdist_gives_the_same_outcomes(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, rows=MIXED)
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
     result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
@@ -285,8 +280,8 @@ class ExactGrader(Grader):
 
 @pytest.mark.parametrize("source", [SCAFFOLD, CLASSES_ONLY], ids=["scaffold-main", "classes"])
 def test_rollout_shapes_are_found_without_edits(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, source: str
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
     marker = pytester.path / "server-started"
     monkeypatch.setenv("SERVER_MARKER", str(marker))
     rows = calc_rows([("What is 2 + 2?", "4"), ("What is 2 + 3?", "5")])
@@ -298,8 +293,8 @@ def test_rollout_shapes_are_found_without_edits(
 
 
 def test_ambiguous_rollout_names_candidates_and_the_override(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     source = CLASSES_ONLY + "\n\nclass OtherWorkflow(Workflow):\n    pass\n"
     write_workspace(pytester.path, rollout_source=source)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
@@ -312,8 +307,8 @@ def test_ambiguous_rollout_names_candidates_and_the_override(
 
 
 def test_rollout_that_fails_to_import_shows_its_own_traceback(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     source = "import json\n\ndef helper():\n    raise ValueError('bad rollout setup')\n\nhelper()\n"
     write_workspace(pytester.path, rollout_source=source)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
@@ -323,7 +318,7 @@ def test_rollout_that_fails_to_import_shows_its_own_traceback(
     assert "INTERNALERROR" not in result.stdout.str()
 
 
-def test_trajectory_and_artifacts_are_written(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_trajectory_and_artifacts_are_written(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path)
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
@@ -344,7 +339,7 @@ def _collected(pytester: pytest.Pytester, *args: str, flag: bool = True) -> list
     ]
 
 
-def test_pdb_stops_inside_the_rollouts_own_frame(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_pdb_stops_inside_the_rollouts_own_frame(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     write_workspace(pytester.path, rows=calc_rows([("What is 1 + 1?", "2", "workflow_raise")]))
     result = pytester.run(
         sys.executable, "-m", "pytest", "--osmosis-eval", "-p", "no:cacheprovider", "--pdb",
@@ -378,15 +373,15 @@ def test_the_example_workspace_passes_on_the_embedded_model(pytester: pytest.Pyt
 
 @pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])
 def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
-    pytester: pytest.Pytester, model_env, xdist: tuple[str, ...]
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, xdist: tuple[str, ...]
+) -> None:
     write_workspace(pytester.path, rows=MIXED)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "done", *xdist)
-    first = pytester.runpytest_subprocess(*args)
+    first = run_session(pytester, *args)
     first.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     journal = (pytester.path / ".osmosis" / "evals" / "done" / "events.jsonl").read_text()
     before = model_env.requests_total
-    again = pytester.runpytest_subprocess(*args)
+    again = run_session(pytester, *args)
     # Nothing runs, not even the preflight; the recorded failures still fail the session.
     assert again.ret == pytest.ExitCode.TESTS_FAILED, again.stdout.str()
     again.stdout.fnmatch_lines(["*already finished: every row is recorded, none ran again*"])
@@ -398,13 +393,13 @@ def test_a_finished_run_runs_nothing_again_and_keeps_its_verdict(
     # A finished run where every row passed exits 0, though pytest itself ran no test.
     write_workspace(pytester.path, rows=MIXED[:1], name="good")
     good = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "good", *xdist)
-    pytester.runpytest_subprocess(*good, "configs/eval/good.toml").assert_outcomes(passed=1)
-    rerun = pytester.runpytest_subprocess(*good, "configs/eval/good.toml")
+    run_session(pytester, *good, "configs/eval/good.toml").assert_outcomes(passed=1)
+    rerun = run_session(pytester, *good, "configs/eval/good.toml")
     assert rerun.ret == pytest.ExitCode.OK, rerun.stdout.str()
     assert model_env.requests_total == before + 1 + 1  # the good run's preflight and its row
 
 
-def test_each_result_is_projected_as_it_is_recorded(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_each_result_is_projected_as_it_is_recorded(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     """The controller settles every result when it records it, not at the end of the run."""
     write_workspace(pytester.path, rows=MIXED[:2])
     pytester.makeconftest(
@@ -428,7 +423,7 @@ def test_each_result_is_projected_as_it_is_recorded(pytester: pytest.Pytester, m
 
 def test_an_errored_row_is_reported_without_parsing_on_the_main_thread(
     pytester: pytest.Pytester,
-    model_env,  # type: ignore[no-untyped-def]
+    model_env: ModelServer,
 ) -> None:
     """pytest renders a setup error by parsing the frames' source (``ast.parse``) on the main
     thread; the loop thread formats rollouts' tracebacks meanwhile, and on Python 3.11 two

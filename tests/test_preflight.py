@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from workspaces import calc_rows, free_port, write_workspace
 
 from pytest_osmosis.core.errors import ModelPreflightError
@@ -81,8 +82,8 @@ PROBE_DELAY_S = 6.0  # the preflight's answer: longer than httpx's default 5 s t
 
 
 def test_no_workflow_starts_before_the_preflight_has_answered(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     model_server = model_env
     model_server.delays = {"hi": PROBE_DELAY_S}  # the preflight's own prompt
     model_server.delay = 0.05  # each row's call: ~50 ms of work
@@ -119,8 +120,8 @@ def _rows_through_litellm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("through_litellm", [True, False], ids=["litellm", "direct"])
 def test_an_xdist_worker_imports_litellm_before_its_first_workflow(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, through_litellm: bool
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch, through_litellm: bool
+) -> None:
     if through_litellm:
         _rows_through_litellm(monkeypatch)
     write_workspace(
@@ -175,7 +176,7 @@ def test_a_failing_preflight_is_one_line_and_records_nothing(
     monkeypatch: pytest.MonkeyPatch,
     ask: bool,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     _point_at_a_dead_endpoint(monkeypatch)
     write_workspace(
         pytester.path,
@@ -192,7 +193,7 @@ def test_a_failing_preflight_is_one_line_and_records_nothing(
 
 def test_a_failing_preflight_under_xdist_is_one_line_and_records_nothing(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     _point_at_a_dead_endpoint(monkeypatch)
     write_workspace(pytester.path, rows=_rows(4, ask=True), rollout_source=STAMPING_ROLLOUT)
     result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", "-n", "2")
@@ -202,8 +203,8 @@ def test_a_failing_preflight_under_xdist_is_one_line_and_records_nothing(
 
 
 def test_a_failing_preflight_leaves_a_resumed_run_as_it_was(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write_workspace(pytester.path, rows=_rows(2, ask=True), rollout_source=STAMPING_ROLLOUT)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "x")
     pytester.runpytest(*args, "--osmosis-rows", "0").assert_outcomes(passed=1)
@@ -235,10 +236,10 @@ def _shadow_path(monkeypatch: pytest.MonkeyPatch, directory: Path) -> None:
 
 def test_a_dependency_outside_our_range_stops_the_session_in_one_line(
     pytester: pytest.Pytester,
-    model_env,
+    model_env: ModelServer,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     # What `pip install -e rollouts/<name>` leaves when the rollout pins an old LiteLLM.
     shadow = pytester.path / "shadow"
     info = shadow / "litellm-1.50.0.dist-info"
@@ -254,10 +255,10 @@ def test_a_dependency_outside_our_range_stops_the_session_in_one_line(
 
 def test_litellm_that_cannot_be_imported_is_one_session_failure(
     pytester: pytest.Pytester,
-    model_env,
+    model_env: ModelServer,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     shadow = pytester.path / "shadow"
     (shadow / "litellm").mkdir(parents=True)
     (shadow / "litellm" / "__init__.py").write_text(
@@ -286,7 +287,7 @@ def _route(url: str) -> ModelRoute:
     )
 
 
-def test_the_check_runs_in_a_child_and_names_a_dead_endpoint(model_server) -> None:  # type: ignore[no-untyped-def]
+def test_the_check_runs_in_a_child_and_names_a_dead_endpoint(model_server: ModelServer) -> None:
     assert direct_base(_route(model_server.url)) is None
     assert asyncio.run(check_model(_route(model_server.url))) is None
     assert model_server.bodies[-1]["messages"] == [{"role": "user", "content": "hi"}]
@@ -295,8 +296,8 @@ def test_the_check_runs_in_a_child_and_names_a_dead_endpoint(model_server) -> No
 
 
 def test_an_interpreter_that_cannot_import_us_checks_in_process(
-    model_server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+    model_server: ModelServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho \"No module named 'pytest_osmosis'\" >&2\nexit 1\n")
     fake.chmod(0o755)

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_server import ModelServer
-from workspaces import MIXED_ROWS, write_workspace
+from workspaces import MIXED_ROWS, run_session, write_workspace
 
 from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, PASSED, SKIPPED
 from pytest_osmosis.plugin.progress import (
@@ -394,7 +394,7 @@ def test_off_a_terminal_a_row_is_one_line_and_quiet_is_quieter(
     pytester: pytest.Pytester, model_env: Any, xdist: tuple[str, ...]
 ) -> None:
     write_workspace(pytester.path, rows=MIXED)
-    result = pytester.runpytest_subprocess(*BASE, "--osmosis-name", "logs", *xdist)
+    result = run_session(pytester, *BASE, "--osmosis-name", "logs", *xdist)
     result.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     lines = run_section(result.stdout.str())
     rows = [line for line in lines if line.startswith("osmosis: row ")]
@@ -406,7 +406,7 @@ def test_off_a_terminal_a_row_is_one_line_and_quiet_is_quieter(
     # pytest's short summary still names each failure with its word (pytest 8.4 without the message).
     result.stdout.fnmatch_lines(["FAILED *calc.toml::row_1_run_0*"])
 
-    quiet = pytester.runpytest_subprocess(*BASE, "--osmosis-name", "quiet", "-q", *xdist)
+    quiet = run_session(pytester, *BASE, "--osmosis-name", "quiet", "-q", *xdist)
     quiet.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     assert "osmosis: row" not in quiet.stdout.str()  # a short run: no totals line either
     letters = [line for line in quiet.outlines if re.fullmatch(r"[.FsE]+ *\[100%\]", line)]

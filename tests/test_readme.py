@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import workspaces  # noqa: F401 - imports LiteLLM once, before in-process runs
+from model_server import ModelServer
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -48,7 +49,7 @@ def test_every_python_block_of_the_guide_is_a_marked_file() -> None:
     assert len(marked) == section.count("```python") >= 2
 
 
-def test_the_rollout_guide_runs_as_printed(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_the_rollout_guide_runs_as_printed(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     files = _guide_files()
     assert {
         "pytest.ini",

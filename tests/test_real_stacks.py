@@ -7,7 +7,8 @@ Agents and Strands integrations import it, and the load guard took that for a se
 So each workspace here runs as a user runs it: ``python -m pytest --osmosis-eval`` in a new
 process, and beside it osmosis-ai 0.3.8's own ``LocalEvalRunner`` with its rollout server
 started through the SDK's ``_server_bootstrap.py`` (``SDK_EVAL_RUN``), against one loopback
-model server. Both runs must end every row the same way (status, reward).
+model server. Both runs must end every row the same way (status, reward, error, tokens,
+summary) and give `osmosis eval upload` the same files.
 
 The rollouts (tests/sdk_rollouts/) are our own, in the shapes the template and the SDK
 scaffold use: a package-style rollout with ``pyproject.toml`` and an OpenAI Agents tool
@@ -26,12 +27,13 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from model_server import ModelServer, ToolRule
-from sdk_planner import SDK_EVAL_RUN, SDK_MISSING, SDK_PYTHON, sdk_python_imports
+from sdk_planner import SDK_EVAL_RUN, SDK_MISSING, SDK_PYTHON, sdk_judge, sdk_python_imports
 from workspaces import read_index, toml_text
 
 ROLLOUTS = Path(__file__).resolve().parent / "sdk_rollouts"
@@ -50,21 +52,30 @@ pytestmark = [
 ]
 
 
-def _stacks_python() -> Path | None:
-    """The Python with osmosis-ai's Strands integration: ``OSMOSIS_STACKS_PYTHON``, else the
-    SDK's Python when it has it."""
-    named = os.environ.get("OSMOSIS_STACKS_PYTHON")
+def _python_with(variable: str, module: str) -> Path | None:
+    """The Python named by ``variable``, else the SDK's Python, if it imports ``module``."""
+    named = os.environ.get(variable)
     candidates = [Path(named)] if named else ([SDK_PYTHON] if SDK_PYTHON else [])
     for python in candidates:
         probe = subprocess.run(
-            [str(python), "-c", "import osmosis_ai.rollout.integrations.agents.strands"],
-            capture_output=True,
-            cwd="/",
-            check=False,
+            [str(python), "-c", f"import {module}"], capture_output=True, cwd="/", check=False
         )
         if probe.returncode == 0:
             return python
     return None
+
+
+def _stacks_python() -> Path | None:
+    """The Python with osmosis-ai's Strands integration: ``OSMOSIS_STACKS_PYTHON``, else the
+    SDK's Python when it has it."""
+    return _python_with("OSMOSIS_STACKS_PYTHON", "osmosis_ai.rollout.integrations.agents.strands")
+
+
+def _harbor_python() -> Path | None:
+    """The Python with osmosis-ai's Harbor backend: ``OSMOSIS_HARBOR_PYTHON``, else the SDK's
+    Python when it has it. ``harbor`` holds httpx at 0.28, below what the other lanes
+    resolve, so .ci/run gives it an environment of its own."""
+    return _python_with("OSMOSIS_HARBOR_PYTHON", "osmosis_ai.rollout.backend.harbor.backend")
 
 
 Rollouts = dict[str, tuple[Path, str]]  # rollout name -> (its code, its entrypoint)
@@ -96,6 +107,18 @@ def ends(run_dir: Path) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
     return rows, {k: v for k, v in summary.items() if "duration" not in k}
 
 
+def uploaded(run_dir: Path) -> dict[str, Any]:
+    """What ``osmosis eval upload`` would take from a run (the SDK's own planner), each
+    rollout id in a file name replaced by its row: ids are random in every run."""
+    verdict = sdk_judge(run_dir)
+    names = {r["rollout_id"]: f"row-{r['row_index']}" for r in read_index(run_dir)}
+    files = verdict.get("files", [])
+    verdict["files"] = sorted(
+        "/".join(names.get(part, part) for part in name.split("/")) for name in files
+    )
+    return verdict
+
+
 #: Each workspace runs in both of our execution modes: imported into the session, and on
 #: its own server as ``osmosis eval run`` runs it (issue 24, part 2).
 MODES = pytest.mark.parametrize("mode", ["in-process", "server"])
@@ -108,57 +131,76 @@ def run_both(
     rollouts: Rollouts,
     rows: dict[str, list[dict[str, Any]]],
     mode: str,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, int], str]:
     """Each rollout's rows and summary as ``osmosis eval run`` ends them and as one fresh
     ``pytest --osmosis-eval --osmosis-execution <mode>`` session ends them, with that
-    session's outcomes and output."""
-    env = {**os.environ, **model_server.env(), "OPENAI_AGENTS_DISABLE_TRACING": "1"}
+    session's outcomes and output; ``extra_env`` on top of the environment of both."""
+    env = {
+        **os.environ,
+        **model_server.env(),
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+        **(extra_env or {}),
+    }
     env.pop("PYTEST_ADDOPTS", None)
-    sdk: dict[str, Any] = {}
     sdk_root = tmp_path / "sdk"
     workspace(sdk_root, rollouts, rows)
-    for name, (_, entrypoint) in rollouts.items():
-        args = [str(sdk_root), name, entrypoint, name, name, "bootstrap"]
-        done = subprocess.run(
-            [str(python), "-c", SDK_EVAL_RUN, *args],
-            cwd=sdk_root,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        assert done.returncode == 0, (
-            f"osmosis eval run:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-        )
-        sdk[name] = ends(sdk_root / "sdk-evals" / name)
+
+    def sdk_runs() -> dict[str, Any]:
+        ended = {}
+        for name, (_, entrypoint) in rollouts.items():
+            args = [str(sdk_root), name, entrypoint, name, name, "bootstrap"]
+            done = subprocess.run(
+                [str(python), "-c", SDK_EVAL_RUN, *args],
+                cwd=sdk_root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+            assert done.returncode == 0, (
+                f"osmosis eval run:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
+            ended[name] = ends(sdk_root / "sdk-evals" / name)
+        return ended
+
+    # The SDK's runs and ours share nothing but the model server: run them side by side.
+    pool = ThreadPoolExecutor(max_workers=1)
+    theirs = pool.submit(sdk_runs)
     ours_root = tmp_path / "ours"
     workspace(ours_root, rollouts, rows)
     execution = ["--osmosis-execution", mode]
     if mode == "server" and any(
         (source / "pyproject.toml").is_file() for source, _ in rollouts.values()
     ):
-        # The SDK run above serves on this Python (server_interpreter), not a uv-synced
+        # The SDK's runs serve on this Python (server_interpreter), not a uv-synced
         # environment (that would reach PyPI): so does ours. Rollouts without a
         # pyproject.toml run on the session's Python through the SDK's bootstrap.
         execution += ["--osmosis-server-python", str(python)]
-    done = subprocess.run(
-        [str(python), "-m", "pytest", "--osmosis-eval", *execution, "-p", "no:cacheprovider"],
-        cwd=ours_root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [str(python), "-m", "pytest", "--osmosis-eval", *execution, "-p", "no:cacheprovider"],
+            cwd=ours_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        sdk = theirs.result()
+    finally:
+        pool.shutdown(wait=True)
     output = done.stdout + done.stderr
     ours: dict[str, Any] = {}
     for name in rollouts:
         run_dirs = [p for p in (ours_root / ".osmosis" / "evals").glob(f"{name}*") if p.is_dir()]
         assert len(run_dirs) == 1, output[-4000:]
         ours[name] = ends(run_dirs[0])
+        assert uploaded(run_dirs[0]) == uploaded(sdk_root / "sdk-evals" / name), name
         served = "[rollout-server]" in (run_dirs[0] / "logs.txt").read_text()
-        assert served == (mode == "server"), f"{name} did not run {mode}"
+        if mode != "auto":
+            assert served == (mode == "server"), f"{name} did not run {mode}"
     outcomes = pytest.RunResult(done.returncode, output.splitlines(), [], 0).parseoutcomes()
     return sdk, ours, outcomes, output
 
@@ -271,3 +313,42 @@ def test_subfolder_entrypoints_import_their_own_neighbours(
     }
     assert ours == sdk, output[-4000:]
     assert outcomes == {"passed": 2, "failed": 2}, output[-4000:]
+
+
+def test_harbor_without_docker_fails_as_osmosis_eval_run_fails(
+    tmp_path: Path, model_server: ModelServer
+) -> None:
+    """A Harbor rollout with no Docker daemon (``DOCKER_HOST`` names a socket that does not
+    exist): ``auto`` runs it on its own server, as the SDK does, and every row ends as the
+    SDK ends it: ``agent_error`` with Harbor's own message on one line, the run finished,
+    and the SDK's upload planner takes the same files (no trajectory) from both runs.
+    Before: never run (harbor was not installed anywhere the suite ran)."""
+    python = _harbor_python()
+    if python is None:
+        # .ci/run names one: there, a Python without Harbor is a broken lane, not a skip.
+        assert not os.environ.get("OSMOSIS_HARBOR_PYTHON"), "OSMOSIS_HARBOR_PYTHON lacks harbor"
+        pytest.skip("needs osmosis-ai's Harbor backend (harbor): set OSMOSIS_HARBOR_PYTHON")
+    no_docker = {"DOCKER_HOST": f"unix://{tmp_path / 'no-docker.sock'}"}
+    rows = {"harbor_task": [{"user_prompt": "Write 42 to /app/answer.txt.", "ground_truth": "42"}]}
+    sdk, ours, outcomes, output = run_both(
+        tmp_path,
+        model_server,
+        python,
+        {"harbor_task": (ROLLOUTS / "harbor_task", "main.py")},
+        rows,
+        "auto",
+        no_docker,
+    )
+    assert sdk["harbor_task"][0] == [(0, "failed", None, "agent_error", None)]
+    assert ours == sdk, output[-4000:]
+    assert outcomes == {"errors": 1}, output[-4000:]
+    # auto chose the server: the loader saw a backend that is not a LocalBackend.
+    assert "execution  server (" in output and "it builds HarborBackend" in output, output
+    # Harbor's own message, on one line, as the SDK's rollout server logged it.
+    said = [line for line in output.splitlines() if line.startswith("agent_error: ")]
+    assert len(said) == 1, output[-4000:]
+    message = said[0].removeprefix("agent_error: ")
+    sdk_dir = tmp_path / "sdk" / "sdk-evals" / "harbor_task"
+    assert message[:30] in (sdk_dir / "logs.txt").read_text(), message
+    # What `osmosis eval upload` would take is the SDK's (run_both): no trajectory.
+    assert uploaded(sdk_dir)["files"] == ["index.jsonl", "logs.txt", "progress.json"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import CALC_ROLLOUT, calc_rows, read_index, write_workspace
 
@@ -134,8 +135,8 @@ def _check_regraded(root: Path, first: Path, second: Path) -> None:
 
 
 def test_regrade_grades_recorded_samples_with_the_current_grader(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = _first_run(pytester, monkeypatch)
     _new_grader(pytester.path)
     requests = model_env.requests_total
@@ -156,8 +157,8 @@ def test_regrade_grades_recorded_samples_with_the_current_grader(
 
 
 def test_regrade_under_xdist(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = _first_run(pytester, monkeypatch)
     _new_grader(pytester.path)
     result = pytester.runpytest_subprocess(
@@ -168,8 +169,8 @@ def test_regrade_under_xdist(
 
 
 def test_regrade_resumes_and_runs_nothing_twice(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A regrade is a run like any other: named again, it resumes; -k picks rows."""
     _first_run(pytester, monkeypatch)
     _new_grader(pytester.path)
@@ -231,11 +232,11 @@ def test_regrade_resumes_and_runs_nothing_twice(
 )
 def test_regrade_refuses_bad_input_in_one_line(
     pytester: pytest.Pytester,
-    model_env,
+    model_env: ModelServer,
     monkeypatch: pytest.MonkeyPatch,
     case: str,
     expected: str,
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     config = _workspace(pytester.path, monkeypatch)
     pytester.runpytest("--osmosis-eval", "--osmosis-name", "first", *PLAIN)
     args: list[str] = ["--osmosis-regrade", "first"]
@@ -286,8 +287,8 @@ def test_regrade_refuses_bad_input_in_one_line(
 
 
 def test_the_command_regrades_with_the_grader_of_another_rollout_dir(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``pytest-osmosis regrade RUN --rollout-dir DIR``: the workspace's grader is left as it
     was; the one in DIR grades."""
     first = _first_run(pytester, monkeypatch)
@@ -368,8 +369,8 @@ def _model_down(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_regrade_whose_grader_calls_no_model_needs_none(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The model is down: nothing checks it, and the exact-match grader grades again, with
     --osmosis-regrade and with the command (pytest's arguments right after ``--``)."""
     first = _first_run(pytester, monkeypatch)
@@ -390,8 +391,8 @@ def test_a_regrade_whose_grader_calls_no_model_needs_none(
 
 
 def test_a_regrade_checks_the_judge_model_its_grader_declares(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _first_run(pytester, monkeypatch)
     main = pytester.path / "rollouts" / "calc" / "main.py"
     source = main.read_text()
@@ -410,8 +411,8 @@ def test_a_regrade_checks_the_judge_model_its_grader_declares(
 
 
 def test_trajectories_swapped_between_rows_are_named(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = _first_run(pytester, monkeypatch)
     old = _by_row(first)
     trials = first / "rollout_trials"

@@ -16,6 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from workspaces import CALC_ROLLOUT, calc_rows, write_workspace
 
 # "breakable" rows fail while CALC_BREAK is set (the same dataset, a worse rollout); a "kill"
@@ -43,9 +44,9 @@ THIRTY = calc_rows(
 
 
 @pytest.fixture
-def served(pytester: pytest.Pytester, model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def served(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> pytest.Pytester:
     for key in ("CALC_BREAK", "CALC_KILL", "GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"):
         monkeypatch.delenv(key, raising=False)
     return pytester

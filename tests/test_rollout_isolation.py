@@ -112,13 +112,6 @@ def run_dirs(root: Path) -> dict[str, Path]:
     return by_rollout
 
 
-@pytest.fixture
-def model_env(model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> ModelServer:
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
-    return model_server
-
-
 # --------------------------------------------------------------------------- point 1
 
 

@@ -62,14 +62,6 @@ MODEL = "openai/test-model"
 # --------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture
-def model_env(model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> ModelServer:
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
-    return model_server
-
-
 def make_workspace(
     root: Path,
     source: str,

@@ -214,7 +214,7 @@ def test_stdin_is_read_once_per_session_past_the_capture(pytester: pytest.Pytest
 
 def test_stream_catches_a_value_written_in_pieces() -> None:
     target = io.StringIO()
-    stream = RedactingStream(target, Redactor([LONG, SHORT], min_length=1))  # type: ignore[arg-type]
+    stream = RedactingStream(target, Redactor([LONG, SHORT], min_length=1))
     for piece in ("key=", LONG[:3], LONG[3:10], "", LONG[10:], " short=", SHORT[:2]):
         stream.write(piece)
         stream.flush()
@@ -525,7 +525,7 @@ def leaks(blobs: dict[str, bytes]) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def leaky_server(model_loop) -> Iterator[ModelServer]:  # type: ignore[no-untyped-def]
+def leaky_server(model_loop: Any) -> Iterator[ModelServer]:
     server = ModelServer().start(loop=model_loop.loop)
     yield server
     server.stop()
@@ -745,17 +745,17 @@ def test_trajectories_projections_and_report_are_redacted(
 
 
 @pytest.fixture
-def model_env(model_server, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    for key, value in model_server.env().items():
-        monkeypatch.setenv(key, value)
+def unset_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests below get their secrets from a file or not at all, never from the
+    environment of whoever runs the suite."""
     for name in NAMES:
         monkeypatch.delenv(name, raising=False)
-    return model_server
 
 
+@pytest.mark.usefixtures("unset_secrets")
 def test_missing_secrets_stop_the_session_naming_all_of_them(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, secrets=["CALC_SECRET", "SHORT_SECRET"])
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -764,10 +764,11 @@ def test_missing_secrets_stop_the_session_naming_all_of_them(
     assert not list((pytester.path / ".osmosis" / "evals").glob("*/events.jsonl"))
 
 
+@pytest.mark.usefixtures("unset_secrets")
 @pytest.mark.parametrize("source", ["file", "stdin"])
 def test_the_secrets_file_option_resolves_and_redacts(
-    pytester: pytest.Pytester, model_env, source: str
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, source: str
+) -> None:
     rows = [{**row, "metadata": {"do": "raise"}} for row in calc_rows([("What is 1 + 1?", "2")])]
     write_workspace(
         pytester.path,
@@ -799,9 +800,10 @@ def test_the_secrets_file_option_resolves_and_redacts(
     assert f"workflow leaked {REDACTED} {REDACTED}" in text
 
 
+@pytest.mark.usefixtures("unset_secrets")
 def test_missing_with_a_secrets_file_names_where_it_looked(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path, secrets=["CALC_SECRET", "SHORT_SECRET"])
     (pytester.path / "s.env").write_text("CALC_SECRET=x\n")
     result = pytester.runpytest(
@@ -814,9 +816,10 @@ def test_missing_with_a_secrets_file_names_where_it_looked(
 TIMID_ROLLOUT = 'print("imported in a sandboxed process")\n' + CALC_ROLLOUT
 
 
+@pytest.mark.usefixtures("unset_secrets")
 def test_a_short_secret_is_left_in_the_output_and_named_once(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``OPENAI_API_KEY=x``-style placeholders: redacting "x" shredded every word holding
     one ("sandbo[REDACTED]ed"). As the SDK, output hides values of 8+ characters; a shorter
     [secrets] value gets one warning naming the variable (once for two configs), and

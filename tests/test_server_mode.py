@@ -201,8 +201,8 @@ def test_the_servers_output_reaches_logs_txt_with_its_secrets_redacted(
 
 PINNED = """
 import os
+from importlib import metadata
 
-import pinned_dep
 import uvicorn
 from osmosis_ai.rollout import AgentWorkflow, Grader, LocalBackend
 from osmosis_ai.rollout.server import create_rollout_server
@@ -210,7 +210,8 @@ from osmosis_ai.rollout.server import create_rollout_server
 
 class Version(AgentWorkflow):
     async def run(self, ctx):
-        return [*ctx.prompt, {"role": "assistant", "content": pinned_dep.__version__}]
+        answer = metadata.version("litellm")  # the LiteLLM of the environment it runs in
+        return [*ctx.prompt, {"role": "assistant", "content": answer}]
 
 
 class Exact(Grader):
@@ -227,6 +228,11 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+#: Below our floor (litellm>=1.108). Every real LiteLLM release below 1.108 includes
+#: compromised builds, so none is ever installed: the rollout pins a wheel of this name
+#: and version that the test writes itself, served to uv offline from a local folder.
+OLD_LITELLM = "1.100.0"
 
 
 def local_wheel(folder: Path, name: str, version: str, files: dict[str, str]) -> None:
@@ -255,30 +261,42 @@ def local_wheel(folder: Path, name: str, version: str, files: dict[str, str]) ->
             wheel.writestr(path, text)
 
 
-def test_auto_runs_a_rollout_pinning_what_we_lack_on_its_own_environment_beside_one_in_process(
+def test_auto_runs_a_rollout_pinning_an_older_litellm_on_its_own_environment_beside_one_in_process(
     pytester: pytest.Pytester, model_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One session, two copies of one rollout that answers with the LiteLLM version it sees:
+    ``current`` (no pyproject.toml) runs in process on the session's LiteLLM; ``old`` pins
+    ``litellm==1.100.0``, which this environment does not satisfy, so auto syncs its own
+    environment (uv, offline) and serves it there, while the session keeps its own. The
+    ``old`` rows equal ``osmosis eval run``'s on that environment."""
     import sysconfig
+    from importlib import metadata
 
+    from sdk_planner import SDK_EVAL_RUN
+
+    ours = metadata.version("litellm")
+    assert ours != OLD_LITELLM
     root = pytester.path
     monkeypatch.setenv("UV_OFFLINE", "1")  # uv resolves from the local wheel only
     monkeypatch.setenv("UV_CACHE_DIR", str(root / "uv-cache"))
-    add_config(root, ROWS[:2], name="inproc", rollout="mixed")
-    add_config(
-        root, [row("Which version?", "1.0"), row("Which?", "2.0")], name="old", rollout="old"
-    )
+    rows = {
+        "current": [row("Which LiteLLM?", ours), row("Which?", OLD_LITELLM)],
+        "old": [row("Which LiteLLM?", OLD_LITELLM), row("Which?", ours)],
+    }
+    for name in rows:
+        add_config(root, rows[name], name=name, rollout=name)
+        (root / "rollouts" / name / "main.py").write_text(PINNED)
     old = root / "rollouts" / "old"
-    (old / "main.py").write_text(PINNED)
-    local_wheel(
-        root / "wheels", "pinned-dep", "1.0", {"pinned_dep/__init__.py": "__version__ = '1.0'\n"}
-    )
+    stub = f"__version__ = {OLD_LITELLM!r}  # a stand-in: no real LiteLLM below 1.108\n"
+    local_wheel(root / "wheels", "litellm", OLD_LITELLM, {"litellm/__init__.py": stub})
     (old / "pyproject.toml").write_text(
         '[project]\nname = "old-rollout"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
-        'dependencies = ["pinned-dep==1.0"]\n\n'
+        f'dependencies = ["litellm=={OLD_LITELLM}"]\n\n'
         f'[tool.uv]\npackage = false\nfind-links = ["{root / "wheels"}"]\n'
     )
     # The rollout's environment gets osmosis-ai and uvicorn (which uv cannot fetch offline)
     # from this interpreter's site-packages through a .pth file, which uv sync leaves alone.
+    # It comes after the environment's own site-packages: its litellm is the pinned one.
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     assert uv is not None
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(old / ".venv")], check=True)
@@ -290,24 +308,40 @@ def test_auto_runs_a_rollout_pinning_what_we_lack_on_its_own_environment_beside_
         ["*execution*in-process (a LocalBackend rollout this environment satisfies)*"]
     )
     plan.stdout.fnmatch_lines(
-        ["*execution*server (its pyproject.toml needs pinned-dep==1.0 (not installed))*"]
+        [f"*execution*server (its pyproject.toml needs litellm=={OLD_LITELLM} (have {ours}))*"]
     )
     result = run(pytester)
-    result.assert_outcomes(passed=2, failed=2)  # each config: one passes, one graded low
-    result.stdout.fnmatch_lines(["execution  server (its pyproject.toml needs pinned-dep==1.0*"])
+    result.assert_outcomes(passed=2, failed=2)  # each config: its own version passes
+    result.stdout.fnmatch_lines(
+        [f"execution  server (its pyproject.toml needs litellm=={OLD_LITELLM}*"]
+    )
     runs = {
         p.name.split("-")[0]: p
         for p in (root / ".osmosis" / "evals").iterdir()
         if p.is_dir() and not p.name.startswith(".")
     }
-    assert [(r["status"], r["reward"]) for r in read_index(runs["old"])] == [
-        ("success", 1.0),
-        ("success", 0.0),
-    ]
-    assert "+ pinned-dep==1.0" in (runs["old"] / "logs.txt").read_text()  # uv sync's own line
+    ended = [("success", 1.0), ("success", 0.0)]
+    for name in rows:
+        assert [(r["status"], r["reward"]) for r in read_index(runs[name])] == ended, name
+    assert f"+ litellm=={OLD_LITELLM}" in (runs["old"] / "logs.txt").read_text()  # uv sync's
     assert (old / "uv.lock").is_file()
-    assert "[rollout-server]" not in (runs["inproc"] / "logs.txt").read_text()
+    assert "[rollout-server]" not in (runs["current"] / "logs.txt").read_text()
+    assert metadata.version("litellm") == ours  # the session's environment kept its own
     assert servers_left(root) == []
+
+    # osmosis eval run on the rollout's environment (the SDK's bootstrap on its Python).
+    python = old / ".venv" / "bin" / "python"
+    args = [str(root), "old", "main.py", "old", "sdk-old", f"bootstrap={python}"]
+    done = subprocess.run(
+        [sys.executable, "-c", SDK_EVAL_RUN, *args],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert outcomes(root / "sdk-evals" / "sdk-old") == outcomes(runs["old"])
 
 
 # --------------------------------------------------------------------------- failures

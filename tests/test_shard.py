@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import MIXED_ROWS, calc_rows, read_index, write_workspace
 
@@ -50,8 +51,8 @@ def _merge(*args: str) -> tuple[int, str, str]:
 
 
 def test_shards_split_the_items_and_each_writes_its_own_run(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     _workspace(pytester.path)
     seen: dict[int, set[tuple[int, int]]] = {}
     for k in (1, 2, 3):
@@ -76,7 +77,7 @@ def test_shards_split_the_items_and_each_writes_its_own_run(
         assert not any((r, 0) in items and (r, 1) in items for r in range(10))
 
 
-def test_a_shard_with_items_left_is_not_finished(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_a_shard_with_items_left_is_not_finished(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     result = _run_shard(pytester, "1/2", "-k", "row_0_ or row_1_ or row_2_")
     run_dir = pytester.path / EVALS / "ci-shard-1-of-2"
@@ -125,7 +126,7 @@ def test_a_bad_shard_is_one_line(pytester: pytest.Pytester, value: str) -> None:
     assert "Traceback" not in result.stderr.str() + result.stdout.str()
 
 
-def test_the_ini_twin_shards(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_the_ini_twin_shards(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     pytester.makeini("[pytest]\nosmosis_shard = 1/2\n")
     result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "ini", *PLAIN)
@@ -157,7 +158,7 @@ def _summary_bytes(run_dir: Path) -> bytes:
     return raw[raw.index(b'"summary"') :]
 
 
-def test_merged_shards_equal_the_unsharded_run(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_merged_shards_equal_the_unsharded_run(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     result = pytester.runpytest("--osmosis-eval", "--osmosis-name", "whole", *PLAIN)
     whole = pytester.path / EVALS / "whole"
@@ -212,7 +213,7 @@ def _refusal(*args: str) -> str:
     return err
 
 
-def test_merge_refuses_what_cannot_be_one_run(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_merge_refuses_what_cannot_be_one_run(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     one, two = _shards(pytester, 2)
     out = str(pytester.path / "merged")
@@ -260,7 +261,7 @@ def test_merge_refuses_what_cannot_be_one_run(pytester: pytest.Pytester, model_e
     assert "exists" in _refusal(str(one), str(two), "--output", out)
 
 
-def test_a_merged_run_of_a_sample_keeps_the_selection(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_a_merged_run_of_a_sample_keeps_the_selection(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path, n=1)
     rows = ("--osmosis-rows", "1,3,5-8")
     pytester.runpytest("--osmosis-eval", "--osmosis-name", "whole", *rows, *PLAIN)
@@ -272,7 +273,7 @@ def test_a_merged_run_of_a_sample_keeps_the_selection(pytester: pytest.Pytester,
     assert sdk_judge(merged)["accepted"]
 
 
-def test_a_shard_under_xdist_runs_the_same_items(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_a_shard_under_xdist_runs_the_same_items(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     _run_shard(pytester, "2/3")
     alone = _items(pytester.path / EVALS / "ci-shard-2-of-3")
@@ -285,7 +286,7 @@ def test_a_shard_under_xdist_runs_the_same_items(pytester: pytest.Pytester, mode
     assert json.loads((run_dir / "metrics.json").read_text())["eval_run"]["status"] == "finished"
 
 
-def test_an_empty_shard_is_a_finished_run_and_merges(pytester: pytest.Pytester, model_env) -> None:  # type: ignore[no-untyped-def]
+def test_an_empty_shard_is_a_finished_run_and_merges(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path, ROWS[:2], n=1)
     shards = []
     for k in range(1, 6):  # five shards of two items: three of them have none

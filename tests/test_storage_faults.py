@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from sdk_planner import sdk_judge
 from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, write_workspace
 
@@ -69,8 +70,8 @@ def killed_writer(destination: Path) -> tuple[int, Path]:
 
 
 def test_the_next_session_removes_temporaries_of_dead_writers_and_keeps_live_ones(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     write_workspace(pytester.path)
     assert pytester.runpytest(*ARGS).ret == pytest.ExitCode.OK
     run_dir = only_run_dir(pytester.path)
@@ -169,8 +170,8 @@ class FullDisk:
 
 @pytest.mark.parametrize("where", ["journal", "trajectory"])
 def test_a_full_disk_stops_the_session_in_one_line_and_the_run_resumes(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch, where: str
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     write_workspace(pytester.path, rows=six_rows())
     disk = FullDisk(pytester.path, after=2, where=where)
     monkeypatch.setattr(os, "write", disk)
@@ -217,8 +218,8 @@ DELETING_ROLLOUT = DELETING_ROLLOUT.replace(
 
 
 def test_the_run_directory_deleted_during_the_session_stops_it_in_one_line(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     assert DELETING_ROLLOUT.count("delete_run") == 1
     rows = calc_rows([("What is 1 + 1?", "2"), ("What is 2 + 2?", "4", "delete_run")])
     rows += calc_rows([("What is 3 + 3?", "6"), ("What is 4 + 4?", "8")])
@@ -239,8 +240,8 @@ def test_the_run_directory_deleted_during_the_session_stops_it_in_one_line(
 
 
 def test_under_xdist_the_deleted_run_directory_stops_the_session_in_one_line(
-    pytester: pytest.Pytester, model_env
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
     rows = calc_rows([("What is 1 + 1?", "2"), ("What is 2 + 2?", "4", "delete_run")])
     rows += calc_rows([(f"What is {i} + {i}?", str(2 * i)) for i in range(3, 7)])
     write_workspace(pytester.path, rows=rows, rollout_source=DELETING_ROLLOUT)

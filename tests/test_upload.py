@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from model_server import ModelServer
 from platform_server import PlatformServer
 from sdk_planner import SDK_PYTHON, sdk_judge
 from workspaces import calc_rows, write_workspace
@@ -64,8 +65,8 @@ def _received_equals_run(server: PlatformServer, run_dir: Path) -> None:
 
 @needs_sdk
 def test_a_passing_session_uploads_its_run(
-    pytester: pytest.Pytester, model_env, platform: PlatformServer
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, platform: PlatformServer
+) -> None:
     _git_workspace(pytester.path, ALL_PASS)
     result = pytester.runpytest(
         "--osmosis-eval", "--osmosis-name", "r", "--osmosis-upload", "on-pass", *PLAIN
@@ -80,8 +81,8 @@ def test_a_passing_session_uploads_its_run(
 
 @needs_sdk
 def test_on_pass_does_not_upload_a_failing_session_and_always_does(
-    pytester: pytest.Pytester, model_env, platform: PlatformServer
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, platform: PlatformServer
+) -> None:
     _git_workspace(pytester.path, ONE_FAILS)
     args = ("--osmosis-eval", "--osmosis-name", "r", *PLAIN)
     result = pytester.runpytest(*args, "--osmosis-upload", "on-pass")
@@ -95,8 +96,8 @@ def test_on_pass_does_not_upload_a_failing_session_and_always_does(
 
 @needs_sdk
 def test_a_5xx_mid_upload_is_retried_then_one_line(
-    pytester: pytest.Pytester, model_env, platform: PlatformServer
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, platform: PlatformServer
+) -> None:
     _git_workspace(pytester.path, ALL_PASS)
     platform.fail_uploads = 2  # the SDK retries a PUT with backoff: it gets through
     args = ("--osmosis-eval", "--osmosis-name", "r", "--osmosis-upload", "always", *PLAIN)
@@ -118,8 +119,8 @@ def test_a_5xx_mid_upload_is_retried_then_one_line(
 
 
 def test_an_unfinished_run_is_never_uploaded(
-    pytester: pytest.Pytester, model_env, platform: PlatformServer
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, platform: PlatformServer
+) -> None:
     _git_workspace(pytester.path, ALL_PASS)
     pytester.runpytest("--osmosis-eval", "--osmosis-name", "r", "-k", "row_0_", *PLAIN)
     metrics = pytester.path / ".osmosis" / "evals" / "r" / "metrics.json"
@@ -134,8 +135,8 @@ def test_an_unfinished_run_is_never_uploaded(
 
 
 def test_without_the_sdk_it_says_how_to_install_it(
-    pytester: pytest.Pytester, model_env, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import pytest_osmosis.plugin.upload as upload
 
     monkeypatch.setattr(upload, "sdk_command", lambda: None)

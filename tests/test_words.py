@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workspaces import MIXED_ROWS, calc_rows, read_index, write_workspace
+from workspaces import MIXED_ROWS, calc_rows, read_index, run_session, write_workspace
 
 from pytest_osmosis.cli import main
 from pytest_osmosis.report import run_markdown
@@ -192,7 +192,7 @@ def test_a_finished_run_keeps_its_record_and_junit_lists_its_rows(
 ) -> None:
     write_workspace(pytester.path, rows=MIXED)
     args = (*BASE, "--osmosis-name", "done", *xdist)
-    first = pytester.runpytest_subprocess(*args, "--junitxml", "first.xml")
+    first = run_session(pytester, *args, "--junitxml", "first.xml")
     first.assert_outcomes(passed=1, failed=1, errors=2, skipped=1)
     root = pytester.path / ".osmosis" / "evals"
     run_dir = root / "done"
@@ -202,7 +202,7 @@ def test_a_finished_run_keeps_its_record_and_junit_lists_its_rows(
     list_before = cli(capsys, "list", "--output", str(root))
     requests = model_env.requests_total
 
-    again = pytester.runpytest_subprocess(*args, "--junitxml", "again.xml")
+    again = run_session(pytester, *args, "--junitxml", "again.xml")
     assert again.ret == pytest.ExitCode.TESTS_FAILED, again.stdout.str()
     again.stdout.fnmatch_lines(["*already finished: every row is recorded, none ran again*"])
     assert model_env.requests_total == requests  # nothing ran, no preflight either

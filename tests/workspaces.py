@@ -256,6 +256,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def run_session(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """A pytest session in this process, or in a fresh interpreter under xdist (``-n``):
+    the workers are fresh interpreters anyway, and the controller is not run in process.
+    An interpreter start costs a second or more of LiteLLM imports: where it is not what a
+    test is about, the session runs here."""
+    if "-n" in args or any(arg.startswith("--numprocesses") for arg in args):
+        return pytester.runpytest_subprocess(*args)
+    return pytester.runpytest(*args)
+
+
 def wait_until(condition: Any, what: str, deadline: float = 180.0) -> None:
     """Poll for an event (a generous deadline only stops a hang: it is no budget)."""
     end = time.monotonic() + deadline

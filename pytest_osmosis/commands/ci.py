@@ -123,7 +123,13 @@ def add_gate_parser(subparsers: Any) -> None:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     from pytest_osmosis.baseline import CurrentRun
-    from pytest_osmosis.gate import GateOptionError, check_runs, gate_options, judge_runs
+    from pytest_osmosis.gate import (
+        GateOptionError,
+        GateRun,
+        check_runs,
+        gate_options,
+        judge_runs,
+    )
     from pytest_osmosis.results import read_journal
     from pytest_osmosis.results.run_reader import load_run
     from pytest_osmosis.results.runs import resolve_run
@@ -149,7 +155,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     except GateOptionError as exc:
         raise ConfigError(str(exc)) from None
     records = list(read_journal(run_dir).values())
-    verdict = judge_runs(options, [(name, metrics, records, threshold, run_dir)])
+    verdict = judge_runs(options, [GateRun(name, metrics, records, threshold, run_dir)])
     word = "PASSED" if verdict.passed else "FAILED"
     sys.stdout.write(f"osmosis gate {word}\n" + "".join(f"{r}\n" for r in verdict.reasons))
     from pytest_osmosis.plugin.github import active

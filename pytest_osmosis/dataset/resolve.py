@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_osmosis.core.errors import DatasetError
-from pytest_osmosis.dataset.formats import FORMATS, dataset_extension, suffixes
+from pytest_osmosis.dataset.formats import dataset_extension, readers, suffixes
 from pytest_osmosis.dataset.rows import short
 
 
 def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | None) -> Path:
     """`dataset_file` when given, else the first of `data/<dataset>.<suffix>` by registry order."""
+    formats = readers()  # a plugin's formats count in the lookup and in every message
     if dataset_file is not None:
         try:
             candidate = dataset_file.expanduser()
@@ -28,7 +29,7 @@ def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | Non
             f"data/<dataset>{suffixes('|')}, so it must be one path segment"
         )
     data_dir = workspace / "data"
-    tried = [data_dir / f"{dataset}.{extension}" for extension in FORMATS]
+    tried = [data_dir / f"{dataset}.{extension}" for extension in formats]
     for candidate in tried:
         try:
             if candidate.is_file():
@@ -39,7 +40,7 @@ def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | Non
                 f"{short(candidate.name)} ({exc.strerror or exc})"
             ) from None
     hint = ""
-    if Path(dataset).suffix.lstrip(".").lower() in FORMATS:
+    if Path(dataset).suffix.lstrip(".").lower() in formats:
         hint = f" (experiment.dataset is a name without extension: try {Path(dataset).stem!r})"
     raise DatasetError(
         f"no dataset file for experiment.dataset {dataset!r}: tried "

@@ -31,6 +31,20 @@ class RowStore(Protocol):
         """Narrow to `positions` (sorted) when sampling; positions renumber from 0."""
 
 
+class RowList:
+    """A `RowStore` that keeps each kept candidate's mapping: enough for a small format
+    (a plugin's reader appends to `values` after `Scan.add`)."""
+
+    def __init__(self) -> None:
+        self.values: list[Mapping[str, Any]] = []
+
+    def raw(self, position: int) -> Mapping[str, Any]:
+        return dict(self.values[position])
+
+    def keep(self, positions: list[int]) -> None:
+        self.values = [self.values[at] for at in positions]
+
+
 @dataclass
 class Scan:
     """What one read pass leaves behind, for the candidate rows (before sampling)."""
@@ -59,7 +73,7 @@ class Scan:
 
 
 class Reader(Protocol):
-    """A dataset format: `formats.FORMATS` maps a file suffix to one."""
+    """A dataset format: `formats.readers()` maps a file suffix to one."""
 
     def __call__(self, path: Path, selection: Selection) -> Scan: ...
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.core.errors import ConfigError, DatasetError
-from pytest_osmosis.dataset.formats import FORMATS, dataset_extension
+from pytest_osmosis.dataset.formats import dataset_extension, readers
 from pytest_osmosis.dataset.rows import (
     EvalDatasetRow,
     RowProblem,
@@ -152,7 +152,7 @@ def open_dataset(
 
     selection = make_selection(ranges, limit if ranges is None else None, sample is not None)
     try:
-        scan = FORMATS[extension](path, selection)
+        scan = readers()[extension](path, selection)
     except OSError as exc:
         raise read_error(path, exc) from None
 

@@ -235,6 +235,14 @@ OPTIONS = (
         override=False,
     ),
     _Option(
+        "remote_root",
+        "--osmosis-remote-root",
+        "where this workspace's root directory is on the hosts of xdist workers started "
+        "over ssh (--tx ssh=...; default: the same path); checked file by file before any row",
+        "DIR",
+        override=False,
+    ),
+    _Option(
         "upload",
         "--osmosis-upload",
         "after the gate, hand each finished run to the SDK's `osmosis eval upload`: on-pass "
@@ -679,6 +687,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
         shard=_shard(values["shard"]),
         reuse=plain("reuse"),
         upload=_upload_mode(values["upload"]),
+        remote_root=plain("remote_root"),
     )
     named_configs = any(is_eval_config(p) for p in _named_paths(config))
     session = EvalSession(
@@ -1053,16 +1062,16 @@ class XdistControllerHooks:
         self.session = session
         self.controller = controller
         self.blame_dir: str | None = None  # where workers say which row runs (blame.py)
+        self.remote_root: str | None = None  # the workspace root on ssh workers' hosts
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        from pytest_osmosis.plugin.xdist import dist_was_chosen, per_worker
+        from pytest_osmosis.plugin.xdist import dist_was_chosen, per_worker, worker_count
         from pytest_osmosis.plugin.xdist_scheduler import EvalScheduling
 
         if dist_was_chosen(config) or not self.session.runs or self._internals_problem():
             return None
-        workers = int(getattr(config.option, "numprocesses", 1) or 1)
-        share = per_worker(self.session.total_concurrency(), workers)
+        share = per_worker(self.session.total_concurrency(), worker_count(config) or 1)
         attempts = max(run.plan.settings.n for run in self.session.runs.values())
         return EvalScheduling(
             config, log, shard_rows=max(1, share // attempts), culprit=self.culprit
@@ -1079,6 +1088,93 @@ class XdistControllerHooks:
         joined = joined_option_values(list(params.args), params.dir, even_if_read_right=True)
         if joined is not None:
             config.invocation_params = dataclasses.replace(params, args=tuple(joined))
+        remote = [spec for spec in specs if not spec.popen]
+        if remote and self.session.runs:
+            self.remote_root = self._start_in_remote_workspace(config, remote)
+
+    def _start_in_remote_workspace(self, config: pytest.Config, specs: list[Any]) -> str:
+        """Workers on other hosts start in this workspace there (``chdir``), once its files
+        are known to be this workspace's (execution/remote.py); else one line, exit 4."""
+        from pytest_osmosis.execution.remote import remote_path
+
+        problem = self._remote_problem(config)
+        if problem is None:
+            root = self.session.options.remote_root or str(config.rootpath)
+            try:
+                cwd = remote_path(config.invocation_params.dir, config.rootpath, root)
+            except ValueError:
+                cwd = root
+            for spec in specs:
+                if spec.chdir in (None, "pyexecnetcache"):  # xdist's default: a cache dir
+                    spec.chdir = cwd
+            problem = self._check_remote_workspace(config, specs, root)
+        if problem is not None:
+            self.session.abandon_runs()
+            raise pytest.UsageError(f"osmosis: {problem}")
+        return root
+
+    def _remote_problem(self, config: pytest.Config) -> str | None:
+        """What workers on other hosts cannot do (they share no directory with us)."""
+        if self.session.options.gate.budgeted:
+            return "budgets (--osmosis-max-cost, ...) need workers on this host (-n N)"
+        if self.session.regrade is not None:
+            return "--osmosis-regrade needs workers on this host (-n N)"
+        for arg in config.invocation_params.args:
+            try:
+                exists = Path(str(arg).split("::")[0]).exists()
+            except OSError:
+                exists = False
+            if exists:  # xdist maps paths to other hosts only under --rsyncdir
+                return (
+                    f"workers on other hosts (--tx ssh=...) cannot be given paths ({arg}): "
+                    "select configs with --osmosis-eval and -k"
+                )
+        return None
+
+    def _check_remote_workspace(
+        self, config: pytest.Config, specs: list[Any], root: str
+    ) -> str | None:
+        """Compare the files every run depends on with each remote host's, by digest."""
+        import execnet
+
+        from pytest_osmosis.execution.remote import (
+            REMOTE_CHECK,
+            differences,
+            digests,
+            workspace_parts,
+        )
+
+        plans = [run.plan for run in self.session.runs.values()]
+        files, dirs = workspace_parts(
+            [plan.config_path for plan in plans],
+            [plan.dataset.path for plan in plans],
+            [(plan.rollout_dir, plan.output_root) for plan in plans],
+            config.rootpath,
+        )
+        mine = digests(str(config.rootpath), files, dirs)
+        checked: set[tuple[str, str]] = set()
+        for spec in specs:
+            host = (str(spec.ssh or spec), str(spec.python or "python"))
+            if host in checked:
+                continue
+            checked.add(host)
+            where = f"the workspace at {root} on {host[0]}"
+            group = execnet.Group()
+            try:
+                channel = group.makegateway(spec).remote_exec(REMOTE_CHECK)
+                channel.send((root, files, [list(pair) for pair in dirs]))
+                theirs = channel.receive()
+            except (execnet.RemoteError, execnet.HostNotFound, OSError, EOFError) as exc:
+                line = str(exc).strip().splitlines()
+                return f"cannot check {where}: {line[-1] if line else type(exc).__name__}"
+            finally:
+                group.terminate(timeout=10)
+            if theirs is None:
+                return f"{where} does not exist (--osmosis-remote-root names it)"
+            differs = differences(mine, theirs)
+            if differs is not None:
+                return f"{where} differs from this one: {differs}"
+        return None
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -1093,6 +1189,9 @@ class XdistControllerHooks:
             and not self._internals_problem()
         )
         node.workerinput["osmosis_prefetch"] = prefetch
+        if self._is_remote(node):
+            self._remote_input(node)
+            return  # nothing on this host's disk is theirs: no budget or blame files
         node.workerinput["osmosis_controller_pid"] = os.getpid()  # workers watch it (xdist.py)
         node.workerinput["osmosis_junit"] = bool(self.session.config.option.xmlpath)
         if self.session.options.gate.budgeted:  # the controller admits each row (budget.py)
@@ -1114,6 +1213,28 @@ class XdistControllerHooks:
 
                 self.blame_dir = make_directory()
             node.workerinput["osmosis_blame_dir"] = self.blame_dir
+
+    def _is_remote(self, node: Any) -> bool:
+        return self.remote_root is not None and not node.gateway.spec.popen
+
+    def _remote_input(self, node: Any) -> None:
+        """A worker on another host: its configs' paths there, and in memory the secrets,
+        the provider's key and the journals (execution/remote.py)."""
+        from pytest_osmosis.execution.remote import forwarded_environment, remote_path
+
+        assert self.remote_root is not None
+        rootpath = self.session.config.rootpath
+        theirs = {path: remote_path(path, rootpath, self.remote_root) for path in self.session.runs}
+        runs = self.session.runs
+        node.workerinput["osmosis_runs"] = {theirs[p]: run.plan.run_name for p, run in runs.items()}
+        models = [run.plan.settings.model_path for run in runs.values()]
+        models += [str(m) for m in self.session.config.getini("osmosis_judge_models")]
+        secrets = [name for run in runs.values() for name in run.plan.config.secrets.required]
+        node.workerinput["osmosis_remote"] = {
+            "environ": forwarded_environment(secrets, models, os.environ),
+            "journals": {theirs[p]: list(run.rundir.records.values()) for p, run in runs.items()},
+            "config_paths": {theirs[p]: str(p) for p in runs},
+        }
 
     def _internals_problem(self) -> str | None:
         """xdist's private API our scheduler needs, when it changed (warned once)."""
@@ -1154,9 +1275,12 @@ class XdistControllerHooks:
     def culprit(self, node: Any) -> str | None:
         """The node id whose code the dead worker ``node`` was running, if it said
         (``blame.NO_ROW``: none was; None: it did not say)."""
+        from pytest_osmosis.execution.blame import NO_ROW, running
+
+        if self._is_remote(node):  # a lost connection more often than a row's crash
+            return NO_ROW
         if self.blame_dir is None:
             return None
-        from pytest_osmosis.execution.blame import running
 
         return running(self.blame_dir, str(node.gateway.id))
 

@@ -410,10 +410,14 @@ def describe_report(item: EvalItem, call: pytest.CallInfo[None], report: pytest.
     if result is None:
         return
     if call.when == "call" or (call.when == "setup" and report.failed):
+        session: EvalSession = item.config.stash[SESSION_KEY]
         report.osmosis = {  # type: ignore[attr-defined]
             **{k: v for k, v in result.items() if k != "exception"},
-            "config": str(item.parent.plan.config_path),
+            "config": session.reported_config(item.parent.plan),
         }
+        files = session.returned_files(result.get("rollout_id"))
+        if files is not None:  # a worker on another host: the controller writes them
+            report.osmosis_files = files  # type: ignore[attr-defined]
         report.duration = row_seconds(result)
         # pytest renders a setup failure as a traceback; the row's headline is the news.
         if call.excinfo is not None and isinstance(call.excinfo.value, EvalFailure):

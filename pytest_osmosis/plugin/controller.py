@@ -242,6 +242,12 @@ class Controller:
         if run is None or result.get("resumed"):
             return
         with self.session.recording(run, result):  # a full disk or a deleted run: exit 4
+            files = getattr(report, "osmosis_files", None)
+            if files:  # a worker on another host sent its attempt's files (execution/remote.py)
+                from pytest_osmosis.execution.remote import unpack_trial
+                from pytest_osmosis.results.index import TRIALS_DIRNAME
+
+                unpack_trial(run.rundir.path / TRIALS_DIRNAME / result["rollout_id"], files)
             with interrupt_held():  # the run's count agrees with its journal
                 record = run.rundir.append(result)
                 run.executed += 1
@@ -459,21 +465,6 @@ class Controller:
             row_pass=row_pass,
             costs=costs,
         )
-        from pytest_osmosis.baseline import DIGESTS_KEY
-        from pytest_osmosis.core.errors import OsmosisError
-
-        # Rows by content, so a later run can use this one as its baseline (baseline.py);
-        # none from a dataset that changed under the run (its session fault says so).
-        # The plan's digests (computed once a run: finalize_run's osmosis_rows.json reads them
-        # too), by dataset row.
-        try:
-            by_position = plan.row_digests()
-        except OsmosisError:
-            by_position = []
-        if by_position:
-            recorded = sorted({row for row, _ in run.rundir.records})
-            digests = {plan.dataset.source_row_index(row): by_position[row] for row in recorded}
-            doc[DIGESTS_KEY] = {str(row): digest for row, digest in sorted(digests.items())}
         if run.executed or run.reused:
             try:
                 write_row_metrics(plan.run_dir, doc)
@@ -556,20 +547,21 @@ class Controller:
                 run.index_path = index
 
     def _gate(self, session: pytest.Session) -> None:
-        from pytest_osmosis.gate import Verdict
+        """Every gate rule's verdict (``pytest_osmosis_gate_verdict``) decides the exit status."""
+        from pytest_osmosis.gate import BuiltinGate, GateRun, Verdict, session_verdict
 
-        gate = self.session.options.gate
-        if not gate.active or not self.session.runs:
+        if not self.session.runs:
             return
         if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             return  # interrupted, usage or internal errors keep their own exit status
-        from pytest_osmosis.gate import judge_runs
-
         runs = self.session.runs.values()
-        verdict = judge_runs(
-            gate,
-            [
-                (
+        manager = session.config.pluginmanager
+        if not manager.has_plugin("osmosis-gate"):
+            manager.register(BuiltinGate(self.session.options.gate), "osmosis-gate")
+        found = session.config.hook.pytest_osmosis_gate_verdict(
+            config=session.config,
+            runs=[
+                GateRun(
                     run.plan.run_name,
                     run.metrics,
                     list(run.rundir.records.values()),
@@ -579,6 +571,9 @@ class Controller:
                 for run in runs
             ],
         )
+        verdict = session_verdict(found)
+        if verdict is None:
+            return
         override = session.config.hook.pytest_osmosis_gate(
             config=session.config, metrics=[run.metrics for run in runs], verdict=verdict.as_dict()
         )
@@ -682,13 +677,16 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
             expected_keys=run_keys(plan) if plan.shard is not None else None,
         )
         from pytest_osmosis.core.errors import DatasetError
-        from pytest_osmosis.results.reuse import ROWS_FILENAME, write_row_digests
+        from pytest_osmosis.results.row_digests import ROWS_FILENAME, write_row_digests
 
-        # Once per run directory: what a later --osmosis-reuse finds its rows by (not from a
-        # dataset that changed under the run: its session fault is reported instead).
+        # Once per run directory: what a later run finds its rows by, for --osmosis-reuse and
+        # as a baseline (not from a dataset that changed under the run: its session fault is
+        # reported instead).
         if not (plan.run_dir / ROWS_FILENAME).is_file():
             try:
-                write_row_digests(plan.run_dir, plan.row_digests())
+                digests = plan.row_digests()
+                sources = plan.dataset.selected_source_rows
+                write_row_digests(plan.run_dir, dict(zip(sources, digests, strict=True)))
             except DatasetError:
                 pass
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4

@@ -78,11 +78,12 @@ def _execution(session: EvalSession, config: pytest.Config) -> str:
     """Where rows run: this process or xdist's workers, and rollouts served apart
     (``--osmosis-execution server``, execution/dispatch.py)."""
     from pytest_osmosis.execution.dispatch import SERVER
+    from pytest_osmosis.plugin.xdist import worker_count
 
-    workers = getattr(config.option, "numprocesses", None)
+    workers = worker_count(config)
     where = "in this process"
     if workers and config.pluginmanager.has_plugin("dsession"):
-        where = f"on {_plural(int(workers), 'xdist worker')}"
+        where = f"on {_plural(workers, 'xdist worker')}"
     served = [run for run in session.runs.values() if session.load_rollout(run.plan).mode == SERVER]
     return f"{where}, rollouts in servers of their own" if served else where
 

@@ -109,6 +109,8 @@ class SessionOptions:
     """``--osmosis-upload``: on-pass or always, after the gate (upload.py)."""
     retry_below_threshold: bool = False
     """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
+    remote_root: str | None = None
+    """``--osmosis-remote-root``: the workspace root on xdist's ssh workers' hosts."""
 
     def retry_below(self, plan: EvalPlan) -> float | None:
         """The threshold below which a recorded attempt is retried; None: low rewards stay."""
@@ -185,6 +187,11 @@ class EvalSession:
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
         self._slot: blame.Slot | None = None
+        #: A worker on another host (execution/remote.py): its attempts' files go to this
+        #: scratch directory, then back to the controller on their reports.
+        self._scratch: Path | None = None
+        self._trial_files: dict[str, dict[str, bytes]] = {}
+        self._controller_paths: dict[str, str] = {}  # this host's config path -> controller's
         #: Where a row's ``os._exit`` names the row (single process; see _record_killed_rows).
         self._exit_paths: list[str] = []
         self._restore_exit = (
@@ -249,6 +256,30 @@ class EvalSession:
             from pytest_osmosis.regrade import take_worker_input
 
             take_worker_input(self, workerinput["osmosis_regrade"])
+        if workerinput.get("osmosis_remote"):
+            self._take_remote_input(workerinput["osmosis_remote"])
+
+    def _take_remote_input(self, remote: dict[str, Any]) -> None:
+        """A worker on another host: the environment and journals it was sent (in memory),
+        and a scratch directory for its attempts' files (execution/remote.py)."""
+        import tempfile
+
+        os.environ.update(remote["environ"])
+        for path, records in remote["journals"].items():
+            self._journals[Path(path)] = {(r["row_index"], r["run_index"]): r for r in records}
+        self._controller_paths = dict(remote["config_paths"])
+        self._scratch = Path(tempfile.mkdtemp(prefix="osmosis-worker-"))
+
+    def reported_config(self, plan: EvalPlan) -> str:
+        """The config path a result names: the controller's (a remote worker's differs)."""
+        mine = str(plan.config_path)
+        return self._controller_paths.get(mine, mine)
+
+    def returned_files(self, rollout_id: str | None) -> dict[str, bytes] | None:
+        """A remote worker: the files of this attempt, for its report (once); else None."""
+        if self._scratch is None or not rollout_id:
+            return None
+        return self._trial_files.pop(rollout_id, {})
 
     def _build_plan(self, path: Path) -> EvalPlan:
         plan = build_plan(
@@ -404,6 +435,7 @@ class EvalSession:
             plan.row_digests(),
             plan.dataset.selected_source_rows,
             retry_failed=self.options.retry_failed,
+            retry_below=self.options.retry_below(plan),
             recorded={record["rollout_id"] for record in rundir.records.values()},
         )
         reuse_into(source, rundir.path, records)
@@ -544,8 +576,9 @@ class EvalSession:
         """How a config's rows run and why, as the plan and the results table say it."""
         dispatch = self.load_rollout(plan)
         text = f"{dispatch.mode} ({dispatch.why})"
-        workers = getattr(self.config.option, "numprocesses", None)
-        if dispatch.mode == SERVER and workers and not self.is_worker:
+        from pytest_osmosis.plugin.xdist import worker_count
+
+        if dispatch.mode == SERVER and worker_count(self.config) and not self.is_worker:
             text += "; each xdist worker starts its own server"
         return text
 
@@ -959,7 +992,8 @@ class EvalSession:
             if cache is not None
             else None
         )
-        run_dir = plan.run_dir
+        # A remote worker writes into its scratch directory (its report carries the files).
+        run_dir = plan.run_dir if self._scratch is None else self._scratch / plan.run_name
         storage_faults: list[str] = []
 
         def save_trajectory(
@@ -1008,6 +1042,11 @@ class EvalSession:
         )
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
+        if self._scratch is not None and result.get("rollout_id"):
+            from pytest_osmosis.execution.remote import pack_trial
+
+            rollout_id = str(result["rollout_id"])
+            self._trial_files[rollout_id] = pack_trial(run_dir / "rollout_trials" / rollout_id)
         return result
 
     def _judge_models(self, dispatch: Dispatch) -> list[str]:
@@ -1211,6 +1250,8 @@ class EvalSession:
         if self._restore_exit is not None:
             self._restore_exit()
             self._restore_exit = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
 
 def _exit_witness(plan: EvalPlan) -> str:

@@ -28,6 +28,18 @@ def dist_was_chosen(config: pytest.Config) -> bool:
     )
 
 
+def worker_count(config: pytest.Config) -> int:
+    """How many workers xdist starts: ``-n N``, or one per ``--tx`` spec (``3*popen``: 3,
+    ``ssh=…``: 1); 0 when the session is not distributed."""
+    if getattr(config.option, "dist", "no") == "no":
+        return 0
+    count = 0
+    for spec in getattr(config.option, "tx", None) or []:
+        times, star, _ = str(spec).partition("*")
+        count += int(times) if star and times.isdigit() else 1
+    return count
+
+
 def per_worker(total: int, workers: int) -> int:
     """``--osmosis-concurrency`` is the total across workers, so each gets its share."""
     return max(1, math.ceil(total / max(1, workers)))

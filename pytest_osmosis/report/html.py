@@ -45,6 +45,7 @@ from pytest_osmosis.report.stats import (
     wilson_interval,
 )
 from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
+from pytest_osmosis.report.templating import Markup, render
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.row_metrics import per_row_passes
 from pytest_osmosis.results.run_reader import dataset_row, parse_time
@@ -81,7 +82,8 @@ def _json_script(payload: Any) -> str:
 # ----------------------------------------------------------------------------- pieces
 
 
-def _header(info: Mapping[str, Any]) -> str:
+def _header_meta(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The header's (label, value) pairs, those with a value."""
     ctx, timing = info["context"], info["timing"]
     git = ctx.get("git") or {}
     bits = [
@@ -97,12 +99,7 @@ def _header(info: Mapping[str, Any]) -> str:
         bits.append(
             ("commit", f"{commit}{branch}" + (" + uncommitted changes" if git.get("dirty") else ""))
         )
-    meta = "".join(f"<span>{_e(label)} <b>{_e(value)}</b></span>" for label, value in bits if value)
-    return (
-        f"<header><h1>{_e(info['name'])}</h1>"
-        f'<span class="badge {_e(info["status"])}" id="run-status">{_e(info["status"])}</span>'
-        f'<div class="meta">{meta}</div></header>'
-    )
+    return [(label, str(value)) for label, value in bits if value]
 
 
 def _warnings(messages: Sequence[str]) -> str:
@@ -310,24 +307,9 @@ def _cost_text(value: Any) -> str:
 
 
 def _table(records: Sequence[Mapping[str, Any]]) -> str:
-    error_types = sorted({str(r["err"]) for r in records if r.get("err")})
+    """Every attempt, with its filters (``templates/attempts.html``)."""
     explained = any("expl" in r for r in records)
     priced = any("cost" in r for r in records)
-    options = "".join(f'<option value="{_e(t)}">{_e(t)}</option>' for t in error_types)
-    filters = (
-        '<div class="filters">'
-        '<label>outcome <select id="f-outcome"><option value="">all</option>'
-        + "".join(f'<option value="{o}">{OUTCOME_WORDS[o]}</option>' for o in OUTCOMES[:3])
-        + '<option value="not_passed">not passed</option>'
-        f'<option value="skipped">{SKIPPED}</option></select></label>'
-        f'<label>error type <select id="f-error"><option value="">any</option>{options}'
-        "</select></label>"
-        '<label>reward &ge; <input type="number" id="f-min" step="any"></label>'
-        '<label>&le; <input type="number" id="f-max" step="any"></label>'
-        '<input type="search" id="f-search" '
-        'placeholder="search input, label, answer, error, rollout id">'
-        '<span id="count"></span></div>'
-    )
     columns = [
         ("r", "row", "num"),
         ("n", "attempt", "num"),
@@ -343,40 +325,37 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
         ("err", "error type", ""),
         ("rid", "rollout id", ""),
     ]
-    head = "".join(
-        f'<th data-sort="{key}"' + (f' class="{css}"' if css else "") + f">{_e(label)}</th>"
-        for key, label, css in columns
-    )
-    body = []
-    for r in records:
-        reward = f"{r['reward']:.3f}" if isinstance(r.get("reward"), float) else "–"
-        cells = {
-            "r": f'<td class="num">{r["r"]}</td>',
-            "n": f'<td class="num">{r["n"]}</td>',
-            "outcome": f'<td><span class="pill o-{_e(r["outcome"])}">'
-            f"{_e(OUTCOME_WORDS.get(r['outcome'], r['outcome']))}</span></td>",
-            "reward": f'<td class="num">{reward}</td>',
-            "q_in": _clip_cell(input_text(r)),
-            "lab": _clip_cell(r.get("lab", ""), "clip short"),
-            "ans": _clip_cell(r.get("ans", "")),
-            "expl": _clip_cell(r.get("expl", "")),
-            "tokens": f'<td class="num">{_e(r.get("tokens", "–"))}</td>',
-            "cost": f'<td class="num">{_cost_text(r.get("cost"))}</td>',
-            "dur": f'<td class="num">{format_duration(r.get("dur"))}</td>',
-            "err": f"<td>{_e(r.get('err', ''))}</td>",
-            "rid": f'<td class="mono">{_e(str(r.get("rid", ""))[:8])}</td>',
+    rows = [
+        {
+            "i": r["i"],
+            "key": f"{r['r']}.{r['n']}",
+            "outcome": r["outcome"],
+            "status": r["status"],
+            "cells": {
+                "r": r["r"],
+                "n": r["n"],
+                "outcome": OUTCOME_WORDS.get(r["outcome"], r["outcome"]),
+                "reward": f"{r['reward']:.3f}" if isinstance(r.get("reward"), float) else "–",
+                "q_in": one_line(input_text(r), CELL_CHARS),
+                "lab": one_line(r.get("lab", ""), CELL_CHARS),
+                "ans": one_line(r.get("ans", ""), CELL_CHARS),
+                "expl": one_line(r.get("expl", ""), CELL_CHARS),
+                "tokens": r.get("tokens", "–"),
+                "cost": _cost_text(r.get("cost")),
+                "dur": format_duration(r.get("dur")),
+                "err": r.get("err", ""),
+                "rid": str(r.get("rid", ""))[:8],
+            },
         }
-        body.append(
-            f'<tr tabindex="0" data-i="{r["i"]}" data-key="{r["r"]}.{r["n"]}" '
-            f'data-outcome="{_e(r["outcome"])}" data-status="{_e(r["status"])}">'
-            + "".join(cells[key] for key, _, _ in columns)
-            + "</tr>"
-        )
-    return (
-        '<section id="attempts"><h2>Every attempt</h2>'
-        + filters
-        + f'<div class="tablewrap"><table id="rows"><thead><tr>{head}</tr></thead>'
-        + f"<tbody>{''.join(body)}</tbody></table></div></section>"
+        for r in records
+    ]
+    return render(
+        "attempts.html",
+        outcome_options=[(o, OUTCOME_WORDS[o]) for o in OUTCOMES[:3]],
+        skipped=SKIPPED,
+        error_types=sorted({str(r["err"]) for r in records if r.get("err")}),
+        columns=columns,
+        rows=rows,
     )
 
 
@@ -527,10 +506,9 @@ def _row_by_row(pairs: Sequence[Mapping[str, Any]], baseline: str, current: str)
 
 
 def _inputs_note(inputs: DatasetInputs | None) -> str:
-    if inputs is not None and inputs.path is not None:
-        return f'<span id="inputs-from">Inputs from <code>{_e(inputs.path)}</code>.</span>'
+    """Where the rows' inputs came from, when not from a dataset file."""
     note = inputs.note if inputs is not None else "inputs are taken from trajectories"
-    return f'<span id="inputs-from">{_e(note[:1].upper() + note[1:])}.</span>'
+    return note[:1].upper() + note[1:]
 
 
 def _fmt3(value: Any) -> str:
@@ -556,35 +534,9 @@ def render_html(
     if comparison is not None and baseline is not None:
         pairs = side_by_side(comparison, records, build_rows(baseline, report_dir, embed=False))
     rows: Sequence[Mapping[str, Any]] = run["rows"]
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        '<meta name="generator" content="pytest-osmosis ' + _e(__version__) + '">',
-        f"<title>{_e(info['name'])} · Osmosis eval report</title>",
-        f"<style>{CSS}</style></head><body><main>",
-        _header(info),
-        _warnings(info["warnings"]),
-        _cards(info, rows, records),
-    ]
-    if comparison is not None:
-        parts.append(_comparison(comparison, pairs))
-    parts += [
-        "<h2>Plots</h2>",
-        _plots(info, rows),
-        _table(records),
-        f"<footer>Generated by pytest-osmosis {_e(__version__)} on {generated} from "
-        f"<code>{_e(info['path'])}</code>. Links open files of the run directory. "
-        + _inputs_note(inputs)
-        + "</footer>",
-        "</main>",
-        '<aside id="detail" hidden aria-label="attempt detail">'
-        '<button type="button" id="close" title="close (Esc)">close</button>'
-        '<div id="detail-body"></div></aside>',
-    ]
     # After the table and the comparison are drawn: they read each record's own input.
+    comparison_html = _comparison(comparison, pairs) if comparison is not None else ""
+    table = _table(records)
     shared = share_inputs(records, pairs)
     data = {
         "rows": records,
@@ -594,9 +546,23 @@ def render_html(
         if comparison is not None
         else None,
     }
-    parts += [
-        f'<script type="application/json" id="report-data">{_json_script(data)}</script>',
-        f"<script>{JS}</script>",
-        "</body></html>",
-    ]
-    return "\n".join(parts)
+    return render(
+        "report.html",
+        csp=Markup(CSP),  # our constants and our own fragments, printed as they are
+        css=Markup(CSS),
+        js=Markup(JS),
+        version=__version__,
+        name=info["name"],
+        status=info["status"],
+        path=info["path"],
+        meta=_header_meta(info),
+        warnings=Markup(_warnings(info["warnings"])),
+        cards=Markup(_cards(info, rows, records)),
+        comparison=Markup(comparison_html),
+        plots=Markup(_plots(info, rows)),
+        table=Markup(table),
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        inputs_path=inputs.path if inputs is not None else None,
+        inputs_note=_inputs_note(inputs),
+        data=Markup(_json_script(data)),
+    )

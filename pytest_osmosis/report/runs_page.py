@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from html import escape
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -21,16 +20,13 @@ from pytest_osmosis.core.words import NO_RATE, PASS_RATE_BASIS, pass_rate_basis,
 from pytest_osmosis.report.assets import CSS
 from pytest_osmosis.report.stats import wilson_interval
 from pytest_osmosis.report.svg import time_chart
+from pytest_osmosis.report.templating import Markup, render
 from pytest_osmosis.results.run_reader import parse_time
 from pytest_osmosis.results.run_views import format_duration, run_list_item
 
 INDEX_FILENAME = "runs.html"
 REPORT_FILENAME = "report.html"
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
-
-
-def _e(value: Any) -> str:
-    return escape("" if value is None else str(value))
 
 
 def _link(target: Path, index_dir: Path) -> str:
@@ -73,76 +69,60 @@ def _chart(items: Sequence[Mapping[str, Any]], index_dir: Path) -> str:
     )
 
 
-def _row(item: Mapping[str, Any], index_dir: Path) -> str:
+def _row(item: Mapping[str, Any], index_dir: Path) -> dict[str, Any]:
+    """One table row's values (``templates/runs.html`` escapes them)."""
     report = Path(str(item["path"])) / REPORT_FILENAME
-    name = _e(item["name"])
-    if report.is_file():
-        name = f'<a href="{_e(_link(report, index_dir))}">{name}</a>'
     counted = int(item["completed_samples"] or 0)
-    rate = NO_RATE
+    rate = low = high = None
     if counted:
         low, high = wilson_interval(int(item["passed"]), counted)
-        rate = (
-            f"<b>{percent(item['pass_rate'])}</b> "
-            f'<span class="muted">{percent(low)} – {percent(high)}</span>'
-        )
+        rate = percent(item["pass_rate"])
     total = item["rows_total"]
     when = parse_time(item["started_at"])
-    return (
-        f'<tr data-run="{_e(item["name"])}"><td>{name}</td>'
-        f'<td><span class="badge {_e(item["status"])}">{_e(item["status"])}</span></td>'
-        f"<td>{_e(f'{when:%Y-%m-%d %H:%M}' if when else '–')}</td>"
-        f"<td>{_e(item['rollout'] or '–')}</td><td>{_e(item['model'] or '–')}</td>"
-        f"<td>{_e(item['dataset'] or '–')}</td>"
-        f'<td class="num">{item["rows_done"]}/{total if total is not None else "?"}</td>'
-        f'<td class="num" title="{_e(pass_rate_basis(int(item["passed"]), counted))}">'
-        f"{rate}</td>"
-        f'<td class="num">{_e(format_duration(item["duration_ms"]))}</td></tr>'
-    )
+    return {
+        "name": item["name"],
+        "href": _link(report, index_dir) if report.is_file() else None,
+        "status": item["status"],
+        "started": f"{when:%Y-%m-%d %H:%M}" if when else "–",
+        "rollout": item["rollout"] or "–",
+        "model": item["model"] or "–",
+        "dataset": item["dataset"] or "–",
+        "done": f"{item['rows_done']}/{total if total is not None else '?'}",
+        "basis": pass_rate_basis(int(item["passed"]), counted),
+        "rate": rate,
+        "low": percent(low) if rate else None,
+        "high": percent(high) if rate else None,
+        "duration": format_duration(item["duration_ms"]),
+    }
+
+
+#: The table's columns: (label, numeric).
+COLUMNS = (
+    ("run", False),
+    ("status", False),
+    ("started (UTC)", False),
+    ("rollout", False),
+    ("model", False),
+    ("dataset", False),
+    ("done", True),
+    ("pass rate (95% CI)", True),
+    ("duration", True),
+)
 
 
 def render_index(runs: Sequence[Mapping[str, Any]], root: Path, index_dir: Path) -> str:
     """The page for *runs* (from ``list_runs``, newest first); links relative to *index_dir*."""
     items = [run_list_item(run) for run in runs]
-    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    head = "".join(
-        f"<th{' class=num' if numeric else ''}>{_e(label)}</th>"
-        for label, numeric in (
-            ("run", False),
-            ("status", False),
-            ("started (UTC)", False),
-            ("rollout", False),
-            ("model", False),
-            ("dataset", False),
-            ("done", True),
-            ("pass rate (95% CI)", True),
-            ("duration", True),
-        )
-    )
-    body = "".join(_row(item, index_dir) for item in items)
-    empty = "" if items else "<p class='muted'>No runs yet: `pytest --osmosis-eval` makes one.</p>"
-    return "\n".join(
-        [
-            "<!DOCTYPE html>",
-            '<html lang="en"><head><meta charset="utf-8">',
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            f"<title>Osmosis eval runs · {_e(root)}</title>",
-            f"<style>{CSS}</style></head><body><main>",
-            f"<header><h1>Eval runs</h1><div class='meta'><span>{len(items)} run(s) in "
-            f"<code>{_e(root)}</code></span></div></header>",
-            "<h2>Pass rate over time</h2>",
-            f"<figure id='over-time'><figcaption>Pass rate per run<small>over "
-            f"{_e(PASS_RATE_BASIS)}; one line per rollout and dataset; a point opens the "
-            f"run's report</small></figcaption>{_chart(items, index_dir)}</figure>",
-            "<h2>Every run</h2>",
-            empty,
-            f"<div class='tablewrap'><table id='runs'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table></div>",
-            f"<footer>Generated by pytest-osmosis {_e(__version__)} on {generated}. "
-            "A run's name links to its report.html when one was written "
-            "(<code>pytest-osmosis report NAME</code>, or <code>--osmosis-report</code>)."
-            "</footer>",
-            "</main></body></html>",
-        ]
+    return render(
+        "runs.html",
+        csp=Markup(CSP),  # our constant, printed as it is (as before)
+        css=Markup(CSS),
+        root=root,
+        rows=[_row(item, index_dir) for item in items],
+        basis=PASS_RATE_BASIS,
+        chart=Markup(_chart(items, index_dir)),
+        columns=COLUMNS,
+        no_rate=NO_RATE,
+        version=__version__,
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     )

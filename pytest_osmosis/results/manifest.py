@@ -147,10 +147,29 @@ def source_digest(rollout_dir: Path, output_root: Path | None = None) -> str:
     """SHA-256 over every source file's relative path and bytes, in path order.
 
     Same traversal as the SDK, so a run started by ``osmosis eval run`` and one
-    started here agree on the rollout's identity: environment/cache directories,
-    ``uv.lock`` and ``*.egg-info`` are skipped, as is *output_root* when it lies
-    inside the rollout. A directory symlink or a broken symlink is refused (the
-    digest could not describe what it covers); file symlinks hash their target.
+    started here agree on the rollout's identity (:func:`source_files`).
+    """
+    digest = hashlib.sha256()
+    for parts, path in source_files(rollout_dir, output_root):
+        digest.update("/".join(parts).encode())
+        try:
+            with path.open("rb") as handle:
+                while chunk := handle.read(1 << 20):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise RolloutLoadError(f"cannot read rollout source file {path}: {exc}") from exc
+    return digest.hexdigest()
+
+
+def source_files(
+    rollout_dir: Path, output_root: Path | None = None
+) -> list[tuple[tuple[str, ...], Path]]:
+    """A rollout's source files (relative parts, path), in path order.
+
+    Environment/cache directories, ``uv.lock`` and ``*.egg-info`` are skipped, as is
+    *output_root* when it lies inside the rollout. A directory symlink or a broken symlink
+    is refused (a digest could not describe what it covers); file symlinks count as their
+    target.
     """
     root = rollout_dir.resolve()
     exclude: Path | None = None
@@ -192,16 +211,7 @@ def source_digest(rollout_dir: Path, output_root: Path | None = None) -> str:
             if path.is_file():
                 files.append((parts, path))
     files.sort(key=lambda item: item[0])
-    digest = hashlib.sha256()
-    for parts, path in files:
-        digest.update("/".join(parts).encode())
-        try:
-            with path.open("rb") as handle:
-                while chunk := handle.read(1 << 20):
-                    digest.update(chunk)
-        except OSError as exc:
-            raise RolloutLoadError(f"cannot read rollout source file {path}: {exc}") from exc
-    return digest.hexdigest()
+    return files
 
 
 # --------------------------------------------------------------------------- #

@@ -26,7 +26,8 @@ from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results.index import METRICS_FILENAME, PROGRESS_FILENAME
 from pytest_osmosis.results.journal import JOURNAL_FILENAME, WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
-from pytest_osmosis.results.reuse import ROWS_FILENAME, copy_trial
+from pytest_osmosis.results.reuse import copy_trial
+from pytest_osmosis.results.row_digests import ROWS_FILENAME
 from pytest_osmosis.results.row_metrics import (
     attempts_by_row,
     cost_of,

@@ -7,10 +7,9 @@ dataset row's content (shard.py's ``row_digest``) and its attempt index. Such an
 recorded without running: its trajectory and artifacts are copied, its journal record
 re-keyed to this run's row, and its index row says ``reused``. Anything that differs runs.
 
-A run names its rows' content digests in ``osmosis_rows.json`` (ours; the upload ignores
-it), so a later run finds its rows by content even when rows were added or moved. A run
-without that file (written by the SDK, or before it existed) is matched by position when
-its dataset file is byte for byte the same.
+A run names its rows' content digests (results/row_digests.py), so a later run finds its
+rows by content even when rows were added or moved. A run without them (written by the
+SDK) is matched by dataset row when its dataset file is byte for byte the same.
 """
 
 from __future__ import annotations
@@ -24,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.core.errors import RunDirectoryError
-from pytest_osmosis.results.atomic import atomic_write_json
 from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
 from pytest_osmosis.results.journal import WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
 from pytest_osmosis.results.projection import safe_artifact_paths
+from pytest_osmosis.results.row_digests import read_row_digests
 
-ROWS_FILENAME = "osmosis_rows.json"
 #: Manifest inputs that must be equal for any item of RUN to be reused.
 SAME_INPUTS = ("model_path", "rollout", "env", "secret_names", "timeouts", "versions")
 
@@ -64,40 +62,19 @@ def open_reuse_source(
     if source.differs:
         return source
     records = replay_journal(path / "events.jsonl").latest
-    recorded = _recorded_digests(path)
+    recorded = read_row_digests(path)  # dataset row -> digest
     if recorded is None:
         same_file = (theirs.get("dataset") or {}).get("sha256") == dataset_sha256
         if not same_file:
             source.differs = ["dataset (and it names no row digests)"]
             return source
-        # The same file: RUN's row of source row s has this run's digest of source row s.
-        position = {source_row: at for at, source_row in enumerate(sources)}
-        recorded = {}
-        for (row, _), record in records.items():
-            at = position.get(record.get("source_row_index", -1))
-            if at is not None:
-                recorded[row] = digests[at]
-    for (row, attempt), record in sorted(records.items()):
-        digest = recorded.get(row)
+        # The same file: RUN's dataset row s has this run's digest of dataset row s.
+        recorded = dict(zip(sources, digests, strict=True))
+    for (_, attempt), record in sorted(records.items()):
+        digest = recorded.get(record.get("source_row_index", -1))
         if digest is not None:
             source.by_content.setdefault((digest, attempt), []).append(record)
     return source
-
-
-def _recorded_digests(path: Path) -> dict[int, str] | None:
-    try:
-        document = json.loads((path / ROWS_FILENAME).read_bytes())
-        digests = document["row_digests"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
-        return None
-    return dict(enumerate(digests))
-
-
-def write_row_digests(run_dir: Path, digests: Sequence[str]) -> None:
-    """``osmosis_rows.json``: the content digest of each selected row, by row index."""
-    atomic_write_json(run_dir / ROWS_FILENAME, {"row_digests": list(digests)})
 
 
 def copy_trial(source_run: Path, target_run: Path, rollout_id: str) -> None:
@@ -139,13 +116,16 @@ def take(
     sources: Sequence[int],
     *,
     retry_failed: bool,
+    retry_below: float | None = None,
     recorded: set[str] | frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The records of RUN this run's pending *keys* reuse, re-keyed to this run's rows.
 
     Each recorded attempt is used once (two equal rows take two of RUN's), and never one
     whose rollout id this run has *recorded* already; an attempt that errored on
-    infrastructure runs again, as does any failure under ``--osmosis-retry-failed``.
+    infrastructure runs again, as does what a resume would run again (``is_retried``: any
+    failure under ``--osmosis-retry-failed``, and a reward below *retry_below*, the
+    threshold ``--osmosis-retry-below-threshold`` gives).
     """
     from pytest_osmosis.core.outcome import is_infrastructure, is_retried
 
@@ -156,7 +136,7 @@ def take(
             record = candidates.pop(0)
             if record["rollout_id"] in recorded:
                 continue
-            if is_infrastructure(record) or (retry_failed and is_retried(record)):
+            if is_infrastructure(record) or (retry_failed and is_retried(record, retry_below)):
                 continue
             taken.append(
                 {**record, "row_index": row, "run_index": attempt, "source_row_index": sources[row]}

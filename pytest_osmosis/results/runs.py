@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pytest_osmosis.core.errors import RunDirectoryError
-from pytest_osmosis.dataset import FORMATS
+from pytest_osmosis.dataset import readers
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.run_reader import (
     RunNotFoundError,
@@ -176,9 +176,9 @@ def _dataset_candidates(run: Mapping[str, Any], hints: tuple[Path, ...], cwd: Pa
     for workspace in workspaces:
         data = workspace / "data"
         if isinstance(name, str) and name and "/" not in name:
-            found += [data / f"{name}.{extension}" for extension in FORMATS]
+            found += [data / f"{name}.{extension}" for extension in readers()]
         try:
-            found += sorted(p for p in data.iterdir() if p.suffix.lstrip(".").lower() in FORMATS)
+            found += sorted(p for p in data.iterdir() if p.suffix.lstrip(".").lower() in readers())
         except OSError:
             pass
     sha = dataset_sha256(run)

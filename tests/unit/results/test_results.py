@@ -692,13 +692,13 @@ def test_a_rollout_replacing_json_dumps_changes_none_of_our_files(tmp_path: Path
 
     real = json.dumps
     try:
-        json.dumps = lambda value, **kw: "garbage"  # type: ignore[assignment]
+        json.dumps = lambda value, **kw: "garbage"
         run = open_run(tmp_path)
         record = execute(run, 0, 0)
         refresh(run)
         run.close()
     finally:
-        json.dumps = real  # type: ignore[assignment]
+        json.dumps = real
     assert stdjson.dumps is real
     assert (run.path / "events.jsonl").read_bytes() == journal_line(normalize_record(
         record, where="test"

@@ -1,0 +1,3 @@
+#!/bin/sh
+mkdir -p /logs/verifier
+if grep -q 42 /app/answer.txt; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
