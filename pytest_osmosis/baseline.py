@@ -84,7 +84,7 @@ def match_rows(current: Mapping[int, str], baseline: Mapping[int, str]) -> RowMa
 
 
 def run_row_digests(run: Mapping[str, Any], hints: tuple[Path, ...] = ()) -> dict[int, str] | None:
-    """Dataset row -> content digest of a loaded run (``results.runs.load_run``).
+    """Dataset row -> content digest of a loaded run (``results.run_reader.load_run``).
 
     From the digests a session recorded, else from the run's dataset file (the one whose
     bytes its manifest's sha256 names; *hints* first); None when neither is there.
@@ -135,7 +135,8 @@ class Baseline:
 
 def open_baseline(ref: str, current: CurrentRun, allow: frozenset[str] = frozenset()) -> Baseline:
     """The baseline *ref* (a run name or directory) for *current*, or a one-line refusal."""
-    from pytest_osmosis.results.runs import load_run, resolve_run
+    from pytest_osmosis.results.run_reader import load_run
+    from pytest_osmosis.results.runs import resolve_run
 
     where = f"--osmosis-baseline {ref}"
     try:

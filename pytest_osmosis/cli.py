@@ -37,17 +37,9 @@ from pytest_osmosis.core.words import (
     pass_rate_text,
     percent,
 )
-from pytest_osmosis.results.runs import (
-    dataset_row,
-    find_output_root,
-    format_duration,
-    list_runs,
-    load_run,
-    parse_time,
-    resolve_run,
-    run_info,
-    run_list_item,
-)
+from pytest_osmosis.results.run_reader import dataset_row, load_run, parse_time
+from pytest_osmosis.results.run_views import format_duration, run_info, run_list_item
+from pytest_osmosis.results.runs import find_output_root, list_runs, resolve_run
 
 PROG = "pytest-osmosis"
 JSON_SCHEMA_VERSION = 1
@@ -173,129 +165,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _info_lines(info: Mapping[str, Any]) -> list[str]:
-    ctx, timing, progress = info["context"], info["timing"], info["progress"]
-    config, results = info["configuration"], info["results"]
+    """``info`` as text: a header, then one block per section of :func:`run_info`."""
     lines = [f"Run       {info['name']}  ({info['status']})", f"Path      {info['path']}"]
     if info.get("local_run_id"):
         lines.append(f"Local id  {info['local_run_id']}")
-
-    def section(title: str, pairs: Sequence[tuple[str, Any]]) -> None:
-        shown = [(k, v) for k, v in pairs if v not in (None, "", [], {})]
-        if not shown:
-            return
-        lines.extend(["", title])
-        width = max(len(k) for k, _ in shown)
-        lines.extend(f"  {k.ljust(width)}  {v}" for k, v in shown)
-
-    git = ctx.get("git") or {}
-    git_text = None
-    if git.get("commit"):
-        git_text = str(git["commit"])[:12]
-        if git.get("branch"):
-            git_text += f" on {git['branch']}"
-        git_text += "  (DIRTY: uncommitted changes)" if git.get("dirty") else "  (clean)"
-    sha = ctx.get("dataset_sha256")
-    digest = ctx.get("rollout_source_digest")
-    section(
-        "Context",
-        [
-            ("Model", ctx.get("model")),
-            ("Dataset", f"{ctx.get('dataset') or '–'}" + (f"  (sha256 {sha[:12]})" if sha else "")),
-            (
-                "Rollout",
-                f"{ctx.get('rollout') or '–'} / {ctx.get('entrypoint') or '–'}"
-                + (f"  (source {digest[:12]})" if digest else ""),
-            ),
-            ("Config", ctx.get("config_path")),
-            ("Written by", ctx.get("sdk_version")),
-            ("Git", git_text),
-            ("Config branch", ctx.get("config_branch")),
-            ("Config commit", ctx.get("config_commit_sha")),
-        ],
-    )
-    section(
-        "Timing",
-        [
-            ("Created", _when(timing.get("created_at")) if timing.get("created_at") else None),
-            ("Started", _when(timing.get("started_at")) if timing.get("started_at") else None),
-            (
-                "Completed",
-                _when(timing.get("completed_at")) if timing.get("completed_at") else None,
-            ),
-            (
-                "Duration",
-                format_duration(timing.get("duration_ms"))
-                if timing.get("duration_ms") is not None
-                else None,
-            ),
-        ],
-    )
-    total = progress.get("total")
-    section(
-        "Progress",
-        [
-            (
-                "Attempts",
-                f"{progress['done']}/{total if total is not None else '?'} recorded"
-                + (f", {progress['pending']} pending" if progress.get("pending") else "")
-                + (f", {progress['resumed']} carried forward" if progress.get("resumed") else ""),
-            ),
-            ("Outcomes", outcomes_text(progress)),
-            (
-                "Rows",
-                f"{progress.get('sampled_rows') or '?'} selected of "
-                f"{progress.get('total_dataset_rows') or '?'} in the dataset",
-            ),
-        ],
-    )
-    timeouts = config.get("timeouts") or {}
-
-    def seconds(value: Any) -> str:
-        return f"{value:g} s" if isinstance(value, (int, float)) else "unbounded"
-
-    section(
-        "Configuration",
-        [
-            ("n", config.get("n")),
-            ("Rows", config.get("selection")),
-            ("Pass threshold", f"{float(config['pass_threshold'])!r}"),
-            (
-                "Timeouts",
-                f"workflow {seconds(timeouts.get('agent_workflow_timeout_s'))}, "
-                f"grader {seconds(timeouts.get('grader_timeout_s'))}",
-            ),
-            ("Env keys", ", ".join(config.get("env_keys") or [])),
-            ("Secret names", ", ".join(config.get("secret_names") or [])),
-            ("Advanced", ", ".join(sorted(config.get("advanced") or {}))),
-        ],
-    )
-    stats = results.get("reward_stats")
-    points = results.get("pass_at_k")
-    section(
-        "Results",
-        [
-            (
-                "Pass rate",
-                pass_rate_text(
-                    int(results.get("passed", 0)), int(results.get("completed_samples", 0))
-                )
-                + f", pass_threshold "
-                f"{float(results.get('pass_threshold', config['pass_threshold']))!r}",
-            ),
-            (
-                "Reward",
-                " · ".join(f"{k} {stats[k]:.3f}" for k in ("mean", "median", "std", "min", "max"))
-                if stats
-                else None,
-            ),
-            (
-                "pass@k",
-                " · ".join(f"k={p['k']} {percent(p['value'])}" for p in points) if points else None,
-            ),
-            ("Tokens", f"{results.get('tokens_used', 0):,}"),
-            ("Error types", ", ".join(f"{k} x{v}" for k, v in info["error_types"].items())),
-        ],
-    )
+    threshold = float(info["configuration"]["pass_threshold"])
+    lines += _section("Context", _context_pairs(info["context"]))
+    lines += _section("Timing", _timing_pairs(info["timing"]))
+    lines += _section("Progress", _progress_pairs(info["progress"]))
+    lines += _section("Configuration", _configuration_pairs(info["configuration"]))
+    lines += _section("Results", _results_pairs(info["results"], info["error_types"], threshold))
     # Every attempt that did not pass, by outcome: what pytest calls failed is both of the
     # first two (an error, a reward below the threshold).
     for word, key in (
@@ -303,26 +182,149 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
         (BELOW_THRESHOLD, "below_threshold_rows"),
         (SKIPPED, "skipped_rows"),
     ):
-        entries = info[key]
-        if not entries:
-            continue
-        lines.extend(["", f"{word.capitalize()} {ATTEMPTS} ({len(entries)})"])
-        for entry in entries[:50]:
-            text = f"  row {dataset_row(entry)} run {entry['run_index']}"
-            if key == "failed_rows":
-                text += f": error_type={entry.get('error_type') or 'unknown'}"
-            reward = entry.get("reward")
-            if key == "below_threshold_rows" and isinstance(reward, (int, float)):
-                text += f": reward {reward:.2f} < {float(config['pass_threshold'])!r}"
-            if entry.get("rollout_id"):
-                text += f" -> rollout_trials/{entry['rollout_id']}"
-            if entry.get("error_message"):
-                text += f"\n      {entry['error_message']}"
-            lines.append(text)
-        if len(entries) > 50:
-            lines.append(f"  ... and {len(entries) - 50} more (--json lists all)")
-    for warning in info["warnings"]:
-        lines.append(f"\nWarning: {warning}")
+        lines += _attempt_lines(word, key, info[key], threshold)
+    lines += [f"\nWarning: {warning}" for warning in info["warnings"]]
+    return lines
+
+
+def _section(title: str, pairs: Sequence[tuple[str, Any]]) -> list[str]:
+    """A titled block of aligned ``name  value`` lines; empty values are left out."""
+    shown = [(k, v) for k, v in pairs if v not in (None, "", [], {})]
+    if not shown:
+        return []
+    width = max(len(k) for k, _ in shown)
+    return ["", title, *(f"  {k.ljust(width)}  {v}" for k, v in shown)]
+
+
+def _git_text(git: Mapping[str, Any]) -> str | None:
+    if not git.get("commit"):
+        return None
+    text = str(git["commit"])[:12]
+    if git.get("branch"):
+        text += f" on {git['branch']}"
+    return text + ("  (DIRTY: uncommitted changes)" if git.get("dirty") else "  (clean)")
+
+
+def _context_pairs(ctx: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    sha = ctx.get("dataset_sha256")
+    digest = ctx.get("rollout_source_digest")
+    return [
+        ("Model", ctx.get("model")),
+        ("Dataset", f"{ctx.get('dataset') or '–'}" + (f"  (sha256 {sha[:12]})" if sha else "")),
+        (
+            "Rollout",
+            f"{ctx.get('rollout') or '–'} / {ctx.get('entrypoint') or '–'}"
+            + (f"  (source {digest[:12]})" if digest else ""),
+        ),
+        ("Config", ctx.get("config_path")),
+        ("Written by", ctx.get("sdk_version")),
+        ("Git", _git_text(ctx.get("git") or {})),
+        ("Config branch", ctx.get("config_branch")),
+        ("Config commit", ctx.get("config_commit_sha")),
+    ]
+
+
+def _timing_pairs(timing: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    def when(key: str) -> str | None:
+        return _when(timing[key]) if timing.get(key) else None
+
+    duration = timing.get("duration_ms")
+    return [
+        ("Created", when("created_at")),
+        ("Started", when("started_at")),
+        ("Completed", when("completed_at")),
+        ("Duration", format_duration(duration) if duration is not None else None),
+    ]
+
+
+def _progress_pairs(progress: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    total = progress.get("total")
+    return [
+        (
+            "Attempts",
+            f"{progress['done']}/{total if total is not None else '?'} recorded"
+            + (f", {progress['pending']} pending" if progress.get("pending") else "")
+            + (f", {progress['resumed']} carried forward" if progress.get("resumed") else ""),
+        ),
+        ("Outcomes", outcomes_text(progress)),
+        (
+            "Rows",
+            f"{progress.get('sampled_rows') or '?'} selected of "
+            f"{progress.get('total_dataset_rows') or '?'} in the dataset",
+        ),
+    ]
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:g} s" if isinstance(value, (int, float)) else "unbounded"
+
+
+def _configuration_pairs(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    timeouts = config.get("timeouts") or {}
+    return [
+        ("n", config.get("n")),
+        ("Rows", config.get("selection")),
+        ("Pass threshold", f"{float(config['pass_threshold'])!r}"),
+        (
+            "Timeouts",
+            f"workflow {_seconds(timeouts.get('agent_workflow_timeout_s'))}, "
+            f"grader {_seconds(timeouts.get('grader_timeout_s'))}",
+        ),
+        ("Env keys", ", ".join(config.get("env_keys") or [])),
+        ("Secret names", ", ".join(config.get("secret_names") or [])),
+        ("Advanced", ", ".join(sorted(config.get("advanced") or {}))),
+    ]
+
+
+def _results_pairs(
+    results: Mapping[str, Any], error_types: Mapping[str, int], threshold: float
+) -> list[tuple[str, Any]]:
+    stats = results.get("reward_stats")
+    points = results.get("pass_at_k")
+    rate = pass_rate_text(int(results.get("passed", 0)), int(results.get("completed_samples", 0)))
+    recorded_threshold = float(results.get("pass_threshold", threshold))
+    return [
+        ("Pass rate", f"{rate}, pass_threshold {recorded_threshold!r}"),
+        (
+            "Reward",
+            " · ".join(f"{k} {stats[k]:.3f}" for k in ("mean", "median", "std", "min", "max"))
+            if stats
+            else None,
+        ),
+        (
+            "pass@k",
+            " · ".join(f"k={p['k']} {percent(p['value'])}" for p in points) if points else None,
+        ),
+        ("Tokens", f"{results.get('tokens_used', 0):,}"),
+        ("Error types", ", ".join(f"{k} x{v}" for k, v in error_types.items())),
+    ]
+
+
+#: ``info`` lists at most this many attempts of one outcome (``--json`` lists all).
+_INFO_ATTEMPTS = 50
+
+
+def _attempt_lines(
+    word: str, key: str, entries: Sequence[Mapping[str, Any]], threshold: float
+) -> list[str]:
+    """The attempts of one outcome, one line each (and the error headline under it)."""
+    if not entries:
+        return []
+    lines = ["", f"{word.capitalize()} {ATTEMPTS} ({len(entries)})"]
+    for entry in entries[:_INFO_ATTEMPTS]:
+        text = f"  row {dataset_row(entry)} run {entry['run_index']}"
+        if key == "failed_rows":
+            text += f": error_type={entry.get('error_type') or 'unknown'}"
+        reward = entry.get("reward")
+        if key == "below_threshold_rows" and isinstance(reward, (int, float)):
+            text += f": reward {reward:.2f} < {threshold!r}"
+        if entry.get("rollout_id"):
+            text += f" -> rollout_trials/{entry['rollout_id']}"
+        if entry.get("error_message"):
+            text += f"\n      {entry['error_message']}"
+        lines.append(text)
+    if len(entries) > _INFO_ATTEMPTS:
+        lines.append(f"  ... and {len(entries) - _INFO_ATTEMPTS} more (--json lists all)")
     return lines
 
 
@@ -612,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from pytest_osmosis.results.runs import RunNotFoundError
+    from pytest_osmosis.results.run_reader import RunNotFoundError
 
     try:
         return handler(args)

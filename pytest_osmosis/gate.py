@@ -327,7 +327,7 @@ def shows_regression(
 def compare_with_baseline(run_dir: Path, baseline: Baseline) -> dict[str, Any]:
     """``report.compare.compare_runs`` of a run (from its journal) and its baseline."""
     from pytest_osmosis.report.compare import compare_runs
-    from pytest_osmosis.results.runs import load_run
+    from pytest_osmosis.results.run_reader import load_run
 
     return compare_runs(
         load_run(run_dir, journal=True),

@@ -375,7 +375,7 @@ def test_budgets_not_spent_run_every_row_and_show_the_cost(
     doc = json.loads((_run_dir(served, "b") / ROW_METRICS_FILENAME).read_text())
     assert 0 < doc["cost_usd"] < 0.001
     assert len(doc["cost_usd_by_rollout"]) == 3
-    from pytest_osmosis.results.runs import load_run
+    from pytest_osmosis.results.run_reader import load_run
 
     # The report's per-attempt cost reads the rows' cost_usd, which load_run fills from it.
     rows = load_run(_run_dir(served, "b"))["rows"]

@@ -228,7 +228,7 @@ def test_the_pull_request_markdown_says_what_the_paired_test_says(
     served: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pytest_osmosis.report import compare_runs, comparison_markdown
-    from pytest_osmosis.results.runs import load_run
+    from pytest_osmosis.results.run_reader import load_run
 
     write_workspace(served.path, rows=THIRTY, rollout_source=ROLLOUT)
     assert served.runpytest(*BASE, "--osmosis-name", "main").ret == 1

@@ -27,10 +27,8 @@ from model_server import ModelServer
 from workspaces import CALC_ROLLOUT, calc_rows, only_run_dir, read_index, write_workspace
 
 from pytest_osmosis.core.errors import OsmosisError
-from pytest_osmosis.redaction import RedactingStream, redact_longrepr
-from pytest_osmosis.results import REDACTED, Redactor, validate_trajectory
-from pytest_osmosis.results.redact import redact_json, redact_trajectory
-from pytest_osmosis.secrets import (
+from pytest_osmosis.plugin.redaction import RedactingStream, redact_longrepr
+from pytest_osmosis.plugin.secrets import (
     MAX_SECRETS_FILE_BYTES,
     MissingSecretsError,
     SecretsFileError,
@@ -38,6 +36,8 @@ from pytest_osmosis.secrets import (
     read_dotenv,
     resolve_secrets,
 )
+from pytest_osmosis.results import REDACTED, Redactor, validate_trajectory
+from pytest_osmosis.results.redact import redact_json, redact_trajectory
 
 pytest_plugins = ["pytester"]
 
@@ -186,7 +186,7 @@ def test_stdin_is_read_once_per_session_past_the_capture(pytester: pytest.Pytest
     pytester.makeconftest(
         """
         import json
-        from pytest_osmosis.secrets import resolve_secrets
+        from pytest_osmosis.plugin.secrets import resolve_secrets
 
         def pytest_sessionstart(session):
             config = session.config
@@ -350,7 +350,7 @@ def test_wrappers_of_other_plugins_cannot_reintroduce_a_value(pytester: pytest.P
     pytester.makeconftest(
         f"""
         import pytest
-        from pytest_osmosis.redaction import add_secret_values
+        from pytest_osmosis.plugin.redaction import add_secret_values
 
         def pytest_configure(config):
             add_secret_values(config, [{LONG!r}])
@@ -468,8 +468,8 @@ class LeakyGrader(Grader):
 SECRETS_CONFTEST = """
 import os
 
-from pytest_osmosis.redaction import add_secret_values
-from pytest_osmosis.secrets import resolve_secrets
+from pytest_osmosis.plugin.redaction import add_secret_values
+from pytest_osmosis.plugin.secrets import resolve_secrets
 
 # Until --osmosis-secrets-file is wired into the plugin: resolve and register here, in
 # every process (resolve_secrets exports file-only values, as the plugin will).

@@ -16,7 +16,7 @@ from workspaces import MIXED_ROWS, calc_rows, read_index, run_session, write_wor
 
 from pytest_osmosis.cli import main
 from pytest_osmosis.report import run_markdown
-from pytest_osmosis.results.runs import load_run
+from pytest_osmosis.results.run_reader import load_run
 
 pytest_plugins = ["pytester"]
 

@@ -133,7 +133,8 @@ def cmd_gate(args: argparse.Namespace) -> int:
         judge_runs,
     )
     from pytest_osmosis.results import read_journal
-    from pytest_osmosis.results.runs import load_run, resolve_run
+    from pytest_osmosis.results.run_reader import load_run
+    from pytest_osmosis.results.runs import resolve_run
 
     root = Path(args.output).expanduser().resolve() if args.output else None
     run_dir = resolve_run(args.run, root)

@@ -151,7 +151,7 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
     from pytest_osmosis.plugin.collect import SESSION_KEY
 
     config.stash[SESSION_KEY] = session
-    from pytest_osmosis.redaction import install_redaction
+    from pytest_osmosis.plugin.redaction import install_redaction
 
     install_redaction(config)
     register_roles(config, session)

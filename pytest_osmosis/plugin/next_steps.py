@@ -211,7 +211,8 @@ def _run_ref(run: ControllerRun, base: Path) -> str:
 def previous_run(run: ControllerRun) -> Path | None:
     """The newest other run of the same rollout and dataset under the run's output root."""
     from pytest_osmosis.core.errors import OsmosisError
-    from pytest_osmosis.results.runs import list_runs, run_list_item
+    from pytest_osmosis.results.run_views import run_list_item
+    from pytest_osmosis.results.runs import list_runs
 
     try:
         items = [run_list_item(each) for each in list_runs(run.plan.output_root)]

@@ -57,7 +57,7 @@ class Plans:
             except OsmosisError as exc:
                 self.errors[path] = exc
                 raise
-            from pytest_osmosis.redaction import add_named_secrets
+            from pytest_osmosis.plugin.redaction import add_named_secrets
 
             add_named_secrets(self.config, plan.config.secrets.required)
             plan.run_name = self.run_names.get(str(path), "")

@@ -299,7 +299,7 @@ class Progress:
 
     def add_cost(self, row: Mapping[str, Any]) -> None:
         """A result's or a recorded row's cost, when it has one (shown only once one has)."""
-        from pytest_osmosis.results.runs import COST_KEY
+        from pytest_osmosis.results.run_reader import COST_KEY
 
         cost = row.get(COST_KEY)
         self.costed += 1
@@ -508,7 +508,7 @@ class StatusLine:
         cls, reporter: Any, snapshot: Callable[[float], Snapshot], *, clock: Clock
     ) -> StatusLine | None:
         """Put a PinnedFile under pytest's terminal writer; None when that cannot be done."""
-        from pytest_osmosis.redaction import RedactingStream
+        from pytest_osmosis.plugin.redaction import RedactingStream
 
         writer = getattr(reporter, "_tw", None)
         owner, attr = writer, "_file"

@@ -106,7 +106,7 @@ class Rollouts:
 
     def _server(self, plan: EvalPlan, why: str) -> Dispatch:
         from pytest_osmosis.execution.server import RolloutServer
-        from pytest_osmosis.redaction import log_redactor_for, redactor_for
+        from pytest_osmosis.plugin.redaction import log_redactor_for, redactor_for
 
         # [env]/[secrets] cannot name _OSMOSIS_* variables (workspace/config.py refuses them),
         # so the server's own variables are always the supervisor's, as in the SDK.

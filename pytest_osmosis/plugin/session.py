@@ -260,10 +260,14 @@ class EvalSession:
 
     def open_runs(self, config_paths: list[Path]) -> dict[str, str]:
         """Controller: plan every config and open its run directory before any row runs."""
-        from pytest_osmosis.redaction import add_named_secrets, log_redactor_for
+        from pytest_osmosis.plugin.redaction import add_named_secrets, log_redactor_for
+        from pytest_osmosis.plugin.secrets import (
+            MissingSecretsError,
+            SecretsFileError,
+            resolve_secrets,
+        )
         from pytest_osmosis.results import RunDirectory, RunLog
         from pytest_osmosis.results.source_run import RegradeError
-        from pytest_osmosis.secrets import MissingSecretsError, SecretsFileError, resolve_secrets
 
         now = utc_now()
         several = len(config_paths) > 1
@@ -552,7 +556,7 @@ class EvalSession:
             kept = kept_result(self.regrade, item)
             if kept is not None:  # its workflow failed: nothing to grade again
                 return kept
-        from pytest_osmosis.redaction import redactor_for
+        from pytest_osmosis.plugin.redaction import redactor_for
         from pytest_osmosis.results import build_trajectory, prepare_trial_dir, write_trajectory
         from pytest_osmosis.results.redact import redact_trajectory
 

@@ -25,7 +25,9 @@ from pytest_osmosis.report.compare import compare_runs, comparison_markdown, esc
 from pytest_osmosis.report.data import DatasetInputs
 from pytest_osmosis.report.html import render_html
 from pytest_osmosis.report.runs_page import INDEX_FILENAME, REPORT_FILENAME, render_index
-from pytest_osmosis.results.runs import dataset_row, list_runs, load_run, run_info
+from pytest_osmosis.results.run_reader import dataset_row, load_run
+from pytest_osmosis.results.run_views import run_info
+from pytest_osmosis.results.runs import list_runs
 
 __all__ = [
     "INDEX_FILENAME",

@@ -23,7 +23,7 @@ from pytest_osmosis.report.stats import (
     permutation_test,
 )
 from pytest_osmosis.results.row_metrics import per_row_passes
-from pytest_osmosis.results.runs import dataset_row
+from pytest_osmosis.results.run_reader import dataset_row
 
 
 def _inputs(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def compare_runs(
     digests: tuple[Mapping[int, str] | None, Mapping[int, str] | None] | None = None,
     hints: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
-    """*current* against *baseline* (both from :func:`pytest_osmosis.results.runs.load_run`).
+    """*current* against *baseline* (both from :func:`pytest_osmosis.results.run_reader.load_run`).
 
     Rows are matched by content (``baseline.match_rows``; *digests* are each run's, else
     read with ``baseline.run_row_digests``), by dataset row when a run's content is not

@@ -17,9 +17,8 @@ from urllib.parse import quote
 from pytest_osmosis.core.errors import OsmosisError
 from pytest_osmosis.core.words import OUTCOME_WORDS, one_line
 from pytest_osmosis.results import stdjson as json
+from pytest_osmosis.results.run_reader import COST_KEY, dataset_row
 from pytest_osmosis.results.runs import (
-    COST_KEY,
-    dataset_row,
     error_messages,
     find_dataset,
     list_artifacts,

@@ -48,7 +48,8 @@ from pytest_osmosis.report.svg import bar_chart, histogram, line_chart
 from pytest_osmosis.report.templating import Markup, render
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.row_metrics import per_row_passes
-from pytest_osmosis.results.runs import dataset_row, format_duration, parse_time, run_info
+from pytest_osmosis.results.run_reader import dataset_row, parse_time
+from pytest_osmosis.results.run_views import format_duration, run_info
 
 CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "

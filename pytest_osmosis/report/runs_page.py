@@ -21,7 +21,8 @@ from pytest_osmosis.report.assets import CSS
 from pytest_osmosis.report.stats import wilson_interval
 from pytest_osmosis.report.svg import time_chart
 from pytest_osmosis.report.templating import Markup, render
-from pytest_osmosis.results.runs import format_duration, parse_time, run_list_item
+from pytest_osmosis.results.run_reader import parse_time
+from pytest_osmosis.results.run_views import format_duration, run_list_item
 
 INDEX_FILENAME = "runs.html"
 REPORT_FILENAME = "report.html"

@@ -2,7 +2,7 @@
 
 A value is replaced in its plain, ``repr`` and JSON-escaped forms (:func:`secret_forms`).
 What a session redacts from its output is a :class:`Redactor` the pytest plugin fills
-(``redaction.py``) and names here (:func:`use_for_messages`), so a library building a
+(``plugin/redaction.py``) and names here (:func:`use_for_messages`), so a library building a
 message from provider or rollout text scrubs it without knowing about pytest.
 """
 

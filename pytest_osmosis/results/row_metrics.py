@@ -59,7 +59,7 @@ def attempts_by_row(
     records: Iterable[Mapping[str, Any]], threshold: float
 ) -> dict[int, tuple[int, int]]:
     """Dataset row -> (passing attempts, attempts not skipped) of journal or index rows."""
-    from pytest_osmosis.results.runs import dataset_row
+    from pytest_osmosis.results.run_reader import dataset_row
 
     return per_row_passes(
         ({**record, "outcome": classify(record, threshold)} for record in records),
@@ -118,7 +118,7 @@ def row_metrics(
 def read_row_metrics(run_dir: Path) -> dict[str, Any]:
     """The run's ``osmosis_metrics.json`` ({} when absent or unreadable: it is only ours)."""
     from pytest_osmosis.results import stdjson as json
-    from pytest_osmosis.results.runs import read_bytes
+    from pytest_osmosis.results.run_reader import read_bytes
 
     try:
         value = json.loads(read_bytes(run_dir, ROW_METRICS_FILENAME))

@@ -34,7 +34,7 @@ from pytest_osmosis.results.index import (
 from pytest_osmosis.results.journal import JOURNAL_FILENAME, WorkKey, replay_journal
 from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
 from pytest_osmosis.results.projection import safe_artifact_paths
-from pytest_osmosis.results.runs import parse_row_selector
+from pytest_osmosis.results.run_reader import recorded_selection
 from pytest_osmosis.results.trajectory import trajectory_messages
 
 #: ``inputs`` key of a regraded run's manifest: which run's samples it graded.
@@ -183,7 +183,7 @@ class SourceRun:
 
     def row_words(self, key: WorkKey) -> str:
         """``row <dataset row> run <attempt>``, as the run's lines name an attempt."""
-        selection = parse_row_selector(
+        selection = recorded_selection(
             (self.inputs.get("dataset") or {}).get("selected_source_rows")
         )
         row_index, run_index = key
@@ -312,7 +312,7 @@ def _check_coverage(source: SourceRun) -> None:
     """Refuse, in one line, a run whose journal lacks an attempt its manifest selects (a
     journal cut or edited after the run finished): there would be nothing to grade."""
     dataset = source.inputs.get("dataset") or {}
-    selection = parse_row_selector(dataset.get("selected_source_rows"))
+    selection = recorded_selection(dataset.get("selected_source_rows"))
     n = source.inputs.get("n")
     if selection is None or type(n) is not int or n < 1:
         return  # the plan taken from the manifest refuses it, naming the field

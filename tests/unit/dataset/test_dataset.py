@@ -1042,7 +1042,7 @@ def test_any_selection_is_a_dataset_or_a_dataset_error(
 @given(st.text(alphabet="0123456789,- x", max_size=12))
 def test_every_caller_reads_a_selector_by_one_grammar(spec: str) -> None:
     """The option check, the dataset and the run browser accept exactly the same selectors."""
-    from pytest_osmosis.results import runs
+    from pytest_osmosis.results import run_reader
     from pytest_osmosis.workspace import config
 
     try:
@@ -1055,10 +1055,10 @@ def test_every_caller_reads_a_selector_by_one_grammar(spec: str) -> None:
     except ValueError:
         option_ok = False
     assert option_ok == (ranges is not None)
-    huge = ranges is not None and any(end - start > runs.MAX_RANGE_ROWS for start, end in ranges)
+    huge = ranges is not None and any(end - start > run_reader.MAX_RANGE_ROWS for start, end in ranges)
     if huge or sum(end - start + 1 for start, end in ranges or []) > 100_000:
         return  # the run browser does not expand such a selector; nothing more to compare
-    rows = runs.parse_row_selector(spec)
+    rows = run_reader.recorded_selection(spec)
     assert (rows is not None) == (ranges is not None)
     if rows is not None:
         assert format_row_selector(rows) == format_row_selector(

@@ -33,7 +33,7 @@ from pytest_osmosis.report.stats import (
 )
 from pytest_osmosis.report.svg import time_chart
 from pytest_osmosis.results.metrics import aggregate_metrics
-from pytest_osmosis.results.runs import load_run
+from pytest_osmosis.results.run_reader import load_run
 
 REFERENCE = REFERENCE_RUN
 needs_reference = pytest.mark.skipif(not REFERENCE.is_dir(), reason="reference run not available")

@@ -1,4 +1,4 @@
-"""``[secrets]``: resolve the values (what keeps them out of output is ``redaction.py``).
+"""``[secrets]``: resolve the values (what keeps them out of output is ``plugin/redaction.py``).
 
 Resolution follows the SDK (contract §9.4): ``--osmosis-secrets-file`` (dotenv, ``-``
 reads stdin) first, then the environment (non-empty values only); the names nobody
