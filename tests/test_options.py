@@ -72,6 +72,7 @@ SPACE_VALUES = {
     "--osmosis-shard": "1/1",
     "--osmosis-reuse": "../elsewhere/finished",
     "--osmosis-upload": "on-pass",
+    "--osmosis-remote-root": "../elsewhere/root",
 }
 
 

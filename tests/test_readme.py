@@ -160,6 +160,9 @@ def produced_error_types() -> set[str]:
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 functions.setdefault(node.name, node)
+                params = [a.arg for a in node.args.args]
+                if "error_type" in params and params[:1] != ["self"]:
+                    carriers[node.name] = params.index("error_type")  # faults._item_failure
             elif isinstance(node, ast.Call):
                 calls.append(node)
             if isinstance(node, ast.ClassDef):
