@@ -649,6 +649,8 @@ class EvalSession:
         run = self.runs.get(plan.config_path)
         if run is None or self.faulted or run.storage_fault or result.get("storage_fault"):
             return
+        if outcome.is_infrastructure(result):
+            return  # pytest-rerunfailures may run it again: only its last report is journalled
         run.rundir.stage(result)
 
     def abandon_runs(self) -> None:
