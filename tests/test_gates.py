@@ -5,14 +5,13 @@ gate against a baseline run, and budgets that stop a session early."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from model_server import ModelServer
 from sdk_planner import sdk_judge
-from workspaces import CALC_ROLLOUT, HELD, calc_rows, wait_until, write_workspace
+from workspaces import CALC_ROLLOUT, HELD, calc_rows, write_workspace
 
 from pytest_osmosis.results.row_metrics import ROW_METRICS_FILENAME
 
@@ -237,23 +236,10 @@ def test_a_baseline_that_measured_something_else_is_refused_in_one_line(
 
 # -- budgets that stop early ------------------------------------------------------------
 
-# Row 0 is answered at once; the others wait at the model server (HELD) until the test
-# lets them go, which it does once the controller has said the budget is spent: the rows
-# then in flight finish, and no other row starts.
+# Rows the stub model answers at once (HELD only names them for the tests below).
 HELD_ROWS = calc_rows(
     [("What is 1 + 1?", "2")] + [(f"What is {i} {HELD}", str(i + 100)) for i in range(1, 8)]
 )
-
-
-def _release_when_spent(server: Any, run_dir: Path) -> threading.Thread:
-    def release() -> None:
-        logs = run_dir / "logs.txt"
-        wait_until(lambda: logs.exists() and "budget spent" in logs.read_text(), "budget spent")
-        server.hold = ""
-
-    thread = threading.Thread(target=release, daemon=True)
-    thread.start()
-    return thread
 
 
 def _journalled(run_dir: Path) -> int:
@@ -275,14 +261,16 @@ def _journalled(run_dir: Path) -> int:
     ids=["tokens", "cost"],
 )
 def test_a_spent_budget_stops_new_rows_and_the_run_resumes(
-    served: pytest.Pytester, model_server: Any, xdist: bool, budget: tuple[str, ...], spent: str
+    served: pytest.Pytester, xdist: bool, budget: tuple[str, ...], spent: str
 ) -> None:
+    """Every row spends more than the budget, and the first row runs alone (nothing is
+    known of a row's spend before one is recorded), so exactly one row runs per session,
+    whichever row (and, under xdist, whichever worker) takes the first ticket. (The test
+    once held every row but row 0 at the model server: under xdist a held row could take
+    the first ticket and the session then waited for the stub's hold, not for us.)"""
     write_workspace(served.path, rows=HELD_ROWS)
     run_dir = _run_dir(served, "b")
-    model_server.hold = HELD
-    releaser = _release_when_spent(model_server, run_dir)
     result = _run(served, xdist, "--osmosis-name", "b", *budget)
-    releaser.join()
     assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
@@ -290,14 +278,14 @@ def test_a_spent_budget_stops_new_rows_and_the_run_resumes(
             "rows not started stay pending; run the same command again to resume*"
         ]
     )
-    first = _journalled(run_dir)
-    assert 1 <= first < len(HELD_ROWS)  # row 0 and the rows then in flight; none after
+    assert _journalled(run_dir) == 1
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
-    assert metrics["summary"]["total_samples"] == first
-    # The same command again resumes: each session spends its own budget.
+    assert metrics["summary"]["total_samples"] == 1
+    # The same command again resumes: each session spends its own budget, on one new row.
     again = _run(served, xdist, "--osmosis-name", "b", *budget)
-    assert _journalled(run_dir) > first, again.stdout.str()
+    assert again.ret == pytest.ExitCode.INTERRUPTED, again.stdout.str()
+    assert _journalled(run_dir) == 2, again.stdout.str()
 
 
 # Twelve rows that each spend the same (6 tokens): budgets of about three rows, four in flight.
