@@ -283,6 +283,28 @@ def test_a_blank_value_is_refused_not_read_as_every_row(
     assert not (pytester.path / ".osmosis").exists()
 
 
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        ("soon", "ERROR: osmosis_backstop_grace: must be a number of seconds >= 0, got 'soon'"),
+        ("-1", "ERROR: osmosis_backstop_grace: must be a number of seconds >= 0, got '-1'"),
+        ("inf", "ERROR: osmosis_backstop_grace: must be a number of seconds >= 0, got 'inf'"),
+    ],
+)
+def test_a_bad_backstop_grace_is_one_line_before_any_row(
+    pytester: pytest.Pytester, model_env: ModelServer, raw: str, line: str
+) -> None:
+    """Checked with the other options (exit 4), not at collection or never (-1, inf)."""
+    write_workspace(pytester.path)
+    pytester.makeini(f"[pytest]\nosmosis_backstop_grace = {raw}\n")
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([line])
+    assert "Traceback" not in result.stderr.str()
+    assert model_env.requests_total == 0
+    assert not (pytester.path / ".osmosis").exists()
+
+
 def test_help_shows_each_option_in_its_group(pytester: pytest.Pytester) -> None:
     """Seven groups instead of one of ~40, each option in its own, the table deciding."""
     from pytest_osmosis.plugin.options import GROUPS
