@@ -3,6 +3,7 @@
 Everything is inline: CSS, script, SVG plots and the data (as a JSON script block).
 A Content-Security-Policy forbids every network fetch, so opening a report can never
 call home or load a CDN, even if a run directory contained a hostile string.
+The markup is in ``templates/`` (autoescaped); this module computes what they print.
 """
 
 from __future__ import annotations
