@@ -3,6 +3,7 @@
 Everything is inline: CSS, script, SVG plots and the data (as a JSON script block).
 A Content-Security-Policy forbids every network fetch, so opening a report can never
 call home or load a CDN, even if a run directory contained a hostile string.
+The markup is in ``templates/`` (autoescaped); this module computes what they print.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
-from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,7 @@ CSP = (
     "img-src data:; base-uri 'none'; form-action 'none'"
 )
 PER_ROW_BARS_MAX = 120
-
-
-def _e(value: Any) -> str:
-    return escape("" if value is None else str(value))
+LISTED_ROWS_MAX = 500  # rows a regressed/improved listing shows; the rest are counted
 
 
 def _when(value: Any) -> str:
@@ -102,75 +99,56 @@ def _header_meta(info: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(label, str(value)) for label, value in bits if value]
 
 
-def _warnings(messages: Sequence[str]) -> str:
-    return "".join(f'<div class="warn">{_e(message)}</div>' for message in messages)
-
-
-def _card(label: str, value: str, sub: str = "", cls: str = "", extra: str = "") -> str:
-    return (
-        f'<div class="card"><div class="label">{_e(label)}</div>'
-        f'<div class="value {cls}">{_e(value)}</div>{extra}'
-        f'<div class="sub">{sub}</div></div>'
-    )
-
-
 def _cards(
     info: Mapping[str, Any],
     rows: Sequence[Mapping[str, Any]],
     records: Sequence[Mapping[str, Any]],
-) -> str:
+) -> Markup:
+    """The headline cards (``templates/cards.html``)."""
     results = info["results"]
     progress = info["progress"]
     threshold = info["configuration"]["pass_threshold"]
     passed, scored = int(results.get("passed", 0)), int(results.get("completed_samples", 0))
     low, high = wilson_interval(passed, scored)
-    cards = [
-        _card(
-            "Pass rate",
-            percent(results.get("pass_rate", 0)) if scored else NO_RATE,
-            f"{_e(pass_rate_basis(passed, scored))}; reward &ge; {_e(repr(float(threshold)))}"
-            + (f"<br>95% CI {percent(low)} – {percent(high)}" if scored else ""),
-            "good" if scored and passed == scored else ("bad" if scored and not passed else ""),
-        )
-    ]
+    rate = {
+        "value": percent(results.get("pass_rate", 0)) if scored else NO_RATE,
+        "basis": pass_rate_basis(passed, scored),
+        "threshold": repr(float(threshold)),
+        "ci": (percent(low), percent(high)) if scored else None,
+        "cls": "good" if scored and passed == scored else ("bad" if scored and not passed else ""),
+    }
     total = max(len(rows), 1)
-    stack = "".join(
-        f'<i class="{o}" style="width:{progress[o] / total * 100:.2f}%" '
-        f'title="{OUTCOME_WORDS[o]}: {progress[o]}"></i>'
-        for o in OUTCOMES
-        if progress[o]
-    )
-    legend = "".join(
-        f'<span><span class="dot stack-dot {o}" style="background:var(--{_VAR[o]})"></span>'
-        f"{progress[o]} {OUTCOME_WORDS[o]}</span>"
-        for o in OUTCOMES
-    )
-    done = f"{progress['done']}" + (f" / {progress['total']}" if progress.get("total") else "")
-    cards.append(
-        _card(
-            "Outcomes",
-            done,
-            f'<div class="legend">{legend}</div>',
-            extra=f'<div class="stack">{stack}</div>',
-        )
-    )
+    outcomes = {
+        "done": f"{progress['done']}"
+        + (f" / {progress['total']}" if progress.get("total") else ""),
+        "parts": [
+            {
+                "key": o,
+                "var": _VAR[o],
+                "word": OUTCOME_WORDS[o],
+                "count": progress[o],
+                "width": f"{progress[o] / total * 100:.2f}",
+            }
+            for o in OUTCOMES
+        ],
+    }
     tokens = int(results.get("tokens_used", 0))
     counted = [row["tokens"] for row in rows if isinstance(row.get("tokens"), int)]
-    cards.append(
-        _card(
+    plain = [
+        _plain_card(
             "Tokens",
             f"{tokens:,}",
             f"{tokens / len(counted):,.0f} per attempt on average" if counted else "not recorded",
         )
-    )
+    ]
     costs = [float(r["cost"]) for r in records if isinstance(r.get("cost"), (int, float))]
     # In the results table's words (an attempt without a priced model call: unknown, not $0).
     if costs:
         mean = _cost_text(math.fsum(costs) / len(costs))
         priced = f"{costs_text(r.get('cost') for r in records)}; {mean} per priced attempt"
-        cards.append(_card("Cost", _cost_text(math.fsum(costs)), priced))
+        plain.append(_plain_card("Cost", _cost_text(math.fsum(costs)), priced))
     else:
-        cards.append(_card("Cost", "unknown", "no attempt had a priced model call"))
+        plain.append(_plain_card("Cost", "unknown", "no attempt had a priced model call"))
     durations = [float(row["duration_ms"]) for row in rows if "duration_ms" in row]
     sub = (
         f"per attempt: median {format_duration(quantile(durations, 0.5))}, "
@@ -178,47 +156,58 @@ def _cards(
         if durations
         else ""
     )
-    cards.append(_card("Duration", format_duration(info["timing"].get("duration_ms")), sub))
+    plain.append(_plain_card("Duration", format_duration(info["timing"].get("duration_ms")), sub))
     points = results.get("pass_at_k") or []
+    passk = None
     if points:
         best = points[-1]
-        cards.append(
-            _card(
-                f"pass@{best['k']}",
-                percent(best["value"]),
-                " · ".join(f"pass@{p['k']} {percent(p['value'])}" for p in points),
-            )
-        )
-    else:
-        n = info["configuration"].get("n")
-        cards.append(
-            _card(
-                "pass@k",
-                percent(results.get("pass_rate", 0)) if scored else NO_RATE,
-                f"pass@1 only: n = {_e(n)}; run with n &ge; 2 for pass@k",
-            )
+        passk = _plain_card(
+            f"pass@{best['k']}",
+            percent(best["value"]),
+            " · ".join(f"pass@{p['k']} {percent(p['value'])}" for p in points),
         )
     stats = results.get("reward_stats")
-    if stats:
-        cards.append(
-            _card(
-                "Mean reward",
-                f"{stats['mean']:.3f}",
-                f"std {stats['std']:.3f} · median {stats['median']:.3f} · "
-                f"range {stats['min']:.3f} – {stats['max']:.3f}",
-            )
+    reward = (
+        _plain_card(
+            "Mean reward",
+            f"{stats['mean']:.3f}",
+            f"std {stats['std']:.3f} · median {stats['median']:.3f} · "
+            f"range {stats['min']:.3f} – {stats['max']:.3f}",
         )
-    return '<section class="cards" id="cards">' + "".join(cards) + "</section>"
+        if stats
+        else None
+    )
+    return _fragment(
+        "cards.html",
+        rate=rate,
+        outcomes=outcomes,
+        plain=plain,
+        passk=passk,
+        n=_blank_none(info["configuration"].get("n")),
+        reward=reward,
+    )
+
+
+def _plain_card(label: str, value: str, sub: str, cls: str = "") -> dict[str, str]:
+    """A card whose every part is text (``fragments.html``'s ``card`` escapes it)."""
+    return {"label": label, "value": value, "sub": sub, "cls": cls}
+
+
+def _blank_none(value: Any) -> Any:
+    """A missing value prints as nothing, not ``None``."""
+    return "" if value is None else value
+
+
+def _fragment(template: str, **context: Any) -> Markup:
+    """A template's HTML, to print inside another page as it is."""
+    return Markup(render(template, **context))
 
 
 _VAR = {"passed": "pass", "below_threshold": "below", "failed": "fail", "skipped": "skip"}
 
 
-def _figure(title: str, note: str, svg: str) -> str:
-    return f"<figure><figcaption>{_e(title)}<small>{_e(note)}</small></figcaption>{svg}</figure>"
-
-
-def _plots(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+def _plots(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> Markup:
+    """The four charts (``templates/plots.html``)."""
     threshold = float(info["configuration"]["pass_threshold"])
     rewards = [float(r["reward"]) for r in rows if r.get("outcome") != "skipped" and "reward" in r]
     reward_svg = histogram(
@@ -290,15 +279,15 @@ def _plots(info: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
         "duration", "Duration per attempt", durations, x_label="seconds per attempt", unit=" s"
     )
     flaky = sum(1 for p, a in counts.values() if 0 < p < a)
-    return (
-        '<section class="plots" id="plots">'
-        + _figure(
-            "Reward distribution", f"attempts with a reward; threshold {threshold!r}", reward_svg
-        )
-        + _figure("pass@k", "chance that at least one of k attempts passes", passk_svg)
-        + _figure("Per-row pass count", f"{flaky} flaky row(s); " + per_row_note, per_row)
-        + _figure("Duration distribution", "dispatch to result, per attempt", duration_svg)
-        + "</section>"
+    figures = [
+        ("Reward distribution", f"attempts with a reward; threshold {threshold!r}", reward_svg),
+        ("pass@k", "chance that at least one of k attempts passes", passk_svg),
+        ("Per-row pass count", f"{flaky} flaky row(s); " + per_row_note, per_row),
+        ("Duration distribution", "dispatch to result, per attempt", duration_svg),
+    ]
+    return _fragment(
+        "plots.html",
+        figures=[{"title": t, "note": n, "svg": Markup(svg)} for t, n, svg in figures],
     )
 
 
@@ -306,7 +295,7 @@ def _cost_text(value: Any) -> str:
     return f"${value:.4f}" if isinstance(value, (int, float)) else "–"
 
 
-def _table(records: Sequence[Mapping[str, Any]]) -> str:
+def _table(records: Sequence[Mapping[str, Any]]) -> Markup:
     """Every attempt, with its filters (``templates/attempts.html``)."""
     explained = any("expl" in r for r in records)
     priced = any("cost" in r for r in records)
@@ -349,7 +338,7 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
         }
         for r in records
     ]
-    return render(
+    return _fragment(
         "attempts.html",
         outcome_options=[(o, OUTCOME_WORDS[o]) for o in OUTCOMES[:3]],
         skipped=SKIPPED,
@@ -359,19 +348,15 @@ def _table(records: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
-def _clip_cell(text: str, css: str = "clip") -> str:
-    """A one-line cell cut to ``CELL_CHARS``; the drawer shows the whole text."""
-    return f'<td class="{css}">{_e(one_line(text, CELL_CHARS))}</td>'
-
-
-def _comparison(comparison: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]]) -> str:
+def _comparison(comparison: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]]) -> Markup:
+    """The comparison with a baseline run (``templates/comparison.html``)."""
     a, b = comparison["current"], comparison["baseline"]
     change = comparison["pass_rate_change"]
     paired = comparison["paired"]
     cls = (
         "delta-up" if change["difference"] > 0 else "delta-down" if change["difference"] < 0 else ""
     )
-    rows = [
+    side = [
         ("status", b["status"], a["status"]),
         ("model", b["model"], a["model"]),
         ("rollout", b["rollout"], a["rollout"]),
@@ -389,73 +374,55 @@ def _comparison(comparison: Mapping[str, Any], pairs: Sequence[Mapping[str, Any]
         ("tokens", b["tokens_used"], a["tokens_used"]),
         ("duration", format_duration(b["duration_ms"]), format_duration(a["duration_ms"])),
     ]
-    side = "".join(f"<tr><th>{_e(k)}</th><td>{_e(x)}</td><td>{_e(y)}</td></tr>" for k, x, y in rows)
     verdict = "significant at 95%" if change["significant"] else "within noise at 95%"
-
-    def listing(title: str, key: str) -> str:
-        entries = comparison[key]
-        if not entries:
-            return f"<h4>{_e(title)} (0)</h4><p class='muted'>None.</p>"
-        items = "".join(
-            f"<tr><td class='num'>{e['source_row_index']}</td>"
-            f"<td class='num'>{e['baseline']['passes']}/{e['baseline']['attempts']}</td>"
-            f"<td class='num'>{e['current']['passes']}/{e['current']['attempts']}</td></tr>"
-            for e in entries[:500]
-        )
-        more = f"<p class='muted'>… {len(entries) - 500} more</p>" if len(entries) > 500 else ""
-        return (
-            f"<h4>{_e(title)} ({len(entries)})</h4><div class='tablewrap'>"
-            f"<table class='cmp' id='{key}'><thead><tr><th>row</th><th>baseline passes</th>"
-            f"<th>current passes</th></tr></thead><tbody>{items}</tbody></table></div>{more}"
-        )
-
-    return (
-        '<section id="comparison"><h2>Compared with '
-        + _e(b["name"])
-        + "</h2>"
-        + _warnings(comparison["warnings"])
-        + '<div class="cards">'
-        + _card(
+    cards = [
+        _plain_card(
             "Paired change",
             f"{paired['change'] * 100:+.1f} pp",
             f"{paired['worse']} rows worse, {paired['better']} better of {paired['rows']}: "
             f"p = {p_text(paired['p_value'])} (exact paired test / McNemar; "
             f"{'significant' if paired['p_value'] < ALPHA else 'within noise'} at {ALPHA:g})",
             cls,
-        )
-        + _card(
+        ),
+        _plain_card(
             "Pass-rate change",
             f"{change['difference'] * 100:+.1f} pp",
             f"95% CI {change['ci95_low'] * 100:+.1f} to {change['ci95_high'] * 100:+.1f} pp"
             f" ({verdict}; Newcombe, unpaired)",
             cls,
-        )
-        + _card(
+        ),
+        _plain_card(
             "Regressed rows",
             str(len(comparison["regressed"])),
             "fewer passing attempts",
             "bad" if comparison["regressed"] else "",
-        )
-        + _card(
+        ),
+        _plain_card(
             "Improved rows",
             str(len(comparison["improved"])),
             "more passing attempts",
             "good" if comparison["improved"] else "",
-        )
-        + _card(
+        ),
+        _plain_card(
             "Unchanged rows",
             str(comparison["unchanged"]),
             f"{len(comparison['only_in_current'])} only here, "
             f"{len(comparison['only_in_baseline'])} only in the baseline",
-        )
-        + "</div>"
-        + "<div class='tablewrap' style='margin-top:12px'><table class='cmp' id='side-by-side'>"
-        + f"<thead><tr><th></th><th>baseline: {_e(b['name'])}</th><th>current: {_e(a['name'])}"
-        + f"</th></tr></thead><tbody>{side}</tbody></table></div>"
-        + listing("Regressed rows", "regressed")
-        + listing("Improved rows", "improved")
-        + _row_by_row(pairs, b["name"], a["name"])
-        + "</section>"
+        ),
+    ]
+    return _fragment(
+        "comparison.html",
+        baseline=b["name"],
+        current=a["name"],
+        messages=comparison["warnings"],
+        cards=cards,
+        side=[(k, _blank_none(x), _blank_none(y)) for k, x, y in side],
+        regressed=comparison["regressed"],
+        improved=comparison["improved"],
+        shown=LISTED_ROWS_MAX,
+        pairs=[_pair_view(p) for p in pairs],
+        passed=PASSED,
+        skipped=SKIPPED,
     )
 
 
@@ -468,41 +435,27 @@ _CHANGE_WORDS = {
 }
 
 
-def _answers_cell(attempts: Sequence[Mapping[str, Any]]) -> str:
-    """``1/2 passed`` and the first attempt's answer (or error type), on one line."""
+def _pair_view(pair: Mapping[str, Any]) -> dict[str, Any]:
+    """One row of the row-by-row table: its input and both runs' answers, on one line."""
+    return {
+        "r": pair["r"],
+        "change": pair["change"],
+        "word": _CHANGE_WORDS[pair["change"]],
+        "input": one_line(input_text(pair), CELL_CHARS),
+        "b": _answers_view(pair["b"]),
+        "a": _answers_view(pair["a"]),
+    }
+
+
+def _answers_view(attempts: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """``1/2 passed`` and the first attempt's answer (or error type); ``None``: not run."""
     if not attempts:
-        return '<td class="muted">not run</td>'
+        return None
     passes = sum(1 for a in attempts if a.get("outcome") == outcome.PASSED)
     counted = sum(1 for a in attempts if a.get("outcome") != outcome.SKIPPED)
-    if not counted:
-        return f'<td class="muted">every attempt {_e(SKIPPED)}</td>'
     first = attempts[0]
     said = first.get("ans") or (f"[{first['err']}]" if first.get("err") else "")
-    return (
-        f'<td class="clip"><b>{passes}/{counted}</b> {_e(PASSED)} '
-        f'<span class="muted">·</span> {_e(one_line(str(said), CELL_CHARS))}</td>'
-    )
-
-
-def _row_by_row(pairs: Sequence[Mapping[str, Any]], baseline: str, current: str) -> str:
-    """Every dataset row with both runs' answers; a click opens them side by side."""
-    body = "".join(
-        f'<tr tabindex="0" data-cmp="{p["r"]}" data-change="{_e(p["change"])}">'
-        f'<td class="num">{p["r"]}</td>'
-        f'<td><span class="pill c-{_e(p["change"])}">{_e(_CHANGE_WORDS[p["change"]])}</span></td>'
-        f"{_clip_cell(input_text(p))}{_answers_cell(p['b'])}{_answers_cell(p['a'])}</tr>"
-        for p in pairs
-    )
-    return (
-        f"<h4>Row by row ({len(pairs)})</h4>"
-        '<div class="filters"><label>show <select id="f-change">'
-        '<option value="">every row</option><option value="changed">changed rows</option>'
-        "</select></label><span class='muted'>click a row to see both runs' answers side by "
-        "side</span></div>"
-        "<div class='tablewrap'><table id='row-by-row'><thead><tr><th class='num'>row</th>"
-        f"<th>change</th><th>input</th><th>baseline: {_e(baseline)}</th>"
-        f"<th>current: {_e(current)}</th></tr></thead><tbody>{body}</tbody></table></div>"
-    )
+    return {"passes": passes, "counted": counted, "said": one_line(str(said), CELL_CHARS)}
 
 
 def _inputs_note(inputs: DatasetInputs | None) -> str:
@@ -535,7 +488,7 @@ def render_html(
         pairs = side_by_side(comparison, records, build_rows(baseline, report_dir, embed=False))
     rows: Sequence[Mapping[str, Any]] = run["rows"]
     # After the table and the comparison are drawn: they read each record's own input.
-    comparison_html = _comparison(comparison, pairs) if comparison is not None else ""
+    comparison_html = _comparison(comparison, pairs) if comparison is not None else Markup()
     table = _table(records)
     shared = share_inputs(records, pairs)
     data = {
@@ -556,11 +509,11 @@ def render_html(
         status=info["status"],
         path=info["path"],
         meta=_header_meta(info),
-        warnings=Markup(_warnings(info["warnings"])),
-        cards=Markup(_cards(info, rows, records)),
-        comparison=Markup(comparison_html),
-        plots=Markup(_plots(info, rows)),
-        table=Markup(table),
+        warnings=info["warnings"],
+        cards=_cards(info, rows, records),
+        comparison=comparison_html,
+        plots=_plots(info, rows),
+        table=table,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         inputs_path=inputs.path if inputs is not None else None,
         inputs_note=_inputs_note(inputs),

@@ -270,6 +270,31 @@ def test_hostile_text_is_escaped(run_dir: Path) -> None:
 
 
 @needs_reference
+def test_comparison_escapes_what_both_runs_hold(run_dir: Path, tmp_path: Path) -> None:
+    """The comparison's tables print each run's model, rows' inputs and first answers."""
+    hostile = '</td><script>alert(1)</script> & "q" café'
+    other = copy_run(REFERENCE, tmp_path / "evals" / "other")
+    trajectory = other / "rollout_trials" / "74db4440a7af4c31a77fffc74fd7ce4b" / "trajectory.json"
+    document = json.loads(trajectory.read_text())
+    document["steps"][1]["message"] = hostile  # row 0's input
+    document["steps"][2]["message"] = hostile  # its first attempt's answer
+    trajectory.write_text(json.dumps(document))
+    metrics = json.loads((other / "metrics.json").read_text())
+    metrics["eval_run"]["model_name"] = hostile
+    (other / "metrics.json").write_text(json.dumps(metrics))
+    current, baseline = load_run(other), load_run(run_dir)
+    html = render_html(current, other, compare_runs(current, baseline), baseline=baseline)
+    section = html[html.index('<section id="comparison">') : html.index("<h2>Plots</h2>")]
+    assert "<script>alert" not in section and "</td><script>" not in section
+    escaped = "&lt;/td&gt;&lt;script&gt;alert(1)&lt;/script&gt; &amp; &#34;q&#34; café"
+    page = Page(html)
+    assert page.find("table", id="side-by-side") and page.find("table", id="row-by-row")
+    assert f"<td>{escaped}</td></tr>" in section  # the current run's model, side by side
+    assert f'<td class="clip">{escaped}</td>' in section  # row 0's input, row by row
+    assert f'<span class="muted">·</span> {escaped}</td></tr>' in section  # row 0's answer
+
+
+@needs_reference
 def test_nothing_outside_the_run_directory_is_read(run_dir: Path, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET-VALUE")
