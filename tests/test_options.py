@@ -283,6 +283,58 @@ def test_a_blank_value_is_refused_not_read_as_every_row(
     assert not (pytester.path / ".osmosis").exists()
 
 
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        pytest.param(
+            raw,
+            f"ERROR: osmosis_backstop_grace: must be a number of seconds >= 0, got {raw!r}",
+            id=raw,
+        )
+        for raw in ("soon", "-1", "inf")
+    ],
+)
+def test_a_bad_backstop_grace_is_one_line_before_any_row(
+    pytester: pytest.Pytester, model_env: ModelServer, raw: str, line: str
+) -> None:
+    """Checked with the other options (exit 4), not at collection or never (-1, inf)."""
+    write_workspace(pytester.path)
+    pytester.makeini(f"[pytest]\nosmosis_backstop_grace = {raw}\n")
+    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([line])
+    assert "Traceback" not in result.stderr.str()
+    assert model_env.requests_total == 0
+    assert not (pytester.path / ".osmosis").exists()
+
+
+def test_rubric_values_keep_their_own_rules(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rubric reads blank as absent and ini paths from the ini file (``rubric_value``);
+    the eval options read the same blank ini key as a value, which they refuse."""
+    from pytest_osmosis.plugin.options import option_value, rubric_option, rubric_value
+
+    pytester.makeini(
+        "[pytest]\nosmosis_rubric = evals/c.jsonl\nosmosis_rubric_n =\n"
+        "osmosis_judge_model = openai/ini\n"
+    )
+    sub = pytester.mkdir("sub")
+    monkeypatch.chdir(sub)
+    config = pytester.parseconfig("--osmosis-judge-model", " ", "--osmosis-min-score", "0.5")
+
+    def read(dest: str) -> tuple[str, Path, str] | None:
+        entry = rubric_value(config, rubric_option(dest))
+        return None if entry is None else (entry[0], entry[1].resolve(), entry[2])
+
+    root = pytester.path.resolve()
+    assert read("rubric") == ("evals/c.jsonl", root, "ini osmosis_rubric")
+    assert read("judge_model") == ("openai/ini", root, "ini osmosis_judge_model")  # blank flag
+    assert read("min_score") == ("0.5", sub.resolve(), "--osmosis-min-score")
+    assert read("rubric_n") is None
+    assert option_value(config, rubric_option("rubric_n")) == ("", "ini osmosis_rubric_n")
+
+
 def test_help_shows_each_option_in_its_group(pytester: pytest.Pytester) -> None:
     """Seven groups instead of one of ~40, each option in its own, the table deciding."""
     from pytest_osmosis.plugin.options import GROUPS

@@ -622,7 +622,7 @@ class XdistControllerHooks:
         runs = self.session.runs
         node.workerinput["osmosis_runs"] = {theirs[p]: run.plan.run_name for p, run in runs.items()}
         models = [run.plan.settings.model_path for run in runs.values()]
-        models += [str(m) for m in self.session.config.getini("osmosis_judge_models")]
+        models += self.session.options.judge_models
         secrets = [name for run in runs.values() for name in run.plan.config.secrets.required]
         node.workerinput["osmosis_remote"] = {
             "environ": forwarded_environment(secrets, models, os.environ),

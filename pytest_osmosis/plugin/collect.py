@@ -99,7 +99,7 @@ class EvalConfigFile(pytest.File):
                 dataset=experiment.dataset,
             )
         )
-        backstop = _backstop_seconds(plan, self.config)
+        backstop = _backstop_seconds(plan, self.config, session.options.backstop_grace)
         if backstop is not None:
             # pytest-timeout catches code that blocks the loop (where our budgets cannot
             # fire). Signal method only: the thread method kills the process and its results.
@@ -374,7 +374,7 @@ def recorded_reports(
     return [call, teardown]
 
 
-def _backstop_seconds(plan: EvalPlan, config: pytest.Config) -> float | None:
+def _backstop_seconds(plan: EvalPlan, config: pytest.Config, grace: float) -> float | None:
     """Both budgets plus a grace, when both are bounded and SIGALRM exists."""
     import signal
 
@@ -383,10 +383,6 @@ def _backstop_seconds(plan: EvalPlan, config: pytest.Config) -> float | None:
         return None
     if not hasattr(signal, "SIGALRM") or not config.pluginmanager.hasplugin("timeout"):
         return None
-    try:
-        grace = float(config.getini("osmosis_backstop_grace") or 30)
-    except ValueError:
-        raise pytest.UsageError("osmosis_backstop_grace: must be a number of seconds") from None
     return settings.agent_timeout_s + settings.grader_timeout_s + grace
 
 

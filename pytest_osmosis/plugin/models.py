@@ -44,8 +44,7 @@ class ModelPool:
     def judge_models(self, dispatch: Dispatch) -> list[str]:
         """Judge models a rollout's calls may name: its grader's, ini osmosis_judge_models."""
         declared = dispatch.judge_model
-        listed = [str(model) for model in self.config.getini("osmosis_judge_models")]
-        return listed + ([declared] if declared else [])
+        return [*self.options.judge_models, *([declared] if declared else [])]
 
     async def bridge(self, model_path: str) -> Bridge:
         """The loopback bridge for ``model_path``, started on first use in this process."""

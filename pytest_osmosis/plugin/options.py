@@ -446,16 +446,16 @@ def _names_a_path(base: Path, value: str) -> bool:
         return False
 
 
-def _main_timeout(config: pytest.Config) -> float:
-    raw = str(config.getini("osmosis_main_timeout")).strip()
+def _ini_seconds(config: pytest.Config, key: str, *, zero_ok: bool = False) -> float:
+    """Ini ``key`` as a finite number of seconds, > 0 (or >= 0): else one line, exit 4."""
+    raw = str(config.getini(key)).strip()
     try:
         value = float(raw)
-        if not value > 0 or value == float("inf"):
+        if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
             raise ValueError
     except ValueError:
-        raise pytest.UsageError(
-            f"osmosis_main_timeout: must be a positive number of seconds, got {raw!r}"
-        ) from None
+        what = "a number of seconds >= 0" if zero_ok else "a positive number of seconds"
+        raise pytest.UsageError(f"{key}: must be {what}, got {raw!r}") from None
     return value
 
 
@@ -468,15 +468,7 @@ def _execution_options(config: pytest.Config, plain: Any) -> dict[str, Any]:
         raise pytest.UsageError(
             f"--osmosis-execution: must be one of {', '.join(MODES)}, got {mode!r}"
         )
-    raw = str(config.getini("osmosis_server_start_timeout")).strip()
-    try:
-        start_timeout = float(raw)
-        if not 0 < start_timeout < float("inf"):
-            raise ValueError
-    except ValueError:
-        raise pytest.UsageError(
-            f"osmosis_server_start_timeout: must be a positive number of seconds, got {raw!r}"
-        ) from None
+    start_timeout = _ini_seconds(config, "osmosis_server_start_timeout")
     python = plain("server_python")
     if python is not None:
         import shutil
@@ -519,20 +511,47 @@ def progress_mode(config: pytest.Config) -> str:
         raise pytest.UsageError(str(exc)) from None
 
 
-def option_value(config: pytest.Config, opt: Option) -> Given:
+def option_value(config: pytest.Config, opt: Option, *, blank_is_absent: bool = False) -> Given:
     """An option's value and where it was given (the flag or the ini key); None: not given.
 
-    Command line beats ini; only an option never given is None (blank is a value).
+    Command line beats ini; only an option never given is None (blank is a value, which
+    `session_options` refuses). ``blank_is_absent`` keeps the rubric options' older rule
+    (`rubric_value`): a blank flag or ini key counts as not given, so ``osmosis_min_score =``
+    left blank in a shared pytest.ini falls back to the default or to the other source.
     """
     cli = config.getoption(f"osmosis_{opt.dest}")
-    if cli is not None:
-        return cli, opt.flag
+    if cli is not None and not (blank_is_absent and not str(cli).strip()):
+        return (str(cli).strip() if blank_is_absent else cli), opt.flag
     ini = config.getini(opt.ini)
     if opt.is_flag:
         return (True, f"ini {opt.ini}") if ini else None
-    if isinstance(ini, str):
+    if isinstance(ini, str) and not (blank_is_absent and not ini.strip()):
         return ini.strip(), f"ini {opt.ini}"
     return None
+
+
+def rubric_option(dest: str) -> Option:
+    """The ``RUBRIC_OPTIONS`` entry of ``dest`` (e.g. ``min_score``)."""
+    return next(opt for opt in RUBRIC_OPTIONS if opt.dest == dest)
+
+
+def rubric_value(config: pytest.Config, opt: Option) -> tuple[str, Path, str] | None:
+    """A rubric option's (value, base directory of a relative path in it, where it was given).
+
+    Its rules differ from the eval options' and are kept as they were: a blank value is
+    absent (`option_value`'s ``blank_is_absent``), and a path written in the ini file is
+    relative to that file, as pytest's own ini paths are (the data file and the rubric's
+    @FILE sit with the tests, so every directory pytest is run from finds them); a path
+    given as a flag is relative to where pytest was run.
+    """
+    given = option_value(config, opt, blank_is_absent=True)
+    if given is None:
+        return None
+    value, source = given
+    if source == opt.flag:
+        return str(value), config.invocation_params.dir, source
+    base = config.inipath.parent if config.inipath is not None else config.rootpath
+    return str(value), base, source
 
 
 def _check_values(values: dict[str, Given]) -> None:
@@ -654,7 +673,9 @@ def session_options(config: pytest.Config) -> tuple[SessionOptions, dict[str, Gi
         concurrency=concurrency_value,
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
-        main_timeout=_main_timeout(config),
+        main_timeout=_ini_seconds(config, "osmosis_main_timeout"),
+        backstop_grace=_ini_seconds(config, "osmosis_backstop_grace", zero_ok=True),
+        judge_models=tuple(str(model) for model in config.getini("osmosis_judge_models")),
         **_execution_options(config, plain),
         gate=gate,
         report=bool(plain("report")),

@@ -9,8 +9,8 @@ As in eval sessions, the judge calls of the items this process will run are star
 ahead on one background loop (at most 8 in flight); an item only waits for its own.
 
 This module is a pytest plugin of its own (hooks at the bottom), registered by
-``plugin.py`` only when ``--osmosis-rubric`` (or its ini twin) is given; the options
-themselves live in ``plugin.py``.
+``plugin/__init__.py`` only when ``--osmosis-rubric`` (or its ini twin) is given; the options
+themselves, and how their values are read (`rubric_value`), live in ``plugin/options.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from pytest_osmosis.plugin.options import rubric_option, rubric_value
 
 if TYPE_CHECKING:
     from _pytest._code.code import ExceptionInfo, TerminalRepr
@@ -46,27 +48,13 @@ class RubricSettings:
     n: int
 
 
-def _value(config: pytest.Config, name: str) -> tuple[str, Path, str] | None:
-    """(value, base directory for relative paths, where it came from); command line wins."""
-    cli = config.getoption(name, None)
-    if cli is not None and str(cli).strip():
-        flag = "--" + name.replace("_", "-")
-        return str(cli).strip(), config.invocation_params.dir, flag
-    ini = config.getini(name)
-    if isinstance(ini, str) and ini.strip():
-        base = config.inipath.parent if config.inipath is not None else config.rootpath
-        return ini.strip(), base, f"ini {name}"
-    return None
-
-
-def _number(config: pytest.Config, name: str, default: float | None) -> tuple[float, str]:
-    entry = _value(config, name)
+def _number(config: pytest.Config, dest: str, default: float | None) -> tuple[float, str]:
+    opt = rubric_option(dest)
+    entry = rubric_value(config, opt)
     if entry is None:
         if default is None:
-            raise pytest.UsageError(
-                f"--osmosis-rubric needs --{name.replace('_', '-')} (or ini {name})"
-            )
-        return default, name
+            raise pytest.UsageError(f"--osmosis-rubric needs {opt.flag} (or ini {opt.ini})")
+        return default, opt.ini
     text, _, where = entry
     try:
         value = float(text)
@@ -80,7 +68,7 @@ def _number(config: pytest.Config, name: str, default: float | None) -> tuple[fl
 def _settings(config: pytest.Config) -> RubricSettings | None:
     from pytest_osmosis.core.errors import OsmosisError
 
-    data_entry = _value(config, "osmosis_rubric")
+    data_entry = rubric_value(config, rubric_option("rubric"))
     if data_entry is None:
         return None
     data_text, data_base, data_where = data_entry
@@ -88,19 +76,17 @@ def _settings(config: pytest.Config) -> RubricSettings | None:
     if not data.is_file():
         what = "is a directory" if data.is_dir() else "does not exist"
         raise pytest.UsageError(f"{data_where} {data_text}: data file {data} {what}")
-    rubric_entry = _value(config, "osmosis_rubric_text")
-    model_entry = _value(config, "osmosis_judge_model")
-    required = ((rubric_entry, "osmosis_rubric_text"), (model_entry, "osmosis_judge_model"))
-    for entry, name in required:
+    text_option, model_option = rubric_option("rubric_text"), rubric_option("judge_model")
+    rubric_entry = rubric_value(config, text_option)
+    model_entry = rubric_value(config, model_option)
+    for entry, opt in ((rubric_entry, text_option), (model_entry, model_option)):
         if entry is None:
-            raise pytest.UsageError(
-                f"--osmosis-rubric needs --{name.replace('_', '-')} (or ini {name})"
-            )
+            raise pytest.UsageError(f"--osmosis-rubric needs {opt.flag} (or ini {opt.ini})")
     assert rubric_entry is not None and model_entry is not None
-    min_score, min_where = _number(config, "osmosis_min_score", None)
-    score_min, _ = _number(config, "osmosis_rubric_score_min", 0.0)
-    score_max, _ = _number(config, "osmosis_rubric_score_max", 1.0)
-    n_value, n_where = _number(config, "osmosis_rubric_n", 1.0)
+    min_score, min_where = _number(config, "min_score", None)
+    score_min, _ = _number(config, "rubric_score_min", 0.0)
+    score_max, _ = _number(config, "rubric_score_max", 1.0)
+    n_value, n_where = _number(config, "rubric_n", 1.0)
     if n_value < 1 or not n_value.is_integer():
         raise pytest.UsageError(f"{n_where}: expected a whole number >= 1, got {n_value:g}")
     if not score_min <= min_score <= score_max:

@@ -108,6 +108,10 @@ class SessionOptions:
     """``--osmosis-retry-below-threshold``: low rewards run again too (implies retry_failed)."""
     remote_root: str | None = None
     """``--osmosis-remote-root``: the workspace root on xdist's ssh workers' hosts."""
+    backstop_grace: float = 30.0
+    """Ini ``osmosis_backstop_grace``: seconds beyond both budgets before pytest-timeout fires."""
+    judge_models: tuple[str, ...] = ()
+    """Ini ``osmosis_judge_models``: judge models a rollout's grader may reach (models.py)."""
 
     def retry_below(self, plan: EvalPlan) -> float | None:
         """The threshold below which a recorded attempt is retried; None: low rewards stay."""
