@@ -297,10 +297,7 @@ class Controller:
                     rollout_id=result["rollout_id"],
                     detail=result["detail"],
                 )
-        # Projected before the row's report reaches other plugins (a hook reading the
-        # trajectory of the row it is told about finds it); the settle thread does the work.
         run.rundir.settle((record["row_index"], record["run_index"]))
-        run.rundir.settled()
 
     def _spend(self, run: ControllerRun, result: dict[str, Any], report: Any) -> None:
         """Count what the row spent; once a budget is spent no new row starts."""

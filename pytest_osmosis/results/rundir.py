@@ -271,12 +271,7 @@ class RunDirectory:
         #: Records handed to the journal as their row finished, not yet recorded here.
         self._staged: dict[WorkKey, tuple[dict[str, Any], Commit]] = {}
         self._staging = threading.Lock()
-        #: Recorded keys whose projections the settler thread writes.
-        self._to_settle: list[WorkKey] = []
-        self._settle_wake = threading.Condition()
-        self._settler: threading.Thread | None = None
-        self._settling = 0  # keys the settler has taken and not finished
-        #: Held while checking trajectories and writing projections (the settler, refresh);
+        #: Held while checking trajectories and writing projections (settle, refresh);
         #: never while journalling, so recording a row does not wait for another's copy.
         self._projecting = threading.Lock()
         self._closed = False
@@ -569,43 +564,16 @@ class RunDirectory:
             self._adopt(record, reused=False)
 
     def settle(self, key: WorkKey) -> None:
-        """Check one recorded item's trajectory and write its projections, off this thread.
+        """Check one recorded item's trajectory and write its projections now.
 
         Called as each result is recorded, while other rows are still in flight, so that
         the end of a run (``refresh``) finds nothing left to parse or copy: at 1,000 rows
-        that work was 0.6-0.9 s of CPU in the serial tail after the last row. A thread of
-        its own does it: its reads, copies and renames are no part of reporting the row.
+        that work was 0.6-0.9 s of CPU in the serial tail after the last row. Done before
+        the row's report reaches other plugins, so a hook reading the trajectory of the
+        row it is told about finds it.
         """
-        with self._settle_wake:
-            if self._closed:
-                return
-            self._to_settle.append(key)
-            if self._settler is None:
-                self._settler = threading.Thread(
-                    target=self._settle_loop, name="osmosis-settle", daemon=True
-                )
-                self._settler.start()
-            self._settle_wake.notify()
-
-    def _settle_loop(self) -> None:
-        while True:
-            with self._settle_wake:
-                while not self._to_settle and not self._closed:
-                    self._settle_wake.wait()
-                if not self._to_settle:
-                    return  # closed, and every recorded key settled
-                keys, self._to_settle = self._to_settle, []
-                self._settling = len(keys)
-            for key in keys:
-                self._settle_now(key)
-            with self._settle_wake:
-                self._settling = 0
-                self._settle_wake.notify_all()
-
-    def settled(self) -> None:
-        """Wait until every key handed to :meth:`settle` so far is settled."""
-        with self._settle_wake:
-            self._settle_wake.wait_for(lambda: not self._to_settle and not self._settling)
+        if not self._closed:
+            self._settle_now(key)
 
     def _settle_now(self, key: WorkKey) -> None:
         with self._projecting:
@@ -803,13 +771,8 @@ class RunDirectory:
     # -- closing ------------------------------------------------------------ #
 
     def close(self) -> None:
-        """Stop the settler, close the journal and release the run lock (idempotent)."""
-        with self._settle_wake:
-            self._closed = True
-            self._settle_wake.notify()
-            settler = self._settler
-        if settler is not None and settler is not threading.current_thread():
-            settler.join()
+        """Close the journal and release the run lock (idempotent)."""
+        self._closed = True
         with self._mutex:
             self._journal.close()
             self._lock.release()

@@ -1038,7 +1038,6 @@ def test_a_settled_item_is_projected_at_once_and_not_again_at_the_end(tmp_path: 
     projection = run.path / "trajectories" / "row_0_run_0.json"
     assert not projection.exists()
     run.settle((0, 0))
-    run.settled()  # a thread of its own writes it
     assert json.loads(projection.read_text())["session_id"] == first["rollout_id"]
     assert (run.path / "artifacts" / "row_0_run_0" / "a.txt").read_text() == "a"
     inode = projection.stat().st_ino
@@ -1046,11 +1045,9 @@ def test_a_settled_item_is_projected_at_once_and_not_again_at_the_end(tmp_path: 
     assert projection.stat().st_ino == inode  # settled: not copied again
     retried = execute(run, 0, 0, artifacts={"b.txt": "b"})
     run.settle((0, 0))
-    run.settled()
     assert json.loads(projection.read_text())["session_id"] == retried["rollout_id"]
     assert sorted(p.name for p in (run.path / "artifacts" / "row_0_run_0").iterdir()) == ["b.txt"]
     run.settle((4, 0))  # nothing recorded: nothing to do
-    run.settled()
     refresh(run, status="running")
     assert read_lines(run.path / "index.jsonl")[0]["rollout_id"] == retried["rollout_id"]
     run.close()
@@ -1072,7 +1069,6 @@ def test_settling_on_a_full_disk_leaves_the_copy_to_refresh(
     monkeypatch.setattr(rundir_module, "project_work_item", disk_full)
     monkeypatch.setattr(run, "_warn", disk_full)
     run.settle((0, 0))
-    run.settled()
     monkeypatch.undo()
     projection = run.path / "trajectories" / "row_0_run_0.json"
     assert not projection.exists()
