@@ -11,41 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "AgentWorkflow",
-    "AgentWorkflowConfig",
-    "AgentWorkflowContext",
-    "AgentWorkflowOutput",
-    "ExecutionBackend",
-    "Grader",
-    "GraderConfig",
-    "GraderContext",
-    "LocalBackend",
-    "RolloutContext",
-    "RolloutSample",
-    "RubricGrader",
-    "SampleSource",
-    "USING_OSMOSIS_SDK",
-    "bridge_client",
-    "get_rollout_context",
-]
+from pytest_osmosis.workspace import rollout_api
+from pytest_osmosis.workspace.rollout_api import *  # noqa: F403 - the names rollout_api chose
 
-from pytest_osmosis.workspace.rollout_api import (
-    USING_OSMOSIS_SDK,
-    AgentWorkflow,
-    AgentWorkflowConfig,
-    AgentWorkflowContext,
-    AgentWorkflowOutput,
-    ExecutionBackend,
-    Grader,
-    GraderConfig,
-    GraderContext,
-    LocalBackend,
-    RolloutContext,
-    RolloutSample,
-    SampleSource,
-    get_rollout_context,
-)
+__all__ = [*rollout_api.__all__, "RubricGrader", "bridge_client"]
 
 if TYPE_CHECKING:
     from pytest_osmosis.model.client import bridge_client
