@@ -137,7 +137,7 @@ def test_an_unfinished_run_is_never_uploaded(
 def test_without_the_sdk_it_says_how_to_install_it(
     pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pytest_osmosis.plugin.upload as upload
+    import pytest_osmosis.results.upload as upload
 
     monkeypatch.setattr(upload, "sdk_command", lambda: None)
     _git_workspace(pytester.path, ALL_PASS)

@@ -79,8 +79,8 @@ def add_upload_parser(subparsers: Any) -> None:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
-    from pytest_osmosis.plugin.upload import upload_run
     from pytest_osmosis.results.runs import resolve_run
+    from pytest_osmosis.results.upload import upload_run
 
     root = Path(args.output).expanduser().resolve() if args.output else None
     result = upload_run(resolve_run(args.run, root), Path.cwd())

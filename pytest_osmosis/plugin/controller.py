@@ -613,7 +613,7 @@ class Controller:
         mode = self.session.options.upload
         if mode is None:
             return
-        from pytest_osmosis.plugin.upload import upload_run
+        from pytest_osmosis.results.upload import upload_run
 
         status = session.exitstatus
         for run in self.session.runs.values():

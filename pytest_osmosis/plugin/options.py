@@ -620,7 +620,7 @@ def _upload_mode(given: Given) -> str | None:
     """``--osmosis-upload on-pass|always`` (or its ini twin): a bad value is one line."""
     if given is None:
         return None
-    from pytest_osmosis.plugin.upload import parse_mode
+    from pytest_osmosis.results.upload import parse_mode
 
     try:
         return parse_mode(str(given[0]), given[1])
