@@ -156,25 +156,60 @@ def test_github_annotations_stop_at_ten_per_config_then_count(
     assert all(c.endswith(": 2 more attempts did not pass (see the step summary)") for c in counts)
 
 
-# Row 4's workflow prints workflow commands (its own output reaches the terminal as it
-# wrote it) and raises what a hostile or broken rollout could: workflow commands at the
-# start of lines, terminal controls, a lone surrogate (a surrogateescape decode of bytes
-# that are not UTF-8), which every surface of ours shows escaped.
+# Row 4's workflow prints workflow commands (its own output, shown in its own report) and
+# raises what a hostile or broken rollout could: workflow commands at the start of lines,
+# terminal controls, a lone surrogate (a surrogateescape decode of bytes that are not
+# UTF-8), which every surface of ours shows escaped.
+#
+# It prints while the process running it is between items, with pytest's capture
+# suspended (under xdist a worker's own stdout then goes nowhere): row 4 runs ahead, row 0
+# waits until it has started, and row 4 prints only when the conftest's logreport hook for
+# row 0 (run with capture suspended) lets it, and that hook waits until it has printed.
 RAISE = '            raise RuntimeError("workflow exploded on purpose")\n'
 HOSTILE_ROLLOUT = CALC_ROLLOUT.replace(
     RAISE,
+    "            import between_items\n"
+    "            between_items.STARTED.set()\n"
+    "            assert await asyncio.to_thread(between_items.PRINT.wait, 300)\n"
     "            print('::add-mask::leaked\\n::error::printed by the rollout\\n'\n"
     "                  '::stop-commands::theirs')\n"
+    "            between_items.PRINTED.set()\n"
     "            raise RuntimeError(\n"
     "                'exploded\\n::error file=x,line=1::raised\\n::warning::raised\\x1b]0;t\\x07'\n"
     "                '\\x00 ' + b'\\xff'.decode('utf-8', 'surrogateescape')\n"
     "            )\n",
+).replace(
+    '        do = (ctx.metadata or {}).get("do", "")\n        if do == "workflow_raise":\n',
+    '        do = (ctx.metadata or {}).get("do", "")\n'
+    '        if ctx.prompt[-1]["content"] == "What is 2 + 2?":  # row 0\n'
+    "            import between_items\n"
+    "            assert await asyncio.to_thread(between_items.STARTED.wait, 300)\n"
+    '        if do == "workflow_raise":\n',
 )
+BETWEEN_ITEMS = """
+import threading
+
+STARTED = threading.Event()  # row 4 runs (ahead of its item)
+PRINT = threading.Event()  # row 4 may print now
+PRINTED = threading.Event()
+"""
+BETWEEN_ITEMS_CONFTEST = """
+import between_items
+
+
+def pytest_runtest_logreport(report):
+    # Reports are logged with pytest's capture suspended (between items, for a worker).
+    ours = between_items.STARTED.is_set()  # the process running the rows, not xdist's controller
+    if ours and report.when == "setup" and report.nodeid.endswith("::row_0_run_0"):
+        between_items.PRINT.set()
+        assert between_items.PRINTED.wait(300), "row 4 did not print"
+"""
 SURROGATE_ROLLOUT = CALC_ROLLOUT.replace(
     RAISE,
     "            raise RuntimeError(b'bytes \\xff'.decode('utf-8', 'surrogateescape'))\n",
 )
 assert RAISE in CALC_ROLLOUT and "surrogateescape" in HOSTILE_ROLLOUT
+assert "# row 0" in HOSTILE_ROLLOUT and "PRINT.wait" in HOSTILE_ROLLOUT
 
 
 @MODES
@@ -206,25 +241,36 @@ def test_nothing_a_rollout_prints_is_obeyed_by_the_runner(
     workspace: pytest.Pytester, github: Path, xdist: tuple[str, ...]
 ) -> None:
     write_workspace(workspace.path, rows=ROWS, rollout_source=HOSTILE_ROLLOUT)
+    (workspace.path / "between_items.py").write_text(BETWEEN_ITEMS)
+    (workspace.path / "conftest.py").write_text(BETWEEN_ITEMS_CONFTEST)
     junit = workspace.path / "junit.xml"
     result = workspace.runpytest_subprocess(
         *BASE,
         *xdist,
+        # Every row in flight at once; under -n 2 one shard of all five rows, on one worker.
+        "--osmosis-concurrency",
+        "10",
         "--osmosis-min-pass-rate",
         "0.5",
         "--osmosis-name",
         "ci",
         f"--junitxml={junit}",
+        "-o",
+        "junit_logging=system-out",
         "-rA",
     )
     assert result.ret == 0, result.stdout.str()
     out = result.stdout.str()
-    if not xdist:
-        # Shown, then not obeyed. Under xdist a row started ahead may print while its
-        # worker is between items, when pytest's capture is suspended and the worker's own
-        # stdout goes nowhere: the lines are then not shown at all (known, not yet routed
-        # per row), so only "not obeyed" is checked there.
-        assert "::add-mask::leaked" in out and "::error::printed by the rollout" in out
+    # Shown, in row 4's own report (then not obeyed), though printed between items.
+    result.stdout.fnmatch_lines(
+        [
+            "*_ ERROR at setup of row_4_run_0 _*",
+            "*- Captured stdout setup -*",  # the row ran, and printed, as its item set up
+            "::add-mask::leaked",
+            "::error::printed by the rollout",
+            "::stop-commands::theirs",
+        ]
+    )
     obeyed = runner_commands(result.stdout.lines)
     assert [c.split("::")[1] for c in obeyed] == [
         "stop-commands",
@@ -240,8 +286,11 @@ def test_nothing_a_rollout_prints_is_obeyed_by_the_runner(
         assert control not in out and control not in result.stderr.str()
     summary = github.read_text(encoding="utf-8")
     assert "raised\\u001b]0;t\\u0007\\u0000 \\udcff (row 4, run 0) |" in summary
-    ET.parse(junit)  # well-formed
+    cases = {case.get("name"): case for case in ET.parse(junit).iter("testcase")}  # well-formed
     assert "\\u001b" in junit.read_text(encoding="utf-8")
+    printed = "::add-mask::leaked\n::error::printed by the rollout\n::stop-commands::theirs\n"
+    shown = {name: printed in (case.findtext("system-out") or "") for name, case in cases.items()}
+    assert [name for name, has in shown.items() if has] == ["row_4_run_0"]  # its own only
 
 
 @pytest.mark.parametrize(

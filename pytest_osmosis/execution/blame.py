@@ -69,6 +69,26 @@ def running_row(loop: asyncio.AbstractEventLoop) -> str | None:
     return None if task is None else _TASK_ROWS.get(task)
 
 
+#: The node id of the row whose code runs in this context (:func:`enter`), for code that
+#: runs in no task of the loop: a thread a row started with its context (``to_thread``).
+_row: contextvars.ContextVar[str | None] = contextvars.ContextVar("osmosis_row", default=None)
+
+
+def current_row() -> str | None:
+    """The node id of the row whose code is running in this thread now, or None.
+
+    On a loop, the row whose task is stepping (a task a row started is that row's; a plain
+    callback, or a task one started, such as a server's, is no row's). In a thread without
+    a loop, the row whose context the thread runs in (``asyncio.to_thread`` copies it);
+    none in pytest's own thread.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return _row.get()
+    return running_row(loop)
+
+
 class Slot:
     """One worker's shared page: who is running now (the loop thread is the only writer)."""
 
@@ -234,6 +254,7 @@ def enter(nodeid: str) -> None:
     """
     row = record(nodeid)
     _current.set(row)
+    _row.set(nodeid)
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

@@ -1,18 +1,30 @@
-"""The process's standard streams stay open whatever a rollout does with them.
+"""The process's standard streams: kept open whatever a rollout does with them, and each
+row's own output kept for that row.
 
 Rollout code shares ``sys.stdout`` and ``sys.stderr`` with pytest (its capture, its terminal
 reporter). A helper that closes one, thinking it owns it, made every later setup and report
 fail with "I/O operation on closed file": 2,730 lines of errors and rows not recorded. Each
 stream a row can reach gets a ``close`` that flushes instead (an attribute of that object
 alone: nothing else in the process changes, and printing still works).
+
+Rows run ahead on the session's loop thread, so what a row prints cannot be left to
+pytest's capture: that belongs to whichever item pytest's thread is running then, or is
+suspended between items (an xdist worker's own stdout then goes nowhere). A
+:class:`RoutedStream` stands in for a stream and keeps what a row's code writes under the
+row's node id (:class:`RowOutput`), for the row's own report; everything else passes through.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["keep_streams_open", "let_streams_close"]
+from pytest_osmosis.execution.blame import current_row
+
+__all__ = ["RoutedStream", "RowOutput", "keep_streams_open", "let_streams_close"]
+
+STREAMS = ("stdout", "stderr")
 
 #: The streams given a flushing ``close``, to give them their own back at session end.
 _KEPT: list[Any] = []
@@ -49,3 +61,76 @@ def let_streams_close() -> None:
                 del stream.close
         except (TypeError, AttributeError):
             pass
+
+
+class RowOutput:
+    """What each row's code wrote to each standard stream, from its start to its report.
+
+    A row is kept from :meth:`open` (as it starts) until :meth:`take` (its report): what
+    its code writes after that (a task it left running) is no longer its own and passes
+    through. ``which`` names the row whose code is writing (``blame.current_row``).
+    """
+
+    def __init__(self, which: Callable[[], str | None] = current_row) -> None:
+        self._which = which
+        self._rows: dict[str, dict[str, list[str]]] = {}
+
+    def open(self, key: str) -> None:
+        """``key``'s row starts (again: a re-run keeps only its own output)."""
+        self._rows[key] = {name: [] for name in STREAMS}
+
+    def keep(self, name: str, text: str) -> bool:
+        """Keep ``text`` written to stream ``name`` if a kept row's code wrote it."""
+        key = self._which()
+        if key is None:
+            return False
+        row = self._rows.get(key)
+        if row is None:
+            return False
+        if not isinstance(text, str):  # what a text stream says
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        row[name].append(text)
+        return True
+
+    def take(self, key: str) -> dict[str, str]:
+        """``key``'s output by stream (only the streams it wrote to); no longer kept."""
+        row = self._rows.pop(key, None) or {}
+        return {name: text for name, parts in row.items() if (text := "".join(parts))}
+
+    def clear(self) -> None:
+        """Forget every row's output (the session is over)."""
+        self._rows.clear()
+
+
+class RoutedStream:
+    """A standard stream whose writes by a kept row's code go to :class:`RowOutput`.
+
+    Everything else (reads, ``fileno``, ``buffer``, other threads' writes) is the wrapped
+    stream's. With ``tee`` (pytest's ``--capture=tee-sys``) a row's writes are also
+    written there, as they happen.
+    """
+
+    def __init__(self, name: str, target: Any, rows: RowOutput, tee: Any = None) -> None:
+        self._stream = name
+        self.target = target
+        self._rows = rows
+        self._tee = tee
+
+    def write(self, text: str) -> int:
+        if not self._rows.keep(self._stream, text):
+            return int(self.target.write(text))
+        if self._tee is not None:
+            self._tee.write(text)
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_stream", "target", "_rows", "_tee"):  # not set yet (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.target, name)
+
+    def __repr__(self) -> str:
+        return f"<RoutedStream {self._stream} of {self.target!r}>"

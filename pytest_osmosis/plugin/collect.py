@@ -169,6 +169,9 @@ class EvalItem(pytest.Item):
         session.start_ahead(self)
         result = self._wait(session)
         self.stash[RESULT_KEY] = result
+        # What the row's own code printed, whenever it ran (row_output.py): it ran here.
+        for name, text in session.row_output.take(self.nodeid).items():
+            self.add_report_section("setup", name, text)
         outcome, text, detail = pytest_verdict(result, self.source_row_index, self.run_index)
         if outcome != "error":
             return

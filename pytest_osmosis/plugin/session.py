@@ -50,6 +50,7 @@ from pytest_osmosis.plugin.faults import (
 from pytest_osmosis.plugin.models import ModelPool
 from pytest_osmosis.plugin.planning import Plans, reuse, reuse_source
 from pytest_osmosis.plugin.rollouts import Rollouts
+from pytest_osmosis.plugin.row_output import RowCapture
 from pytest_osmosis.workspace.loader import DEFAULT_MAIN_TIMEOUT, forget_loaded
 from pytest_osmosis.workspace.plan import (
     EvalPlan,
@@ -195,6 +196,8 @@ class EvalSession:
         self.admission = Admission(is_worker=is_worker)
         self._journals: dict[Path, dict[tuple[int, int], dict[str, Any]]] = {}
         self._executor: Executor | None = None
+        #: What each row's code prints, for its own report (row_output.py).
+        self.row_output = RowCapture()
         self._prefetched = False
         self._worker_prefetch = False
         self._blame_slot: tuple[str, str] | None = None
@@ -406,6 +409,8 @@ class EvalSession:
     @property
     def executor(self) -> Executor:
         if self._executor is None:
+            if not self.config.pluginmanager.has_plugin("dsession"):  # this process runs rows
+                self.row_output.install(self.config)
             self._executor = Executor(self._concurrency(), may_start=self.admission.may_start)
             if self._blame_slot:
                 # Which row's code runs, for whoever reads it if this process dies (blame.py):
@@ -554,6 +559,7 @@ class EvalSession:
 
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
         blame.enter(item.nodeid)  # a crash in this row's code is pinned on it (xdist workers)
+        self.row_output.open(item.nodeid)  # and what it prints is shown in its own report
         if self.regrade is not None:
             from pytest_osmosis.plugin.regrade import kept_result
 
@@ -679,6 +685,7 @@ class EvalSession:
             self.models.close(executor)
             executor.close()
             self._executor = None
+        self.row_output.uninstall()
         let_streams_close()
         self.models.close_caches()
         if self._exits is not None:

@@ -1,0 +1,81 @@
+"""Each row's own output in its own report, whenever the row printed it.
+
+Rows run ahead on the session's loop thread while pytest's thread runs other items (whose
+capture would take what the row prints) or none (between items, capture is suspended: a
+single process's terminal gets it, an xdist worker's stdout loses it). So every stream
+pytest's capture swaps into ``sys.stdout`` and ``sys.stderr`` is wrapped in a
+``RoutedStream`` (execution/streams.py), which keeps a row's writes under the row's node id;
+the item's setup, where the row is waited for, adds them as pytest's own ``Captured stdout
+setup`` section, which the terminal, ``-rA``, xdist, JUnit and pytest-html show as any
+test's output. With capture off (``-s``) nothing is routed: rows print as they go.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from pytest_osmosis.execution.streams import STREAMS, RoutedStream, RowOutput
+
+
+class RowCapture:
+    """One process's routing of rows' output: installed while its rows may run."""
+
+    def __init__(self) -> None:
+        self.output = RowOutput()
+        self._patched: list[tuple[object, str, RoutedStream]] = []
+        self._installed = False
+
+    def install(self, config: pytest.Config) -> None:
+        """Wrap the streams of pytest's global capture (before any row starts).
+
+        pytest puts its capture's ``tmpfile`` in ``sys.stdout`` for each item phase and its
+        saved stream (``_old``) back between them; both are wrapped, and so is the current
+        one. Undone by :meth:`uninstall`, at the latest among the config's cleanups (before
+        pytest's capture ends: it was registered first, so it runs last).
+        """
+        if self._installed:
+            return
+        self._installed = True
+        config.add_cleanup(self.uninstall)
+        capman = config.pluginmanager.getplugin("capturemanager")
+        multi = getattr(capman, "_global_capturing", None)
+        tee = config.getoption("capture", None) == "tee-sys"
+        for name, attr in zip(STREAMS, ("out", "err"), strict=True):
+            capture = getattr(multi, attr, None)  # None with capture off (-s)
+            syscapture = getattr(capture, "syscapture", capture)  # fd capture's, or itself
+            if syscapture is None:
+                continue
+            live = getattr(syscapture, "_old", None) if tee else None
+            for field in ("_old", "tmpfile"):
+                stream = getattr(syscapture, field, None)
+                if stream is None or isinstance(stream, RoutedStream):
+                    continue
+                routed = RoutedStream(name, stream, self.output, tee=live)
+                setattr(syscapture, field, routed)
+                self._patched.append((syscapture, field, routed))
+                if getattr(sys, name, None) is stream:
+                    setattr(sys, name, routed)
+
+    def uninstall(self) -> None:
+        """Give pytest's capture its own streams back (idempotent)."""
+        for owner, field, routed in reversed(self._patched):
+            if getattr(owner, field, None) is routed:
+                setattr(owner, field, routed.target)
+            for name in STREAMS:
+                if getattr(sys, name, None) is routed:
+                    setattr(sys, name, routed.target)
+        self._patched.clear()
+        self.output.clear()
+        self._installed = False
+
+    def open(self, nodeid: str) -> None:
+        """The row ``nodeid`` starts: what its code writes from now on is its own."""
+        if self._patched:
+            self.output.open(nodeid)
+
+    def take(self, nodeid: str) -> dict[str, str]:
+        """What row ``nodeid`` wrote, by stream, for its item's report; the row's code is
+        no longer routed (a task it left running prints as any other code)."""
+        return self.output.take(nodeid)
