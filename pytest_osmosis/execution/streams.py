@@ -10,8 +10,8 @@ alone: nothing else in the process changes, and printing still works).
 Rows run ahead on the session's loop thread, so what a row prints cannot be left to
 pytest's capture: that belongs to whichever item pytest's thread is running then, or is
 suspended between items (an xdist worker's own stdout then goes nowhere). A
-:class:`RoutedStream` stands in for a stream and keeps what a row's code writes under the
-row's node id (:class:`RowOutput`), for the row's own report; everything else passes through.
+stream :meth:`RowOutput.route` was given keeps what a row's code writes under the row's
+node id, for the row's own report; everything else passes through.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_osmosis.execution.blame import current_row
 
-__all__ = ["RoutedStream", "RowOutput", "keep_streams_open", "let_streams_close"]
+__all__ = ["RoutedStream", "RowOutput", "keep_streams_open", "let_streams_close", "unroute"]
 
 STREAMS = ("stdout", "stderr")
 
@@ -101,36 +101,74 @@ class RowOutput:
         """Forget every row's output (the session is over)."""
         self._rows.clear()
 
+    def route(self, name: str, stream: Any, tee: Callable[[str], Any] | None = None) -> Any:
+        """``stream`` (standard stream ``name``) with a kept row's writes going to the row.
+
+        Its ``write`` and ``writelines`` are replaced on the object itself, so whoever holds
+        it or checks its type (pytest's capture does) is unaffected; what is returned is
+        ``stream``, or a :class:`RoutedStream` around one that takes no attributes (a C
+        stream). With ``tee`` (pytest's ``--capture=tee-sys``: the terminal's own write) a
+        row's writes are also written there as they happen. :func:`unroute` undoes it.
+        """
+        known = _ROUTED.get(id(stream))
+        if known is not None and known[0] is stream:
+            return stream  # routed already
+        write = stream.write
+
+        def routed(text: str) -> int:
+            if not self.keep(name, text):
+                return int(write(text))
+            if tee is not None:
+                tee(text)
+            return len(text)
+
+        def routed_lines(lines: Iterable[str]) -> None:
+            for line in lines:
+                routed(line)
+
+        try:
+            own = vars(stream)  # TypeError: a C stream, which takes no attributes
+            before = {key: own[key] for key in ("write", "writelines") if key in own}
+            stream.write, stream.writelines = routed, routed_lines
+        except (TypeError, AttributeError):
+            return RoutedStream(stream, routed, routed_lines)
+        _ROUTED[id(stream)] = (stream, before)
+        return stream
+
+
+#: Streams whose writes :meth:`RowOutput.route` replaced: id -> (stream, its own before).
+_ROUTED: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def unroute(stream: Any) -> Any:
+    """The stream :meth:`RowOutput.route` was given for ``stream``, writing as before."""
+    if isinstance(stream, RoutedStream):
+        return stream.target
+    routed = _ROUTED.pop(id(stream), None)
+    if routed is not None and routed[0] is stream:
+        for key in ("write", "writelines"):
+            try:
+                if key in routed[1]:
+                    setattr(stream, key, routed[1][key])
+                else:
+                    delattr(stream, key)
+            except AttributeError:
+                pass
+    return stream
+
 
 class RoutedStream:
-    """A standard stream whose writes by a kept row's code go to :class:`RowOutput`.
+    """Stands in for a stream whose writes cannot be replaced on the object itself."""
 
-    Everything else (reads, ``fileno``, ``buffer``, other threads' writes) is the wrapped
-    stream's. With ``tee`` (pytest's ``--capture=tee-sys``) a row's writes are also
-    written there, as they happen.
-    """
-
-    def __init__(self, name: str, target: Any, rows: RowOutput, tee: Any = None) -> None:
-        self._stream = name
+    def __init__(self, target: Any, write: Callable[[str], int], writelines: Any) -> None:
         self.target = target
-        self._rows = rows
-        self._tee = tee
-
-    def write(self, text: str) -> int:
-        if not self._rows.keep(self._stream, text):
-            return int(self.target.write(text))
-        if self._tee is not None:
-            self._tee.write(text)
-        return len(text)
-
-    def writelines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.write(line)
+        self.write = write
+        self.writelines = writelines
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("_stream", "target", "_rows", "_tee"):  # not set yet (copy, pickle)
+        if name in ("target", "write", "writelines"):  # not set yet (copy, pickle)
             raise AttributeError(name)
         return getattr(self.target, name)
 
     def __repr__(self) -> str:
-        return f"<RoutedStream {self._stream} of {self.target!r}>"
+        return f"<RoutedStream of {self.target!r}>"

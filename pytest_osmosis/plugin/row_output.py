@@ -3,8 +3,8 @@
 Rows run ahead on the session's loop thread while pytest's thread runs other items (whose
 capture would take what the row prints) or none (between items, capture is suspended: a
 single process's terminal gets it, an xdist worker's stdout loses it). So every stream
-pytest's capture swaps into ``sys.stdout`` and ``sys.stderr`` is wrapped in a
-``RoutedStream`` (execution/streams.py), which keeps a row's writes under the row's node id;
+pytest's capture swaps into ``sys.stdout`` and ``sys.stderr`` is routed (execution/streams.py:
+its ``write`` keeps a row's writes under the row's node id);
 the item's setup, where the row is waited for, adds them as pytest's own ``Captured stdout
 setup`` section, which the terminal, ``-rA``, xdist, JUnit and pytest-html show as any
 test's output. With capture off (``-s``) nothing is routed: rows print as they go.
@@ -13,10 +13,11 @@ test's output. With capture off (``-s``) nothing is routed: rows print as they g
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 
-from pytest_osmosis.execution.streams import STREAMS, RoutedStream, RowOutput
+from pytest_osmosis.execution.streams import STREAMS, RowOutput, unroute
 
 
 class RowCapture:
@@ -24,16 +25,16 @@ class RowCapture:
 
     def __init__(self) -> None:
         self.output = RowOutput()
-        self._patched: list[tuple[object, str, RoutedStream]] = []
+        self._routed: list[tuple[object, str, Any, Any]] = []  # owner, field, before, after
         self._installed = False
 
     def install(self, config: pytest.Config) -> None:
-        """Wrap the streams of pytest's global capture (before any row starts).
+        """Route the streams of pytest's global capture (before any row starts).
 
         pytest puts its capture's ``tmpfile`` in ``sys.stdout`` for each item phase and its
-        saved stream (``_old``) back between them; both are wrapped, and so is the current
-        one. Undone by :meth:`uninstall`, at the latest among the config's cleanups (before
-        pytest's capture ends: it was registered first, so it runs last).
+        saved stream (``_old``) back between them; both are routed. Undone by
+        :meth:`uninstall`, at the latest among the config's cleanups (before pytest's
+        capture ends: it registered its own first, so it runs last).
         """
         if self._installed:
             return
@@ -47,32 +48,36 @@ class RowCapture:
             syscapture = getattr(capture, "syscapture", capture)  # fd capture's, or itself
             if syscapture is None:
                 continue
-            live = getattr(syscapture, "_old", None) if tee else None
+            old = getattr(syscapture, "_old", None)
+            live = old.write if tee and old is not None else None  # before it is routed
             for field in ("_old", "tmpfile"):
                 stream = getattr(syscapture, field, None)
-                if stream is None or isinstance(stream, RoutedStream):
+                if stream is None:
                     continue
-                routed = RoutedStream(name, stream, self.output, tee=live)
-                setattr(syscapture, field, routed)
-                self._patched.append((syscapture, field, routed))
-                if getattr(sys, name, None) is stream:
-                    setattr(sys, name, routed)
+                routed = self.output.route(name, stream, tee=live)
+                self._routed.append((syscapture, field, stream, routed))
+                if routed is not stream:
+                    setattr(syscapture, field, routed)
+                    if getattr(sys, name, None) is stream:
+                        setattr(sys, name, routed)
 
     def uninstall(self) -> None:
         """Give pytest's capture its own streams back (idempotent)."""
-        for owner, field, routed in reversed(self._patched):
-            if getattr(owner, field, None) is routed:
-                setattr(owner, field, routed.target)
-            for name in STREAMS:
-                if getattr(sys, name, None) is routed:
-                    setattr(sys, name, routed.target)
-        self._patched.clear()
+        for owner, field, stream, routed in reversed(self._routed):
+            unroute(routed)
+            if routed is not stream:
+                if getattr(owner, field, None) is routed:
+                    setattr(owner, field, stream)
+                for name in STREAMS:
+                    if getattr(sys, name, None) is routed:
+                        setattr(sys, name, stream)
+        self._routed.clear()
         self.output.clear()
         self._installed = False
 
     def open(self, nodeid: str) -> None:
         """The row ``nodeid`` starts: what its code writes from now on is its own."""
-        if self._patched:
+        if self._routed:
             self.output.open(nodeid)
 
     def take(self, nodeid: str) -> dict[str, str]:
