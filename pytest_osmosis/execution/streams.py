@@ -106,8 +106,8 @@ class RowOutput:
 
         Its ``write`` and ``writelines`` are replaced on the object itself, so whoever holds
         it or checks its type (pytest's capture does) is unaffected; what is returned is
-        ``stream``, or a :class:`RoutedStream` around one that takes no attributes (a C
-        stream). With ``tee`` (pytest's ``--capture=tee-sys``: the terminal's own write) a
+        ``stream``, or a :class:`RoutedStream` around one that takes no attributes
+        (``__slots__``). With ``tee`` (pytest's ``--capture=tee-sys``: the terminal's own write) a
         row's writes are also written there as they happen. :func:`unroute` undoes it.
         """
         known = _ROUTED.get(id(stream))
@@ -127,7 +127,7 @@ class RowOutput:
                 routed(line)
 
         try:
-            own = vars(stream)  # TypeError: a C stream, which takes no attributes
+            own = vars(stream)  # TypeError: it takes no attributes (``__slots__``)
             before = {key: own[key] for key in ("write", "writelines") if key in own}
             stream.write, stream.writelines = routed, routed_lines
         except (TypeError, AttributeError):
