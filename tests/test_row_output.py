@@ -105,7 +105,7 @@ def test_a_stream_without_attributes_is_stood_in_for_and_bytes_are_refused() -> 
     output.open(ROW_A)
     stream.write("the row\n")
     with pytest.raises(TypeError, match="must be str, not bytes"):
-        stream.write(b"bytes")
+        stream.write(b"bytes")  # type: ignore[arg-type]
     assert stream.getvalue() == "before the row\n"  # everything else is the stream's
     assert output.take(ROW_A) == {"stderr": "the row\n"} and live == ["the row\n"]
     assert unroute(stream) is target
