@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,12 +169,17 @@ def test_remote_workers_write_what_a_local_run_writes(
     _copy_workspace(pytester.path, remote.root)
     (pytester.path / "secrets.env").write_text(f"CALC_TOKEN={TOKEN}\n")
     local = pytester.runpytest(
-        "--osmosis-eval", "--osmosis-name", "local", "--osmosis-secrets-file=secrets.env", *PLAIN
+        "--osmosis-eval",
+        "--osmosis-name",
+        "local",
+        "--osmosis-secrets-file=secrets.env",
+        "--junitxml=local.xml",
+        *PLAIN,
     )
     assert local.ret == pytest.ExitCode.OK, local.stdout.str()
     (remote.gate / "where").unlink()
 
-    process = _pytest(pytester, _args(pytester, remote, "ssh"))
+    process = _pytest(pytester, [*_args(pytester, remote, "ssh"), "--junitxml=ssh.xml"])
     out, _ = process.communicate(timeout=900)
     assert process.returncode == 0, out
     assert "9 work items pending, 4 in flight, on 3 xdist workers" in out, out
@@ -192,12 +198,31 @@ def test_remote_workers_write_what_a_local_run_writes(
     )
     assert len(answers) == len(ROWS)
     assert sdk_judge(runs / "ssh")["accepted"]
+    # JUnit: each remote row has the properties a local row has, its trajectory the file
+    # the controller wrote from what the remote worker sent back.
+    local_cases, ssh_cases = (_junit(pytester.path / f"{name}.xml") for name in ("local", "ssh"))
+    assert sorted(ssh_cases) == sorted(local_cases) == sorted(f"row_{i}_run_0" for i in range(9))
+    for name, properties in ssh_cases.items():
+        assert sorted(properties) == sorted(local_cases[name]), name
+        trajectory = Path(properties["osmosis_trajectory"])
+        assert trajectory.parent.parent == runs / "ssh" / "rollout_trials", trajectory
+        assert trajectory.name == "trajectory.json" and trajectory.is_file()
     # Only the controller wrote a run directory, and the remote host kept nothing secret.
     assert not (remote.root / ".osmosis").exists()
     assert list(remote.tmp.iterdir()) == []  # the workers' scratch directories are gone
     assert _files_holding(remote.root, TOKEN, PROVIDER_KEY) == []
     assert not (Path.home() / "pyexecnetcache").exists()
     assert TOKEN not in out and PROVIDER_KEY not in out
+
+
+def _junit(path: Path) -> dict[str, dict[str, str]]:
+    """Each JUnit test case's name -> its properties."""
+    return {
+        str(case.get("name")): {
+            str(prop.get("name")): str(prop.get("value")) for prop in case.iter("property")
+        }
+        for case in ET.parse(path).iter("testcase")
+    }
 
 
 def test_a_killed_remote_worker_s_rows_run_elsewhere_once(

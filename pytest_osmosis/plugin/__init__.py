@@ -390,6 +390,7 @@ class ControllerHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.controller.record(report)
+        self.controller.name_trajectory(report)  # before JUnit reads its properties
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         self.controller.before_row()

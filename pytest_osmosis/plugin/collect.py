@@ -325,15 +325,21 @@ def junit_properties(
         ("osmosis_dataset_row", source_row),
         ("osmosis_attempt", run_index),
     ]
-    if result.get("rollout_id"):
-        from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
+    return properties + trajectory_property(plan.run_dir, result.get("rollout_id"))
 
-        trajectory = os.path.join(
-            plan.run_dir, TRIALS_DIRNAME, result["rollout_id"], CANONICAL_TRAJECTORY_FILENAME
-        )
-        if os.path.isfile(trajectory):
-            properties.append(("osmosis_trajectory", trajectory))
-    return properties
+
+def trajectory_property(run_dir: Path, rollout_id: str | None) -> list[tuple[str, Any]]:
+    """``osmosis_trajectory``: the attempt's trajectory file, when the run directory has it.
+
+    A worker on another host has none there (the controller writes its files), so the
+    controller gives that row's report its property (``Controller.name_trajectory``).
+    """
+    if not rollout_id:
+        return []
+    from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
+
+    trajectory = os.path.join(run_dir, TRIALS_DIRNAME, rollout_id, CANONICAL_TRAJECTORY_FILENAME)
+    return [("osmosis_trajectory", trajectory)] if os.path.isfile(trajectory) else []
 
 
 def row_seconds(result: Mapping[str, Any]) -> float:

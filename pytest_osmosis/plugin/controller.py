@@ -51,6 +51,9 @@ class Controller:
         #: The line and exit status a session ends with before any row (the plan alone, a
         #: declined prompt): nothing is collected or run, and the line is printed once.
         self.stopped: tuple[str, int] | None = None
+        #: Rows of workers on other hosts: the ``osmosis_trajectory`` property of the file
+        #: this controller wrote, for the item's teardown report (name_trajectory).
+        self._trajectories: dict[str, list[tuple[str, Any]]] = {}
 
     # -- before any row -------------------------------------------------------------
 
@@ -261,9 +264,13 @@ class Controller:
             files = getattr(report, "osmosis_files", None)
             if files:  # a worker on another host sent its attempt's files (execution/remote.py)
                 from pytest_osmosis.execution.remote import unpack_trial
+                from pytest_osmosis.plugin.collect import trajectory_property
                 from pytest_osmosis.results.index import TRIALS_DIRNAME
 
                 unpack_trial(run.rundir.path / TRIALS_DIRNAME / result["rollout_id"], files)
+                self._trajectories[report.nodeid] = trajectory_property(
+                    run.plan.run_dir, result["rollout_id"]
+                )
             with interrupt_held():  # the run's count agrees with its journal
                 record = run.rundir.append(result)
                 run.executed += 1
@@ -298,6 +305,17 @@ class Controller:
                     detail=result["detail"],
                 )
         run.rundir.settle((record["row_index"], record["run_index"]))
+
+    def name_trajectory(self, report: pytest.TestReport) -> None:
+        """A row a worker on another host ran: its teardown report, the one JUnit reads
+        properties from, names the trajectory this controller wrote, as a local row's does
+        (that worker had no run directory to find it in)."""
+        if report.when != "teardown" or not self._trajectories:
+            return
+        found = self._trajectories.pop(report.nodeid, None)
+        if found is not None:
+            kept = [p for p in report.user_properties if p[0] != "osmosis_trajectory"]
+            report.user_properties = kept + found
 
     def _spend(self, run: ControllerRun, result: dict[str, Any], report: Any) -> None:
         """Count what the row spent; once a budget is spent no new row starts."""
