@@ -108,7 +108,13 @@ def _copy_workspace(source: Path, target: Path) -> None:
     shutil.copytree(source, target, ignore=shutil.ignore_patterns(".osmosis", "*.env"))
 
 
-def _args(pytester: pytest.Pytester, remote: Remote, name: str) -> list[str]:
+def _args(
+    pytester: pytest.Pytester,
+    remote: Remote,
+    name: str,
+    tx: list[str] | None = None,
+    root: Path | None = None,
+) -> list[str]:
     secrets = pytester.path / "secrets.env"
     secrets.write_text(f"CALC_TOKEN={TOKEN}\n")
     return [
@@ -116,8 +122,8 @@ def _args(pytester: pytest.Pytester, remote: Remote, name: str) -> list[str]:
         "--osmosis-name",
         name,
         f"--osmosis-secrets-file={secrets}",
-        f"--osmosis-remote-root={remote.root}",
-        *remote.tx(),
+        f"--osmosis-remote-root={root or remote.root}",
+        *(tx or remote.tx()),
         *PLAIN,
     ]
 
@@ -287,6 +293,49 @@ def test_a_differing_remote_workspace_is_one_line_before_any_row(
     assert "Traceback" not in out
     assert _asked(model_env) == [] and not (remote.gate / "where").exists()
     assert not (pytester.path / ".osmosis" / "evals" / "differs").exists()
+
+
+@pytest.mark.parametrize("why", ["refused", "no-plugin", "no-workspace"])
+def test_a_remote_workspace_that_cannot_be_checked_is_one_line_before_any_row(
+    pytester: pytest.Pytester, model_env: Any, remote: Remote, why: str
+) -> None:
+    """ssh refused (nothing listens on its port), the plugin not importable by the remote
+    Python, the workspace not there: exit 4 with one line, and no run directory left."""
+    _workspace(pytester.path, remote.gate, ROWS)
+    _copy_workspace(pytester.path, remote.root)
+    ssh_config, python, root = remote.server.ssh_config, sys.executable, remote.root
+    if why == "refused":
+        ssh_config = ssh_config.with_name("ssh_config_refused")
+        port = f"Port {remote.server.port}\n"
+        ssh_config.write_text(
+            remote.server.ssh_config.read_text().replace(port, f"Port {sshd._free_port()}\n")
+        )
+    elif why == "no-plugin":  # the interpreter under the venv, isolated: no pytest_osmosis
+        python = f"{os.path.realpath(sys.executable)} -I"
+        if subprocess.run([*python.split(), "-c", "import pytest_osmosis"]).returncode == 0:
+            pytest.skip(f"{python} imports pytest_osmosis: no Python here lacks it")
+    else:
+        root = remote.root.with_name("no-such-workspace")
+    spec = f"ssh={sshd.HOST}//ssh_config={ssh_config}//python={python}"
+    tx = ["-d", "--tx", spec, "--tx", "popen"]
+    process = _pytest(pytester, _args(pytester, remote, why, tx=tx, root=root))
+    out, _ = process.communicate(timeout=900)
+    assert process.returncode == pytest.ExitCode.USAGE_ERROR, out
+    where = f"the workspace at {root} on {sshd.HOST}"
+    line = {
+        "refused": f"cannot check {where}: ssh could not start {python} there (see above)",
+        "no-plugin": f"cannot check {where}: ModuleNotFoundError: No module named 'pytest_osmosis'",
+        "no-workspace": f"{where} does not exist (--osmosis-remote-root names it)",
+    }[why]
+    assert f"ERROR: osmosis: {line}\n" in out, out
+    if why == "refused":  # what ssh said, before our line
+        assert "Connection refused" in out.partition(line)[0], out
+    assert "Traceback" not in out and "INTERNALERROR" not in out, out
+    assert _asked(model_env) == [] and not (remote.gate / "where").exists()
+    runs = pytester.path / ".osmosis" / "evals"
+    assert [p.name for p in runs.iterdir() if not p.name.startswith(".")] == []  # (.locks)
+    assert not (remote.root / ".osmosis").exists() and list(remote.tmp.iterdir()) == []
+    assert root.exists() == (why != "no-workspace")  # checking it made no directory there
 
 
 def test_paths_on_the_command_line_are_one_line_with_remote_workers(

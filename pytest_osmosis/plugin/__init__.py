@@ -554,11 +554,17 @@ class XdistControllerHooks:
             checked.add(host)
             where = f"the workspace at {root} on {host[0]}"
             group = execnet.Group()
+            # Not in the workspace (``chdir``): execnet would make the directory it checks.
+            unmoved = execnet.XSpec(
+                "//".join(p for p in str(spec).split("//") if not p.startswith("chdir="))
+            )
             try:
-                channel = group.makegateway(spec).remote_exec(REMOTE_CHECK)
+                channel = group.makegateway(unmoved).remote_exec(REMOTE_CHECK)
                 channel.send((root, files, [list(pair) for pair in dirs]))
                 theirs = channel.receive()
-            except (execnet.RemoteError, execnet.HostNotFound, OSError, EOFError) as exc:
+            except execnet.HostNotFound:  # its text is the host's name; ssh said why
+                return f"cannot check {where}: ssh could not start {host[1]} there (see above)"
+            except (execnet.RemoteError, OSError, EOFError) as exc:
                 line = str(exc).strip().splitlines()
                 return f"cannot check {where}: {line[-1] if line else type(exc).__name__}"
             finally:
