@@ -77,7 +77,7 @@ class RowOutput:
 
     def open(self, key: str) -> None:
         """``key``'s row starts (again: a re-run keeps only its own output)."""
-        self._rows[key] = {name: [] for name in STREAMS}
+        self._rows[key] = {}
 
     def keep(self, name: str, text: str) -> bool:
         """Keep ``text`` written to stream ``name`` if a kept row's code wrote it."""
@@ -89,13 +89,16 @@ class RowOutput:
             return False
         if not isinstance(text, str):  # what a text stream says
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        row[name].append(text)
+        row.setdefault(name, []).append(text)
         return True
 
     def take(self, key: str) -> dict[str, str]:
         """``key``'s output by stream (only the streams it wrote to); no longer kept."""
-        row = self._rows.pop(key, None) or {}
-        return {name: text for name, parts in row.items() if (text := "".join(parts))}
+        row = self._rows.pop(key, None)
+        if not row:
+            return {}
+        joined = {name: "".join(row.get(name, ())) for name in STREAMS}
+        return {name: text for name, text in joined.items() if text}
 
     def clear(self) -> None:
         """Forget every row's output (the session is over)."""
