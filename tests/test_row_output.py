@@ -9,6 +9,8 @@ item's report shows them as ``Captured stdout setup`` (the row is waited for in 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import io
 import threading
 from typing import Any
@@ -112,8 +114,14 @@ def test_a_stream_without_attributes_is_stood_in_for_and_bytes_are_refused() -> 
 
 
 def test_pytest_s_thread_writes_to_no_row() -> None:
+    """Even where its context names a row (``enter`` called off a loop, as a test may)."""
     assert threading.current_thread() is threading.main_thread()
+    context = contextvars.copy_context()
+    context.run(blame.enter, ROW_A)
+    assert context.run(blame.current_row) is None
     assert blame.current_row() is None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # another thread, that context
+        assert pool.submit(context.run, blame.current_row).result() == ROW_A
 
 
 # Row 1 prints (in its workflow, a task it starts, a thread, its grader) while pytest's

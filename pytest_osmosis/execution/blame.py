@@ -28,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn, cast
@@ -79,12 +80,15 @@ def current_row() -> str | None:
 
     On a loop, the row whose task is stepping (a task a row started is that row's; a plain
     callback, or a task one started, such as a server's, is no row's). In a thread without
-    a loop, the row whose context the thread runs in (``asyncio.to_thread`` copies it);
-    none in pytest's own thread.
+    a loop, the row whose context the thread runs in (``asyncio.to_thread`` copies it).
+    Never in the main thread without a loop: pytest's, which runs no row's code, whatever
+    its context says (``enter`` off a loop sets it there, and it stays).
     """
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
+        if threading.current_thread() is threading.main_thread():
+            return None
         return _row.get()
     return running_row(loop)
 
