@@ -282,8 +282,10 @@ def checks(
             row = (ours["marginal_cpu_ms"] - at_k) / (1 - 1 / per_row)
             call = ours["marginal_cpu_ms"] - row
             upstream = "our call-building" if route == "litellm" else "direct client"
-            rest_k = call - client["marginal_cpu_ms"] - (
-                theirs["marginal_cpu_ms"] if route == "litellm" else 0.0
+            rest_k = (
+                call
+                - client["marginal_cpu_ms"]
+                - (theirs["marginal_cpu_ms"] if route == "litellm" else 0.0)
             )
             split = [
                 f"{per_row} calls a row: {at_k:.2f} ms CPU per call marginal, so per row "
