@@ -79,9 +79,7 @@ def flat_price(cost_map: Mapping[str, Any], model: str) -> tuple[float, float] |
     return _flat(_lookup(get, model))
 
 
-def _lookup(
-    get: Callable[[str], dict[str, Any] | None], model: str
-) -> dict[str, Any] | None:
+def _lookup(get: Callable[[str], dict[str, Any] | None], model: str) -> dict[str, Any] | None:
     """The map entry ``litellm.cost_per_token`` prices a plain chat call of ``model`` by: the
     full id, else the name after the provider prefix when the entry is that provider's."""
     provider, _, name = model.partition("/")
