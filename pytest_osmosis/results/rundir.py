@@ -4,8 +4,8 @@
 projections of one named run. The per-item path is :meth:`RunDirectory.stage` (the
 event loop hands a finished row's record to the journal's group commit) and then
 :meth:`RunDirectory.append` (the controller waits for that record's fsync before the row
-is reported) and :meth:`RunDirectory.settle` (its projections, written by a thread of
-their own); :meth:`RunDirectory.refresh` rewrites the snapshots
+is reported) and :meth:`RunDirectory.settle` (its projections, written before its report reaches
+other plugins); :meth:`RunDirectory.refresh` rewrites the snapshots
 (index, summary, progress, metrics) and copies projections only for the work
 items whose selected attempt changed, so calling it periodically stays cheap.
 """
