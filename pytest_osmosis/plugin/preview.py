@@ -109,12 +109,8 @@ def plan_config(
     session: EvalSession, config: pytest.Config, path: Path, several: bool
 ) -> ConfigPlan:
     """The rows of one config's plan; an error becomes the plan's one line."""
-    from pytest_osmosis.workspace.plan import (
-        choose_run_name,
-        other_named_run,
-        run_inputs,
-        utc_now,
-    )
+    from pytest_osmosis.plugin.planning import utc_now
+    from pytest_osmosis.workspace.plan import choose_run_name, other_named_run, run_inputs
 
     base = config.invocation_params.dir
     shown = ConfigPlan(_shown(path, base))
