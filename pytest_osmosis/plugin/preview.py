@@ -87,17 +87,6 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
     return f"resumes: {recorded} recorded, {len(pending)} to run{again}", len(pending)
 
 
-def _cache_mode(config: pytest.Config) -> str | None:
-    """``--osmosis-cache`` (and its ini twin) when the plugin has that option."""
-    from pytest_osmosis.plugin.options import OPTIONS, option_value
-
-    option = next((opt for opt in OPTIONS if opt.dest == "cache"), None)
-    if option is None:
-        return None
-    given = option_value(config, option)
-    return str(given[0]) if given is not None else "off"
-
-
 def _expected_hits(session: EvalSession, plan: EvalPlan, mode: str) -> str:
     """What the model-call cache will answer: work items it holds answers of (use, replay)."""
     if mode not in ("use", "replay"):
@@ -120,12 +109,8 @@ def plan_config(
     session: EvalSession, config: pytest.Config, path: Path, several: bool
 ) -> ConfigPlan:
     """The rows of one config's plan; an error becomes the plan's one line."""
-    from pytest_osmosis.workspace.plan import (
-        choose_run_name,
-        other_named_run,
-        run_inputs,
-        utc_now,
-    )
+    from pytest_osmosis.plugin.planning import utc_now
+    from pytest_osmosis.workspace.plan import choose_run_name, other_named_run, run_inputs
 
     base = config.invocation_params.dir
     shown = ConfigPlan(_shown(path, base))
@@ -183,9 +168,8 @@ def plan_config(
         # Before the baseline is read: its rows in common are at most this run's.
         for line in power_lines(gate, len(dataset), settings.n, 0.5):
             rows.append(("gate", line))
-    cache = _cache_mode(config)
-    if cache is not None:
-        rows.append(("cache", cache + _expected_hits(session, plan, cache)))
+    cache = session.options.cache_mode  # checked: "REPLAY" or " use " as their mode
+    rows.append(("cache", cache + _expected_hits(session, plan, cache)))
     note = other_named_run(plan, session.options.name, several)
     rows.append(("run", f"{plan.run_name} ({state}{'; ' + note if note else ''})"))
     rows.append(("output", _shown(plan.run_dir, base)))

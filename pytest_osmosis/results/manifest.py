@@ -12,10 +12,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import uuid
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ SOURCE_EXCLUDED_DIRS: frozenset[str] = frozenset(
 SOURCE_EXCLUDED_PATTERNS: tuple[str, ...] = ("uv.lock", "*.egg-info")
 #: The SDK refuses a longer run name (contract §2.4).
 RUN_NAME_MAX_LEN = 96
+_NAME_SUFFIX_LEN = len("-YYYYmmddTHHMMSSZ-0123abcd")
 
 
 def run_name_problem(name: str) -> str | None:
@@ -76,6 +79,20 @@ def validate_run_name(name: str) -> str:
     if problem is not None:
         raise RunDirectoryError(f"run name {name!r} {problem}")
     return name
+
+
+def generated_run_name(config_path: Path, inputs_digest: str, now: datetime) -> str:
+    """``<stem>-<UTC YYYYmmddTHHMMSSZ>-<digest[:8]>``; a naive ``now`` is taken as UTC.
+
+    The stem is cut so the name fits the 96-character limit (the SDK would refuse it).
+    """
+    if not re.fullmatch(r"[0-9a-fA-F]{8,}", inputs_digest):
+        raise ValueError(f"inputs digest must be hex of at least 8 chars, got {inputs_digest!r}")
+    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in config_path.stem)
+    stem = stem.strip("-._")[: RUN_NAME_MAX_LEN - _NAME_SUFFIX_LEN].rstrip("-._") or "eval"
+    moment = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
+    stamp = moment.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return validate_run_name(f"{stem}-{stamp}-{inputs_digest[:8].lower()}")
 
 
 def _optional_float(value: float | None) -> float | None:
