@@ -159,6 +159,47 @@ def test_the_plan_says_which_named_run_each_config_resumes(
     )
 
 
+def test_a_changed_row_selection_is_named_as_such_and_says_how_to_resume(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """Another ``--osmosis-rows`` on a named run was refused as "changed: dataset" (the key
+    holds the file's digest and the selection), though the file had not changed."""
+    _workspace(pytester.path)
+    name = ("--osmosis-eval", "--osmosis-name", "sel", *PLAIN)
+    pytester.runpytest(*name, "--osmosis-rows", "0").assert_outcomes(passed=1)
+    changed = pytester.runpytest(*name, "--osmosis-rows", "0-1")
+    assert changed.ret == pytest.ExitCode.USAGE_ERROR
+    assert changed.errlines == [
+        f"ERROR: run 'sel' in {pytester.path / '.osmosis' / 'evals'} was created with "
+        "different resolved inputs (changed: row selection (0 recorded, 0-1 now)), so "
+        "resuming it would mix versions inside one set of metrics; select its rows again "
+        "(--osmosis-rows 0) to resume it, rerun with --osmosis-fresh (the previous results "
+        "are archived, never deleted) or use a different --osmosis-name",
+        "",
+    ]
+    plan = pytester.runpytest(*name, "--osmosis-rows", "0-1", "--osmosis-plan")
+    plan.stdout.fnmatch_lines(
+        [
+            "  run * sel (would be refused: made with different inputs (changed: row selection "
+            "(0 recorded, 0-1 now)))"
+        ]
+    )
+    # The file itself changed too: both are named, and no --osmosis-rows can resume it.
+    data = pytester.path / "data" / "calc.jsonl"
+    data.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n")
+    both = pytester.runpytest(*name, "--osmosis-rows", "0-1")
+    assert "(changed: dataset, row selection (0 recorded, 0-1 now))" in both.errlines[0]
+    assert "select its rows again" not in both.errlines[0]
+    file_only = pytester.runpytest(*name, "--osmosis-rows", "0")
+    assert "(changed: dataset), so resuming" in file_only.errlines[0]
+    # The selection the message names resumes the run (finished: nothing runs again).
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:2]))
+    again = pytester.runpytest(*name, "--osmosis-rows", "0")
+    assert again.ret == pytest.ExitCode.OK
+    again.stdout.fnmatch_lines(["already finished: every row is recorded, none ran again*"])
+    assert model_env.requests_total == 2  # the first session's preflight and its one row
+
+
 # -- 4: what is about to run, and what to do next -------------------------------------------
 
 

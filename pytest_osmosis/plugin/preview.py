@@ -54,7 +54,7 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
     and how many work items would run."""
     from pytest_osmosis.core.outcome import is_retried
     from pytest_osmosis.plugin.controller import run_keys
-    from pytest_osmosis.results import changed_input_keys, read_journal
+    from pytest_osmosis.results import describe_changed_inputs, read_journal
     from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
 
     keys = run_keys(plan)
@@ -68,7 +68,7 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
         records = read_journal(plan.run_dir)
     except OsmosisError as exc:
         return f"cannot resume: {exc}", 0
-    changed = changed_input_keys(manifest["inputs"], inputs)
+    changed = describe_changed_inputs(manifest["inputs"], inputs)
     if changed:
         return (
             f"would be refused: made with different inputs (changed: {', '.join(changed)})",
