@@ -39,6 +39,30 @@ def test_a_workspace_without_the_ini_line_says_how_to_enable_the_plugin(
         ]
 
 
+def test_the_example_workspace_of_a_fresh_clone_gets_no_warning(pytester: pytest.Pytester) -> None:
+    """The README's first command on a fresh clone warned about the example itself: git
+    keeps no empty directory, so its ``configs/training/`` was missing."""
+    import shutil
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "example_workspace"],
+        capture_output=True, text=True, check=False,
+    )
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: what a clone holds cannot be told")
+    for name in tracked.stdout.splitlines():  # exactly what `git clone` gives a new user
+        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(repo / name, pytester.path / name)
+    pytester.chdir()
+    (pytester.path / "example_workspace").rename(pytester.path / "ws")
+    result = pytester.runpytest("ws", "--osmosis-plan", *PLAIN)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["osmosis plan: *capitals.toml"])
+    assert not [line for line in result.outlines + result.errlines if "warning:" in line]
+
+
 def test_a_session_without_eval_configs_gets_no_hint(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_nothing="")
     result = pytester.runpytest(*PLAIN)
