@@ -180,6 +180,9 @@ RAISES_ON_IMPORT = (
 )
 SYNTAX_ERROR = IMPORTS + "class Flow(AgentWorkflow):\n    async def run(self, ctx)\n        pass\n"
 MISSING_MODULE = "import definitely_not_installed_pkg_xyz\n"
+# What `from osmosis_ai.rollout import ...` raises where the SDK is not installed (raised
+# as such: a test environment may have the SDK).
+MISSING_SDK = 'raise ModuleNotFoundError("No module named \'osmosis_ai\'", name="osmosis_ai")\n'
 EXITS_ON_IMPORT = "import sys\n\nsys.exit(3)\n"
 MAIN_RAISES = (
     IMPORTS
@@ -589,6 +592,16 @@ ROLLOUT_CASES = [
         "rollout-missing-module",
         rollout(MISSING_MODULE),
         ("main.py", "ModuleNotFoundError", "definitely_not_installed_pkg_xyz"),
+        rollout_traceback='main.py", line 1',
+    ),
+    Case(
+        "rollout-without-the-sdk",
+        rollout(MISSING_SDK),
+        (
+            "main.py",
+            "ModuleNotFoundError: No module named 'osmosis_ai' (",
+            "or import the same names from pytest_osmosis.rollout)",
+        ),
         rollout_traceback='main.py", line 1',
     ),
     Case(
