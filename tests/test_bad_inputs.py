@@ -600,7 +600,7 @@ ROLLOUT_CASES = [
         (
             "main.py",
             "ModuleNotFoundError: No module named 'osmosis_ai' (",
-            "or import the same names from pytest_osmosis.rollout)",
+            "import the same names from pytest_osmosis.rollout",
         ),
         rollout_traceback='main.py", line 1',
     ),

@@ -164,10 +164,14 @@ def _sdk_hint(exc: BaseException) -> str:
     if not isinstance(exc, ModuleNotFoundError) or exc.name != "osmosis_ai":
         return ""
     if sys.version_info < (3, 12):
-        where = "the Osmosis SDK (osmosis-ai) needs Python 3.12 or newer"
-    else:
-        where = "install the Osmosis SDK (pip install osmosis-ai)"
-    return f" ({where}, or import the same names from pytest_osmosis.rollout)"
+        return (
+            " (osmosis-ai, the Osmosis SDK, needs Python 3.12 or newer: import the same "
+            "names from pytest_osmosis.rollout instead)"
+        )
+    return (
+        " (pip install osmosis-ai, the Osmosis SDK, or import the same names from "
+        "pytest_osmosis.rollout)"
+    )
 
 
 def _load(
