@@ -155,6 +155,14 @@ def no_dataset(root: Path) -> None:
     (root / "data" / "calc.jsonl").unlink()
 
 
+def dataset_of_another_name(root: Path) -> None:
+    """The config names ``ref-dataset`` (the platform's name an SDK run gave a file for with
+    ``--dataset-file``) and data/ holds ``ref.jsonl``, as in the reference workspace."""
+    write_workspace(root, dataset="ref-dataset")
+    (root / "data" / "ref-dataset.jsonl").rename(root / "data" / "ref.jsonl")
+    (root / "data" / "notes.txt").write_text("not a dataset\n")
+
+
 def ini(text: str) -> Build:
     def build(root: Path) -> None:
         write_workspace(root)
@@ -365,7 +373,16 @@ DATASET_CASES = [
             "no dataset file for experiment.dataset 'calc'",
             "data/calc.jsonl",
             "data/calc.csv",
-            "data/calc.parquet",
+            "data/calc.parquet (or give the file with --osmosis-dataset-file PATH)",
+        ),
+    ),
+    Case(
+        "dataset-of-another-name",
+        dataset_of_another_name,
+        (
+            "no dataset file for experiment.dataset 'ref-dataset'",
+            "data/ref-dataset.parquet (data/ holds ref.jsonl: name one in experiment.dataset "
+            "without its extension, or give the file with --osmosis-dataset-file PATH)",
         ),
     ),
     Case(
