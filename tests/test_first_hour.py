@@ -246,8 +246,8 @@ def test_a_compact_block_before_the_first_row_and_one_line_under_q(
     quiet = pytester.runpytest(*args, "--osmosis-n", "2", "-k", "row_1_", "-q")
     assert [line for line in quiet.stdout.lines if line.startswith("osmosis")] == [
         "osmosis run: 0 work items pending (configs/eval/calc.toml -> block (resumes: 4 of 4 "
-        "recorded): 2 rows x 2 attempts, model openai/test-model), 3 in flight, in this "
-        "process; output .osmosis/evals/block"
+        "recorded): 2 rows x 2 attempts, model openai/test-model), nothing runs; output "
+        ".osmosis/evals/block"
     ]
 
 
