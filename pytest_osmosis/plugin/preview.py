@@ -202,7 +202,10 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
     for shown in plans:
         lines.append(f"osmosis plan: {shown.config}")
         width = max((len(label) for label, _ in shown.rows), default=0)
-        lines += [f"  {label.ljust(width)}  {value}" for label, value in shown.rows]
+        lines += [
+            f"  {label.ljust(width)}  " + value.replace("\n", "\n" + " " * (width + 4))
+            for label, value in shown.rows  # a traceback's lines stay inside their entry
+        ]
     for line in lines:
         if reporter is not None:
             reporter.write_line(line)
