@@ -54,7 +54,7 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
     and how many work items would run."""
     from pytest_osmosis.core.outcome import is_retried
     from pytest_osmosis.plugin.controller import run_keys
-    from pytest_osmosis.results import changed_input_keys, read_journal
+    from pytest_osmosis.results import describe_changed_inputs, read_journal
     from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
 
     keys = run_keys(plan)
@@ -68,7 +68,7 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
         records = read_journal(plan.run_dir)
     except OsmosisError as exc:
         return f"cannot resume: {exc}", 0
-    changed = changed_input_keys(manifest["inputs"], inputs)
+    changed = describe_changed_inputs(manifest["inputs"], inputs)
     if changed:
         return (
             f"would be refused: made with different inputs (changed: {', '.join(changed)})",
@@ -186,7 +186,10 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
     for shown in plans:
         lines.append(f"osmosis plan: {shown.config}")
         width = max((len(label) for label, _ in shown.rows), default=0)
-        lines += [f"  {label.ljust(width)}  {value}" for label, value in shown.rows]
+        lines += [
+            f"  {label.ljust(width)}  " + value.replace("\n", "\n" + " " * (width + 4))
+            for label, value in shown.rows  # a traceback's lines stay inside their entry
+        ]
     for line in lines:
         if reporter is not None:
             reporter.write_line(line)

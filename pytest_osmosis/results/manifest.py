@@ -147,6 +147,36 @@ def changed_input_keys(previous: Mapping[str, Any], current: Mapping[str, Any]) 
     return sorted(key for key in {*previous, *current} if previous.get(key) != current.get(key))
 
 
+def selection_change(
+    previous: Mapping[str, Any], current: Mapping[str, Any]
+) -> tuple[str, str] | None:
+    """``(recorded, now)`` row selectors when the selection of rows differs, else None."""
+    before, now = previous.get("dataset"), current.get("dataset")
+    if not isinstance(before, Mapping) or not isinstance(now, Mapping):
+        return None
+    recorded, selected = before.get("selected_source_rows"), now.get("selected_source_rows")
+    return None if recorded == selected else (str(recorded), str(selected))
+
+
+def describe_changed_inputs(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs, as a refused resume names it: the top-level keys, except that the
+    ``dataset`` key (the file's bytes and the row selection) says which of the two changed:
+    another ``--osmosis-rows`` is not another dataset."""
+    selection = selection_change(previous, current)
+    words: list[str] = []
+    for key in changed_input_keys(previous, current):
+        if key == "dataset" and selection is not None:
+            before, now = dict(previous["dataset"]), dict(current["dataset"])
+            before.pop("selected_source_rows", None)
+            now.pop("selected_source_rows", None)
+            if before != now:
+                words.append(key)
+            words.append(f"row selection ({selection[0]} recorded, {selection[1]} now)")
+        else:
+            words.append(key)
+    return words
+
+
 # --------------------------------------------------------------------------- #
 # Rollout source digest
 # --------------------------------------------------------------------------- #
