@@ -62,6 +62,8 @@ if __name__ == "__main__":
 #                ready client: the attempt's URL and bearer over one pool per process)
 #   BENCH_SLEEP  seconds to await in sleep mode (0: an instant workflow)
 #   BENCH_COUNT  if set, every workflow execution appends one byte to this file
+#   BENCH_CALLS  model calls a row makes in bridge mode, one after the other (default 1):
+#                k calls a row against 1 separates per-row cost from per-call cost
 ROLLOUT = """
 import asyncio
 import os
@@ -75,6 +77,7 @@ MODE = os.environ.get("BENCH_MODE", "sleep")
 SLEEP = float(os.environ.get("BENCH_SLEEP", "0"))
 COUNT = os.environ.get("BENCH_COUNT")
 CLIENT = os.environ.get("BENCH_CLIENT", "httpx")
+CALLS = int(os.environ.get("BENCH_CALLS", "1"))
 _client = None
 
 
@@ -125,7 +128,8 @@ class BenchWorkflow(AgentWorkflow):
             with open(COUNT, "a") as fh:
                 fh.write("x")
         if MODE == "bridge":
-            answer = await _ask(ctx.prompt)
+            for _ in range(CALLS):
+                answer = await _ask(ctx.prompt)
         else:
             if SLEEP:
                 await asyncio.sleep(SLEEP)

@@ -20,6 +20,12 @@ in-process (``time.process_time``), a third view of LiteLLM's own cost. A third 
 runs the benchmark rollout's httpx client alone against the model server, so the
 plugin's number can be split into LiteLLM + the workflow's client + bridge and harness.
 
+With ``--calls-per-row K`` (default 10) each route is measured again with rows that make K
+calls one after the other (N/K and N_small/K rows): the same calls in a tenth of the rows.
+Per-row cost (pytest's protocol, the row's files, the rollout's start) then comes apart
+from per-call cost: ``per row = (C1 - CK) / (1 - 1/K)`` for the marginal CPU per call C1 at
+one call a row and CK at K; the line it prints is for reading, the target stays C1.
+
 Where ``osmosis-ai`` imports, ``osmosis eval run`` runs ``--sdk-items`` (default 500: its
 rows cost ~35 times ours in CPU) and ``--small`` rows once each (``_common.sdk_run``; its LiteLLM
 bridge, its rollout server in a child process whose CPU it reaps, so the delta holds
@@ -27,7 +33,7 @@ both): its CPU per call by the same difference, and ours / its. With ``--client
 bridge_client`` (ours alone) there is no SDK side.
 
     python bench/through_bridge.py [--items 1000] [--small 100] [--batch 64] [--repeat 2]
-                                   [--sdk-items 500]
+                                   [--sdk-items 500] [--calls-per-row 10]
                                    [--client httpx|aiohttp|httpx-per-call|bridge_client]
 """
 
@@ -140,6 +146,7 @@ def measure(
     client_kind: str,
     sdk_items: int,
     routes: tuple[str, ...] = ROUTES,
+    per_row: int = 0,
 ) -> dict[str, dict[int, list[c.Run]]]:
     runs: dict[str, dict[int, list[c.Run]]] = {"httpx": {}}
     with (
@@ -148,7 +155,8 @@ def measure(
         c.model_server(0.2, tls=True) as tls,
     ):
         servers = {"direct": plain, "litellm": tls}
-        ws_by_n = {n: c.eval_workspace(tmp / f"ws{n}", n, batch_size=batch) for n in (items, small)}
+        rows = {items, small} | ({items // per_row, small // per_row} if per_row else set())
+        ws_by_n = {n: c.eval_workspace(tmp / f"ws{n}", n, batch_size=batch) for n in rows}
         script = tmp / "direct.py"
         script.write_text(DIRECT)
         client = tmp / "client.py"
@@ -165,6 +173,20 @@ def measure(
                         env={**env, "BENCH_MODE": "bridge", "BENCH_CLIENT": client_kind},
                     ).check(f"{n} passed")
                     runs.setdefault(f"plugin {route}", {}).setdefault(n, []).append(r)
+                    if per_row:
+                        # The same n calls, per_row of them in each of n / per_row rows.
+                        k = c.run(
+                            f"plugin, {route} route, {n} calls, {per_row} a row #{i + 1}",
+                            c.osmosis_cmd(output=tmp / f"out-{route}-{n}-k{per_row}-{i}"),
+                            cwd=ws_by_n[n // per_row],
+                            env={
+                                **env,
+                                "BENCH_MODE": "bridge",
+                                "BENCH_CLIENT": client_kind,
+                                "BENCH_CALLS": str(per_row),
+                            },
+                        ).check(f"{n // per_row} passed")
+                        runs.setdefault(f"plugin {route} k", {}).setdefault(n, []).append(k)
                     d = c.run(
                         f"litellm.acompletion alone, {env['OPENAI_BASE_URL'][:5]}, {n} calls "
                         f"#{i + 1}",
@@ -207,7 +229,11 @@ def _phase(r: c.Run) -> dict[str, float]:
 
 
 def checks(
-    items: int, small: int, runs: dict[str, dict[int, list[c.Run]]], client_kind: str
+    items: int,
+    small: int,
+    runs: dict[str, dict[int, list[c.Run]]],
+    client_kind: str,
+    per_row: int = 0,
 ) -> list[c.Check]:
     per: dict[str, dict[str, float]] = {}
     for side, by_n in runs.items():
@@ -250,6 +276,26 @@ def checks(
                 "CPU/call",
             )
         where = "plain HTTP, no LiteLLM" if route == "direct" else "https, through LiteLLM"
+        split = []
+        if f"plugin {route} k" in per:
+            at_k = per[f"plugin {route} k"]["marginal_cpu_ms"]
+            row = (ours["marginal_cpu_ms"] - at_k) / (1 - 1 / per_row)
+            call = ours["marginal_cpu_ms"] - row
+            upstream = "our call-building" if route == "litellm" else "direct client"
+            rest_k = (
+                call
+                - client["marginal_cpu_ms"]
+                - (theirs["marginal_cpu_ms"] if route == "litellm" else 0.0)
+            )
+            split = [
+                f"{per_row} calls a row: {at_k:.2f} ms CPU per call marginal, so per row "
+                f"(pytest's protocol, the row's files, its start) {row:.2f} ms and per call "
+                f"without it {call:.2f} ms = {client_kind} client "
+                f"{client['marginal_cpu_ms']:.2f}"
+                + (f" + litellm {theirs['marginal_cpu_ms']:.2f}" if route == "litellm" else "")
+                + f" + bridge server and {upstream} {rest_k:.2f} ms (for reading; the target "
+                "is the one-call-a-row figure)"
+            ]
         found.append(
             c.Check(
                 f"bridge: CPU per call, {route} route ({client_kind} client in the rollout)",
@@ -270,6 +316,7 @@ def checks(
                     "in-process",
                     f"so plugin = litellm {theirs['marginal_cpu_ms']:.2f} + {client_kind} client "
                     f"{client['marginal_cpu_ms']:.2f} + bridge server and harness {rest:.2f} ms",
+                    *split,
                     f"calls/s marginal: plugin {ours['marginal_rate']:.0f}, litellm "
                     f"{theirs['marginal_rate']:.0f} (ideal 64 / 0.2 s = {ideal_rate:.0f}); "
                     f"litellm call phase in-process {phase_rate:.0f}/s",
@@ -302,6 +349,13 @@ def main() -> None:
         "--route", choices=(*ROUTES, "both"), default="both", help="which route(s) to measure"
     )
     parser.add_argument("--sdk-items", type=int, default=500, help="the SDK side's N")
+    parser.add_argument(
+        "--calls-per-row",
+        type=int,
+        default=10,
+        help="also measure rows making K calls each (per-row vs per-call cost; 0: not); "
+        "skipped unless K divides --items and --small",
+    )
     parser.add_argument("--no-sdk", action="store_true", help="skip osmosis eval run")
     parser.add_argument("--json", help="also write the checks to this file")
     args = parser.parse_args()
@@ -311,12 +365,16 @@ def main() -> None:
         parser.error("--sdk-items must be larger than --small")
     sdk_items = args.sdk_items if sdk else 0
     routes = ROUTES if args.route == "both" else (args.route,)
-    runs = measure(args.items, args.small, args.batch, args.repeat, args.client, sdk_items, routes)
+    k = args.calls_per_row
+    per_row = k if k > 1 and args.items % k == 0 and args.small % k == 0 else 0
+    runs = measure(
+        args.items, args.small, args.batch, args.repeat, args.client, sdk_items, routes, per_row
+    )
     c.print_runs([r for side in runs.values() for rs in side.values() for r in rs])
     print(f"after: {c.loadavg()}")
     c.finish(
         "benchmark 2: through the bridge",
-        checks(args.items, args.small, runs, args.client),
+        checks(args.items, args.small, runs, args.client, per_row),
         args.json,
     )
 

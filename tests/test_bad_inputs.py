@@ -155,6 +155,14 @@ def no_dataset(root: Path) -> None:
     (root / "data" / "calc.jsonl").unlink()
 
 
+def dataset_of_another_name(root: Path) -> None:
+    """The config names ``ref-dataset`` (the platform's name an SDK run gave a file for with
+    ``--dataset-file``) and data/ holds ``ref.jsonl``, as in the reference workspace."""
+    write_workspace(root, dataset="ref-dataset")
+    (root / "data" / "ref-dataset.jsonl").rename(root / "data" / "ref.jsonl")
+    (root / "data" / "notes.txt").write_text("not a dataset\n")
+
+
 def ini(text: str) -> Build:
     def build(root: Path) -> None:
         write_workspace(root)
@@ -180,6 +188,9 @@ RAISES_ON_IMPORT = (
 )
 SYNTAX_ERROR = IMPORTS + "class Flow(AgentWorkflow):\n    async def run(self, ctx)\n        pass\n"
 MISSING_MODULE = "import definitely_not_installed_pkg_xyz\n"
+# What `from osmosis_ai.rollout import ...` raises where the SDK is not installed (raised
+# as such: a test environment may have the SDK).
+MISSING_SDK = 'raise ModuleNotFoundError("No module named \'osmosis_ai\'", name="osmosis_ai")\n'
 EXITS_ON_IMPORT = "import sys\n\nsys.exit(3)\n"
 MAIN_RAISES = (
     IMPORTS
@@ -362,7 +373,16 @@ DATASET_CASES = [
             "no dataset file for experiment.dataset 'calc'",
             "data/calc.jsonl",
             "data/calc.csv",
-            "data/calc.parquet",
+            "data/calc.parquet (or give the file with --osmosis-dataset-file PATH)",
+        ),
+    ),
+    Case(
+        "dataset-of-another-name",
+        dataset_of_another_name,
+        (
+            "no dataset file for experiment.dataset 'ref-dataset'",
+            "data/ref-dataset.parquet (data/ holds ref.jsonl: name one in experiment.dataset "
+            "without its extension, or give the file with --osmosis-dataset-file PATH)",
         ),
     ),
     Case(
@@ -589,6 +609,16 @@ ROLLOUT_CASES = [
         "rollout-missing-module",
         rollout(MISSING_MODULE),
         ("main.py", "ModuleNotFoundError", "definitely_not_installed_pkg_xyz"),
+        rollout_traceback='main.py", line 1',
+    ),
+    Case(
+        "rollout-without-the-sdk",
+        rollout(MISSING_SDK),
+        (
+            "main.py",
+            "ModuleNotFoundError: No module named 'osmosis_ai' (",
+            "import the same names from pytest_osmosis.rollout",
+        ),
         rollout_traceback='main.py", line 1',
     ),
     Case(

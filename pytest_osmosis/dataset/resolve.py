@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from pytest_osmosis.core.errors import DatasetError
@@ -42,7 +43,29 @@ def resolve_dataset_path(workspace: Path, dataset: str, dataset_file: Path | Non
     hint = ""
     if Path(dataset).suffix.lstrip(".").lower() in formats:
         hint = f" (experiment.dataset is a name without extension: try {Path(dataset).stem!r})"
+    else:
+        hint = _other_datasets(data_dir, formats)
     raise DatasetError(
         f"no dataset file for experiment.dataset {dataset!r}: tried "
         f"{', '.join(str(path) for path in tried)}{hint}"
     )
+
+
+def _other_datasets(data_dir: Path, formats: Collection[str]) -> str:
+    """The hint of a name that matches no file: the datasets ``data/`` does hold (say, the
+    file an SDK run was given with ``--dataset-file``), and the option that names a file."""
+    try:
+        held = sorted(
+            path.name
+            for path in data_dir.iterdir()
+            if path.suffix.lstrip(".").lower() in formats and path.is_file()
+        )
+    except OSError:  # no data/ directory, or one that cannot be listed
+        held = []
+    shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+    holds = (
+        f"data/ holds {shown}: name one in experiment.dataset without its extension, or "
+        if held
+        else "or "
+    )
+    return f" ({holds}give the file with --osmosis-dataset-file PATH)"

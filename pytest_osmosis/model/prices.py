@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,34 @@ def price(model: str) -> tuple[float, float] | None:
     text = cost_map_text()
     if text is None:
         return None
+    return _flat(_lookup(lambda key: _entry(text, key), model))
+
+
+def flat_price(cost_map: Mapping[str, Any], model: str) -> tuple[float, float] | None:
+    """The same as `price`, from a loaded map (``litellm.model_cost``, models a rollout
+    registered included): a dict lookup instead of ``litellm.cost_per_token``'s ~0.15 ms."""
+
+    def get(key: str) -> dict[str, Any] | None:
+        value = cost_map.get(key)
+        return value if isinstance(value, dict) and "litellm_provider" in value else None
+
+    return _flat(_lookup(get, model))
+
+
+def _lookup(get: Callable[[str], dict[str, Any] | None], model: str) -> dict[str, Any] | None:
+    """The map entry ``litellm.cost_per_token`` prices a plain chat call of ``model`` by: the
+    full id, else the name after the provider prefix when the entry is that provider's."""
     provider, _, name = model.partition("/")
-    entry = _entry(text, model)
+    entry = get(model)
     if entry is None and name:
-        entry = _entry(text, name)
+        entry = get(name)
         if entry is not None and entry.get("litellm_provider") != provider:
             entry = None
+    return entry
+
+
+def _flat(entry: dict[str, Any] | None) -> tuple[float, float] | None:
+    """An entry's two token prices; None where the price depends on more than the counts."""
     if entry is None or any("_above_" in field for field in entry):
         return None
     prompt, completion = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")

@@ -9,7 +9,6 @@ results are converted here, in one place, both ways.
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import time
@@ -217,13 +216,23 @@ def _control_names() -> frozenset[str]:
     ) - {"metadata"}
 
 
+def _copied(value: Any) -> Any:
+    """A copy of parsed JSON that LiteLLM may change in place (``copy.deepcopy``'s result for
+    JSON data, at a fifth of its cost: a 60-message conversation is copied on every call)."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
+
+
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     for key, value in extra.items():
         previous = base.get(key)
         if isinstance(previous, dict) and isinstance(value, dict):
             base[key] = _merged(previous, value)
         else:
-            base[key] = copy.deepcopy(value)
+            base[key] = _copied(value)
     return base
 
 
@@ -232,8 +241,10 @@ def _inference_fields(body: dict[str, Any], route: ModelRoute) -> dict[str, Any]
     extra = body.get("extra_body")
     if extra is not None and not isinstance(extra, dict):
         raise _BadRequest("extra_body must be a JSON object")
+    # The messages are the call's bulk and are dropped here: copied once, by the caller.
     fields = _merged(
-        copy.deepcopy({k: v for k, v in body.items() if k != "extra_body"}), extra or {}
+        _copied({k: v for k, v in body.items() if k not in ("extra_body", "messages")}),
+        extra or {},
     )
     if fields.get("n") not in (None, 1):
         raise _BadRequest("the bridge supports only n=1")
@@ -268,7 +279,7 @@ def _chat_call(litellm: Any, body: dict[str, Any], route: ModelRoute) -> dict[st
         or provider in openai_compatible_providers
         or (provider == "openai" and not _official_openai(litellm, route))
     )
-    call: dict[str, Any] = {"messages": copy.deepcopy(body["messages"]), "drop_params": False}
+    call: dict[str, Any] = {"messages": _copied(body["messages"]), "drop_params": False}
     if openai_wire:
         if fields:
             call["extra_body"] = fields

@@ -197,8 +197,9 @@ class ExitWitness:
 
     def record_killed_rows(self, runs: dict[Path, ControllerRun], item_key: ItemKey) -> None:
         """Record the row the previous session's ``os._exit`` named; watch this session's runs."""
-        for run in runs.values():
-            witnessed = blame.witnessed_exit(exit_witness(run.plan))
+        witnesses = [exit_witness(run.plan) for run in runs.values()]
+        for run, path in zip(runs.values(), witnesses, strict=True):
+            witnessed = blame.witnessed_exit(path)
             found = item_key(witnessed[1]) if witnessed else None
             if witnessed is None or found is None or found[0] != run.plan.config_path:
                 continue
@@ -218,7 +219,7 @@ class ExitWitness:
                 "result", f"{nodeid}: {result['message']}", rollout_id=result["rollout_id"]
             )
         if runs:
-            self._paths[:] = [exit_witness(run.plan) for run in runs.values()]
+            self._paths[:] = witnesses
 
     def close(self) -> None:
         if self._restore is not None:

@@ -111,7 +111,11 @@ def start_lines(session: EvalSession, config: pytest.Config) -> list[str]:
         if not several
         else ", ".join(sorted({_shown(run.plan.output_root, base) for run in runs}))
     )
-    flight = f"{session.total_concurrency()} in flight, {_execution(session, config)}"
+    flight = (
+        f"{session.total_concurrency()} in flight, {_execution(session, config)}"
+        if pending
+        else "nothing runs"  # a finished run: no rows in flight, whatever -n says
+    )
     configs: list[tuple[str, str]] = []
     notes = []
     for run in runs:

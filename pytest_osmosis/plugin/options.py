@@ -47,15 +47,16 @@ _GROUP_OF = {
 @dataclass(frozen=True)
 class Option:
     dest: str  # settings field the value overrides, or a session option name
-    flag: str
+    flag: str  # "" for an ini key without a flag (`INI_SECONDS`)
     help: str
     metavar: str | None = None
     is_flag: bool = False
     override: bool = True  # an [evaluation]/[experiment] override, resolved with the TOML
+    default: str | None = None  # an ini key without a flag: its value when not given
 
     @property
     def ini(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
+        return self.flag.lstrip("-").replace("-", "_") if self.flag else f"osmosis_{self.dest}"
 
     @property
     def group(self) -> str:
@@ -342,6 +343,32 @@ RUBRIC_OPTIONS = (
 )
 
 
+#: Ini keys without a flag: seconds a project sets once (`_ini_seconds` reads them).
+INI_SECONDS = (
+    Option(
+        "backstop_grace",
+        "",
+        "seconds beyond both budgets before pytest-timeout stops a row blocking the loop",
+        override=False,
+        default="30",
+    ),
+    Option(
+        "main_timeout",
+        "",
+        "seconds an entrypoint's main() may take to build its LocalBackend",
+        override=False,
+        default="30",
+    ),
+    Option(
+        "server_start_timeout",
+        "",
+        "seconds a rollout server may take to answer /health (the SDK waits 90)",
+        override=False,
+        default="90",
+    ),
+)
+
+
 def add_options(parser: pytest.Parser) -> None:
     """Every option in its --help group, and its ini twin; the ini keys without a flag."""
     groups = {key: parser.getgroup(f"osmosis-{key}", text) for key, text in GROUPS.items()}
@@ -370,27 +397,14 @@ def add_options(parser: pytest.Parser) -> None:
             )
             # None when absent, so that a key written blank is refused, not taken for absent.
             parser.addini(opt.ini, f"{opt.help} (ini twin of {opt.flag})", default=None)
-    parser.addini(
-        "osmosis_backstop_grace",
-        "seconds beyond both budgets before pytest-timeout stops a row blocking the loop",
-        default="30",
-    )
+    for opt in INI_SECONDS:
+        parser.addini(opt.ini, opt.help, default=None)  # None: not given (`_ini_seconds`)
     parser.addini(
         "osmosis_judge_models",
         "judge models (one per line) a rollout's grader may reach through the bridge, "
         "besides a RubricGrader's judge_model",
         type="linelist",
         default=[],
-    )
-    parser.addini(
-        "osmosis_main_timeout",
-        "seconds an entrypoint's main() may take to build its LocalBackend",
-        default="30",
-    )
-    parser.addini(
-        "osmosis_server_start_timeout",
-        "seconds a rollout server may take to answer /health (the SDK waits 90)",
-        default="90",
     )
     parser.addini(
         "osmosis_workflow",
@@ -446,16 +460,21 @@ def _names_a_path(base: Path, value: str) -> bool:
         return False
 
 
-def _ini_seconds(config: pytest.Config, key: str, *, zero_ok: bool = False) -> float:
-    """Ini ``key`` as a finite number of seconds, > 0 (or >= 0): else one line, exit 4."""
-    raw = str(config.getini(key)).strip()
+def _ini_seconds(
+    config: pytest.Config, dest: str, *, zero_ok: bool = False, blank_is_absent: bool = False
+) -> float:
+    """`INI_SECONDS` entry *dest* as a finite number of seconds, > 0 (or >= 0), its default
+    when not given: else one line, exit 4. *blank_is_absent* as in `option_value`."""
+    opt = next(opt for opt in INI_SECONDS if opt.dest == dest)
+    given = option_value(config, opt, blank_is_absent=blank_is_absent)
+    raw = str(given[0] if given is not None else opt.default)
     try:
         value = float(raw)
         if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
             raise ValueError
     except ValueError:
         what = "a number of seconds >= 0" if zero_ok else "a positive number of seconds"
-        raise pytest.UsageError(f"{key}: must be {what}, got {raw!r}") from None
+        raise pytest.UsageError(f"{opt.ini}: must be {what}, got {raw!r}") from None
     return value
 
 
@@ -468,7 +487,7 @@ def _execution_options(config: pytest.Config, plain: Any) -> dict[str, Any]:
         raise pytest.UsageError(
             f"--osmosis-execution: must be one of {', '.join(MODES)}, got {mode!r}"
         )
-    start_timeout = _ini_seconds(config, "osmosis_server_start_timeout")
+    start_timeout = _ini_seconds(config, "server_start_timeout")
     python = plain("server_python")
     if python is not None:
         import shutil
@@ -515,11 +534,12 @@ def option_value(config: pytest.Config, opt: Option, *, blank_is_absent: bool = 
     """An option's value and where it was given (the flag or the ini key); None: not given.
 
     Command line beats ini; only an option never given is None (blank is a value, which
-    `session_options` refuses). ``blank_is_absent`` keeps the rubric options' older rule
-    (`rubric_value`): a blank flag or ini key counts as not given, so ``osmosis_min_score =``
-    left blank in a shared pytest.ini falls back to the default or to the other source.
+    `session_options` refuses). ``blank_is_absent`` keeps two older rules: the rubric
+    options' (`rubric_value`) and ``osmosis_backstop_grace``'s (`_ini_seconds`): a blank flag
+    or ini key counts as not given, so ``osmosis_min_score =`` left blank in a shared
+    pytest.ini falls back to the default or to the other source.
     """
-    cli = config.getoption(f"osmosis_{opt.dest}")
+    cli = config.getoption(f"osmosis_{opt.dest}") if opt.flag else None
     if cli is not None and not (blank_is_absent and not str(cli).strip()):
         return (str(cli).strip() if blank_is_absent else cli), opt.flag
     ini = config.getini(opt.ini)
@@ -673,8 +693,9 @@ def session_options(config: pytest.Config) -> tuple[SessionOptions, dict[str, Gi
         concurrency=concurrency_value,
         workflow_override=config.getini("osmosis_workflow") or None,
         grader_override=config.getini("osmosis_grader") or None,
-        main_timeout=_ini_seconds(config, "osmosis_main_timeout"),
-        backstop_grace=_ini_seconds(config, "osmosis_backstop_grace", zero_ok=True),
+        main_timeout=_ini_seconds(config, "main_timeout"),
+        # Blank has meant the default (30) since the key was added: kept, unlike other keys.
+        backstop_grace=_ini_seconds(config, "backstop_grace", zero_ok=True, blank_is_absent=True),
         judge_models=tuple(str(model) for model in config.getini("osmosis_judge_models")),
         **_execution_options(config, plain),
         gate=gate,

@@ -7,7 +7,7 @@ is decided per plan, before the run directory exists.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,6 @@ from pytest_osmosis.workspace.plan import (
     build_plan,
     choose_run_name,
     run_inputs,
-    utc_now,
 )
 
 if TYPE_CHECKING:
@@ -30,6 +29,11 @@ if TYPE_CHECKING:
     from pytest_osmosis.results.source_run import SourceRun
 
 
+def utc_now() -> datetime:
+    """Now, in UTC: the time in a generated run name (``choose_run_name``)."""
+    return datetime.now(timezone.utc)
+
+
 class Plans:
     """The plans of one process, by resolved config path, and why a config had none."""
 
@@ -37,11 +41,12 @@ class Plans:
         self,
         config: pytest.Config,
         options: SessionOptions,
-        regrade: Callable[[], SourceRun | None],
     ) -> None:
         self.config = config
         self.options = options
-        self._regrade = regrade
+        self.regrade: SourceRun | None = None
+        """``--osmosis-regrade``: the run graded again, whose rows, attempts and model the
+        plans take (``overrides``); the session sets it (``EvalSession.regrade``)."""
         self.plans: dict[Path, EvalPlan] = {}
         self.errors: dict[Path, OsmosisError] = {}
         self.run_names: dict[str, str] = {}  # config path -> run name (the controller's)
@@ -77,10 +82,9 @@ class Plans:
     def overrides(self) -> Overrides:
         """The plan's overrides: the options', and under a regrade the regraded run's rows,
         attempts and model."""
-        regrade = self._regrade()
-        if regrade is None:
+        if self.regrade is None:
             return self.options.overrides
-        return regrade.overrides(self.options.overrides)
+        return self.regrade.overrides(self.options.overrides)
 
     def plan_errors(self) -> list[tuple[Path, OsmosisError]]:
         """The configs that could not be planned, and why (collection reports them)."""

@@ -54,7 +54,7 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
     and how many work items would run."""
     from pytest_osmosis.core.outcome import is_retried
     from pytest_osmosis.plugin.controller import run_keys
-    from pytest_osmosis.results import changed_input_keys, read_journal
+    from pytest_osmosis.results import describe_changed_inputs, read_journal
     from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
 
     keys = run_keys(plan)
@@ -68,7 +68,7 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
         records = read_journal(plan.run_dir)
     except OsmosisError as exc:
         return f"cannot resume: {exc}", 0
-    changed = changed_input_keys(manifest["inputs"], inputs)
+    changed = describe_changed_inputs(manifest["inputs"], inputs)
     if changed:
         return (
             f"would be refused: made with different inputs (changed: {', '.join(changed)})",
@@ -85,17 +85,6 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
     retried = sum(1 for key in pending if key in records)
     again = f" ({retried} retried)" if retried else ""
     return f"resumes: {recorded} recorded, {len(pending)} to run{again}", len(pending)
-
-
-def _cache_mode(config: pytest.Config) -> str | None:
-    """``--osmosis-cache`` (and its ini twin) when the plugin has that option."""
-    from pytest_osmosis.plugin.options import OPTIONS, option_value
-
-    option = next((opt for opt in OPTIONS if opt.dest == "cache"), None)
-    if option is None:
-        return None
-    given = option_value(config, option)
-    return str(given[0]) if given is not None else "off"
 
 
 def _expected_hits(session: EvalSession, plan: EvalPlan, mode: str) -> str:
@@ -120,12 +109,8 @@ def plan_config(
     session: EvalSession, config: pytest.Config, path: Path, several: bool
 ) -> ConfigPlan:
     """The rows of one config's plan; an error becomes the plan's one line."""
-    from pytest_osmosis.workspace.plan import (
-        choose_run_name,
-        other_named_run,
-        run_inputs,
-        utc_now,
-    )
+    from pytest_osmosis.plugin.planning import utc_now
+    from pytest_osmosis.workspace.plan import choose_run_name, other_named_run, run_inputs
 
     base = config.invocation_params.dir
     shown = ConfigPlan(_shown(path, base))
@@ -183,9 +168,8 @@ def plan_config(
         # Before the baseline is read: its rows in common are at most this run's.
         for line in power_lines(gate, len(dataset), settings.n, 0.5):
             rows.append(("gate", line))
-    cache = _cache_mode(config)
-    if cache is not None:
-        rows.append(("cache", cache + _expected_hits(session, plan, cache)))
+    cache = session.options.cache_mode  # checked: "REPLAY" or " use " as their mode
+    rows.append(("cache", cache + _expected_hits(session, plan, cache)))
     note = other_named_run(plan, session.options.name, several)
     rows.append(("run", f"{plan.run_name} ({state}{'; ' + note if note else ''})"))
     rows.append(("output", _shown(plan.run_dir, base)))
@@ -202,7 +186,10 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
     for shown in plans:
         lines.append(f"osmosis plan: {shown.config}")
         width = max((len(label) for label, _ in shown.rows), default=0)
-        lines += [f"  {label.ljust(width)}  {value}" for label, value in shown.rows]
+        lines += [
+            f"  {label.ljust(width)}  " + value.replace("\n", "\n" + " " * (width + 4))
+            for label, value in shown.rows  # a traceback's lines stay inside their entry
+        ]
     for line in lines:
         if reporter is not None:
             reporter.write_line(line)

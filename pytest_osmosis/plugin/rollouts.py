@@ -38,14 +38,13 @@ class Rollouts:
         options: SessionOptions,
         *,
         is_worker: bool,
-        regrading: Callable[[], bool],
         warn_once: Callable[[str], None],
         phase: Phase,
     ) -> None:
         self.config = config
         self.options = options
         self.is_worker = is_worker
-        self._regrading = regrading  # a regrade grades recorded samples in process
+        self.regrading = False  # a regrade grades recorded samples in process (session sets it)
         self._warn_once = warn_once
         self._phase = phase
         self._dispatches: dict[Path, Dispatch] = {}
@@ -75,7 +74,7 @@ class Rollouts:
         from pytest_osmosis.workspace.environment import unmet_requirements
 
         mode = self.options.execution
-        regrading = self._regrading()
+        regrading = self.regrading
         if mode == SERVER:
             if regrading:
                 raise ConfigError(

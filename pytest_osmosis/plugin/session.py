@@ -48,7 +48,7 @@ from pytest_osmosis.plugin.faults import (
     session_fault_result,
 )
 from pytest_osmosis.plugin.models import ModelPool
-from pytest_osmosis.plugin.planning import Plans, reuse, reuse_source
+from pytest_osmosis.plugin.planning import Plans, reuse, reuse_source, utc_now
 from pytest_osmosis.plugin.rollouts import Rollouts
 from pytest_osmosis.plugin.row_output import RowCapture
 from pytest_osmosis.workspace.loader import DEFAULT_MAIN_TIMEOUT, forget_loaded
@@ -58,7 +58,6 @@ from pytest_osmosis.workspace.plan import (
     choose_run_name,
     run_inputs,
     run_provenance,
-    utc_now,
 )
 
 if TYPE_CHECKING:
@@ -183,12 +182,11 @@ class EvalSession:
         self.is_worker = is_worker
         self.collect_all = collect_all
         forget_loaded()  # each session imports its rollouts as they are now
-        self.plans = Plans(config, options, lambda: self.regrade)
+        self.plans = Plans(config, options)
         self.rollouts = Rollouts(
             config,
             options,
             is_worker=is_worker,
-            regrading=lambda: self.regrade is not None,
             warn_once=self.warn_once,
             phase=self.phase,
         )
@@ -219,10 +217,23 @@ class EvalSession:
         self.faulted = False
         """A row met a fault of the whole session (``SessionFaultError``): what finished
         after it may have run on what broke (a changed dataset), so it is not journalled."""
-        #: ``--osmosis-regrade``: the run whose samples are graded again, and its config.
-        self.regrade: SourceRun | None = None
+        #: ``--osmosis-regrade``: the config of the run graded again (``regrade``).
         self.regrade_config: Path | None = None
         raise_fd_limit()  # before any bridge sizes its connection cap from it
+
+    @property
+    def regrade(self) -> SourceRun | None:
+        """``--osmosis-regrade``: the run whose samples are graded again (regrade.py sets it).
+
+        Kept by the plans (its rows, attempts and model are their overrides); the rollouts
+        are told that rows are graded in process, so neither asks the session back.
+        """
+        return self.plans.regrade
+
+    @regrade.setter
+    def regrade(self, source: SourceRun | None) -> None:
+        self.plans.regrade = source
+        self.rollouts.regrading = source is not None
 
     def set_worker_input(self, workerinput: dict[str, Any]) -> None:
         """What the xdist controller decided: run directory names, whether shards are ours."""
@@ -276,6 +287,7 @@ class EvalSession:
         from pytest_osmosis.results import RunDirectory, RunLog
         from pytest_osmosis.results.source_run import RegradeError
 
+        regrade = self.regrade
         now = utc_now()
         several = len(config_paths) > 1
         names: dict[str, str] = {}
@@ -285,12 +297,12 @@ class EvalSession:
             try:
                 plan = self.plans.build(path)
                 inputs = run_inputs(plan)
-                if self.regrade is not None:
-                    self.regrade.check_inputs(inputs, path)
-                    inputs = self.regrade.regrade_inputs(inputs)
+                if regrade is not None:
+                    regrade.check_inputs(inputs, path)
+                    inputs = regrade.regrade_inputs(inputs)
                 plan.run_name = choose_run_name(plan, self.options.name, inputs, now, several)
-                if self.regrade is not None:
-                    self.regrade.check_target(plan.run_dir)
+                if regrade is not None:
+                    regrade.check_target(plan.run_dir)
                 # Secrets first: the rollout's import code may read (or print) them.
                 required = plan.config.secrets.required
                 resolved = resolve_secrets(

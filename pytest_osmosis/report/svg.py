@@ -1,6 +1,7 @@
-"""Inline SVG plots drawn in Python: the report opens offline, with no chart library.
+"""Inline SVG plots: the report opens offline, with no chart library.
 
-Every plot is an ``<svg class="plot" data-plot=NAME>`` with a ``<title>`` per mark,
+This module computes where each mark goes; ``templates/chart.html`` draws it (autoescaped,
+as every page). Every plot is an ``<svg class="plot" data-plot=NAME>`` with a ``<title>`` per mark,
 so hovering a bar tells its numbers and the page needs no JavaScript to show them.
 """
 
@@ -9,9 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from html import escape
+from typing import Any
 
 from pytest_osmosis.core.words import PASS_RATE_BASIS
+from pytest_osmosis.report.templating import render
 
 WIDTH, HEIGHT = 360, 220
 LEFT, RIGHT, TOP, BOTTOM = 50, 10, 16, 40
@@ -58,50 +60,42 @@ def nice_ticks(high: float, count: int = 4, *, whole: bool = False) -> list[floa
     return ticks
 
 
-def _open(name: str, label: str, width: int = WIDTH) -> list[str]:
-    return [
-        f'<svg class="plot" data-plot="{escape(name)}" viewBox="0 0 {width} {HEIGHT}" '
-        f'width="{width}" height="{HEIGHT}" role="img" aria-label="{escape(label)}" '
-        'xmlns="http://www.w3.org/2000/svg">',
-        f"<title>{escape(label)}</title>",
-    ]
+def _frame(name: str, label: str, width: int = WIDTH) -> dict[str, Any]:
+    """The plot area of a *width* wide chart, in the units the template draws in."""
+    plot_w = width - LEFT - RIGHT
+    return {
+        "name": name,
+        "label": label,
+        "width": width,
+        "height": HEIGHT,
+        "left": LEFT,
+        "right": LEFT + plot_w,
+        "top": TOP,
+        "bottom": TOP + PLOT_H,
+        "middle_x": LEFT + plot_w / 2,
+        "middle_y": TOP + PLOT_H / 2,
+        "tick_y": TOP + PLOT_H + 14,
+    }
+
+
+def _draw(frame: dict[str, Any], **chart: Any) -> str:
+    """``templates/chart.html``: the markup of every chart, its texts autoescaped."""
+    return render("chart.html", frame=frame, chart=chart)
 
 
 def _empty(name: str, label: str, message: str) -> str:
-    parts = _open(name, label)
-    parts.append(
-        f'<text class="empty" x="{WIDTH / 2}" y="{HEIGHT / 2}" text-anchor="middle">'
-        f"{escape(message)}</text></svg>"
-    )
-    return "".join(parts)
+    return _draw(_frame(name, label), kind="empty", message=message)
 
 
-def _y_axis(
-    parts: list[str],
-    ticks: list[float],
-    top: float,
-    label: str,
-    pct: bool,
-    plot_w: float = PLOT_W,
-) -> None:
-    for tick in ticks:
-        y = TOP + PLOT_H - tick / top * PLOT_H
-        text = f"{tick * 100:.0f}%" if pct else _fmt(tick)
-        parts.append(
-            f'<line class="grid" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}"/>'
-            f'<text class="tick" x="{LEFT - 6}" y="{y + 3.5:.1f}" text-anchor="end">{text}</text>'
-        )
-    parts.append(
-        f'<text class="axis-label" transform="translate(10 {TOP + PLOT_H / 2}) rotate(-90)" '
-        f'text-anchor="middle">{escape(label)}</text>'
-    )
+def _grid(ticks: list[float], top: float, pct: bool) -> list[tuple[float, str]]:
+    """The y axis: (height in the plot, label) per tick."""
+    return [
+        (TOP + PLOT_H - tick / top * PLOT_H, f"{tick * 100:.0f}%" if pct else _fmt(tick))
+        for tick in ticks
+    ]
 
 
-def _x_label(parts: list[str], label: str, plot_w: float = PLOT_W) -> None:
-    parts.append(
-        f'<text class="axis-label" x="{LEFT + plot_w / 2}" y="{HEIGHT - 6}" '
-        f'text-anchor="middle">{escape(label)}</text>'
-    )
+PCT_TICKS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
 def bar_chart(
@@ -120,42 +114,39 @@ def bar_chart(
         return _empty(name, label, "no data")
     top = 1.0 if pct else max(max(b[1] for b in bars), 1e-9)
     whole = all(float(b[1]).is_integer() for b in bars)
-    ticks = [0.0, 0.25, 0.5, 0.75, 1.0] if pct else nice_ticks(top, whole=whole)
+    ticks = PCT_TICKS if pct else nice_ticks(top, whole=whole)
     top = ticks[-1]
-    parts = _open(name, label)
-    _y_axis(parts, ticks, top, y_label, pct)
     slot = PLOT_W / len(bars)
     gap = min(slot * 0.18, 6.0)
     every = max(every, tick_stride([bar[0] for bar in bars], slot))
+    marks = []
     for i, (tick, value, css, hover) in enumerate(bars):
         height = max(value / top * PLOT_H, 0.0)
-        x = LEFT + i * slot + gap / 2
         y = TOP + PLOT_H - height
-        width = max(slot - gap, 0.8)
         if height < 1.5:  # keep zero bars hoverable and visible as a stub
             y, height = TOP + PLOT_H - 1.5, 1.5
-        parts.append(
-            f'<rect class="bar {css}" x="{x:.2f}" y="{y:.2f}" width="{width:.2f}" '
-            f'height="{height:.2f}"><title>{escape(hover)}</title></rect>'
+        marks.append(
+            {
+                "css": css,
+                "x": LEFT + i * slot + gap / 2,
+                "y": y,
+                "width": max(slot - gap, 0.8),
+                "height": height,
+                "hover": hover,
+                "tick": tick if i % every == 0 else None,
+                "tick_x": LEFT + (i + 0.5) * slot,
+            }
         )
-        if i % every == 0:
-            parts.append(
-                f'<text class="tick" x="{LEFT + (i + 0.5) * slot:.1f}" y="{TOP + PLOT_H + 14}" '
-                f'text-anchor="middle">{escape(tick)}</text>'
-            )
-    if marker is not None:
-        x = LEFT + marker[0] * slot
-        parts.append(
-            f'<line class="marker" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + PLOT_H}"/>'
-            f'<text class="marker-label" x="{x + 4:.1f}" y="{TOP + 10}">{escape(marker[1])}</text>'
-        )
-    parts.append(
-        f'<line class="axis" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{TOP + PLOT_H}" '
-        f'y2="{TOP + PLOT_H}"/>'
+    line = None if marker is None else {"x": LEFT + marker[0] * slot, "text": marker[1]}
+    return _draw(
+        _frame(name, label),
+        kind="bar",
+        grid=_grid(ticks, top, pct),
+        y_label=y_label,
+        x_label=x_label,
+        bars=marks,
+        marker=line,
     )
-    _x_label(parts, x_label)
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def histogram(
@@ -219,8 +210,6 @@ def line_chart(
     """A 0–100% line over integer x (pass@k against k)."""
     if not points:
         return _empty(name, label, f"no {PASS_RATE_BASIS}")
-    parts = _open(name, label)
-    _y_axis(parts, [0.0, 0.25, 0.5, 0.75, 1.0], 1.0, y_label, pct=True)
     first, last = points[0][0], points[-1][0]
     span = max(last - first, 1)
 
@@ -229,32 +218,21 @@ def line_chart(
         return x, TOP + PLOT_H - value * PLOT_H
 
     coords = [xy(k, v) for k, v in points]
-    if len(coords) > 1:
-        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
-        parts.append(f'<polyline class="line" points="{path}"/>')
     step = max(1, math.ceil(len(points) / 12))
-    for i, ((k, value), (x, y)) in enumerate(zip(points, coords, strict=True)):
-        parts.append(
-            f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3.5">'
-            f"<title>pass@{k}: {value * 100:.1f}%</title></circle>"
-        )
-        if i % step == 0 or i == len(points) - 1:
-            parts.append(
-                f'<text class="tick" x="{x:.1f}" y="{TOP + PLOT_H + 14}" '
-                f'text-anchor="middle">{k}</text>'
-            )
-    if note:
-        parts.append(
-            f'<text class="note" x="{LEFT + PLOT_W / 2}" y="{TOP + 16}" '
-            f'text-anchor="middle">{escape(note)}</text>'
-        )
-    parts.append(
-        f'<line class="axis" x1="{LEFT}" x2="{LEFT + PLOT_W}" y1="{TOP + PLOT_H}" '
-        f'y2="{TOP + PLOT_H}"/>'
+    marks = [
+        {"k": k, "value": value, "x": x, "y": y, "tick": i % step == 0 or i == len(points) - 1}
+        for i, ((k, value), (x, y)) in enumerate(zip(points, coords, strict=True))
+    ]
+    return _draw(
+        _frame(name, label),
+        kind="line",
+        grid=_grid(PCT_TICKS, 1.0, True),
+        y_label=y_label,
+        x_label=x_label,
+        coords=coords,
+        marks=marks,
+        note=note,
     )
-    _x_label(parts, x_label)
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 #: Series of a time chart beyond this many are drawn in the last colour.
@@ -278,8 +256,6 @@ def time_chart(
     if not points:
         return _empty(name, label, f"no run with {PASS_RATE_BASIS} yet")
     plot_w = width - LEFT - RIGHT
-    parts = _open(name, label, width)
-    _y_axis(parts, [0.0, 0.25, 0.5, 0.75, 1.0], 1.0, y_label, pct=True, plot_w=plot_w)
     first = min(t for t, _, _, _ in points)
     last = max(t for t, _, _, _ in points)
     span = last - first
@@ -290,36 +266,36 @@ def time_chart(
 
     # Runs minutes apart need seconds on the axis; runs months apart need only the day.
     shape = "%H:%M:%S" if span < 3600 else "%m-%d %H:%M" if span < 3 * 86400 else "%Y-%m-%d"
+    ticks = []
     for tick in range(5 if span > 0 else 1):
         t = first + span * tick / 4 if span > 0 else first
-        x, _ = xy(t, 0)
         when = datetime.fromtimestamp(t, timezone.utc)
         anchor = "end" if tick == 4 else "middle"  # the last label would leave the plot
-        parts.append(
-            f'<text class="tick" x="{x:.1f}" y="{TOP + PLOT_H + 14}" '
-            f'text-anchor="{anchor}">{when.strftime(shape)}</text>'
-        )
+        ticks.append({"x": xy(t, 0)[0], "anchor": anchor, "text": when.strftime(shape)})
+    lines = []
     for index, (title, line) in enumerate(series):
-        css = f"s{min(index, SERIES_COLOURS - 1)}"
         ordered = sorted(line, key=lambda p: p[0])
         coords = [xy(t, v) for t, v, _, _ in ordered]
-        if len(coords) > 1:
-            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
-            parts.append(f'<polyline class="line {css}" points="{path}"/>')
-        for (_, _, hover, href), (x, y) in zip(ordered, coords, strict=True):
-            dot = (
-                f'<circle class="point {css}" cx="{x:.1f}" cy="{y:.1f}" r="4">'
-                f"<title>{escape(hover)}</title></circle>"
-            )
-            parts.append(f'<a href="{escape(href)}">{dot}</a>' if href else dot)
-        parts.append(
-            f'<text class="legend-entry {css}" x="{LEFT + 8 + (index % 3) * plot_w / 3:.1f}" '
-            f'y="{TOP + 10 + (index // 3) * 13}">&#9679; {escape(title)}</text>'
+        dots = [
+            {"x": x, "y": y, "hover": hover, "href": href}
+            for (_, _, hover, href), (x, y) in zip(ordered, coords, strict=True)
+        ]
+        lines.append(
+            {
+                "css": f"s{min(index, SERIES_COLOURS - 1)}",
+                "title": title,
+                "coords": coords,
+                "dots": dots,
+                "legend_x": LEFT + 8 + (index % 3) * plot_w / 3,
+                "legend_y": TOP + 10 + (index // 3) * 13,
+            }
         )
-    parts.append(
-        f'<line class="axis" x1="{LEFT}" x2="{LEFT + plot_w}" y1="{TOP + PLOT_H}" '
-        f'y2="{TOP + PLOT_H}"/>'
+    return _draw(
+        _frame(name, label, width),
+        kind="time",
+        grid=_grid(PCT_TICKS, 1.0, True),
+        y_label=y_label,
+        x_label="run started (UTC)",
+        ticks=ticks,
+        series=lines,
     )
-    _x_label(parts, "run started (UTC)", plot_w)
-    parts.append("</svg>")
-    return "".join(parts)

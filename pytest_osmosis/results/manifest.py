@@ -12,10 +12,12 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import uuid
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ SOURCE_EXCLUDED_DIRS: frozenset[str] = frozenset(
 SOURCE_EXCLUDED_PATTERNS: tuple[str, ...] = ("uv.lock", "*.egg-info")
 #: The SDK refuses a longer run name (contract §2.4).
 RUN_NAME_MAX_LEN = 96
+_NAME_SUFFIX_LEN = len("-YYYYmmddTHHMMSSZ-0123abcd")
 
 
 def run_name_problem(name: str) -> str | None:
@@ -76,6 +79,20 @@ def validate_run_name(name: str) -> str:
     if problem is not None:
         raise RunDirectoryError(f"run name {name!r} {problem}")
     return name
+
+
+def generated_run_name(config_path: Path, inputs_digest: str, now: datetime) -> str:
+    """``<stem>-<UTC YYYYmmddTHHMMSSZ>-<digest[:8]>``; a naive ``now`` is taken as UTC.
+
+    The stem is cut so the name fits the 96-character limit (the SDK would refuse it).
+    """
+    if not re.fullmatch(r"[0-9a-fA-F]{8,}", inputs_digest):
+        raise ValueError(f"inputs digest must be hex of at least 8 chars, got {inputs_digest!r}")
+    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in config_path.stem)
+    stem = stem.strip("-._")[: RUN_NAME_MAX_LEN - _NAME_SUFFIX_LEN].rstrip("-._") or "eval"
+    moment = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
+    stamp = moment.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return validate_run_name(f"{stem}-{stamp}-{inputs_digest[:8].lower()}")
 
 
 def _optional_float(value: float | None) -> float | None:
@@ -128,6 +145,36 @@ def inputs_digest(inputs: Mapping[str, Any]) -> str:
 def changed_input_keys(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Top-level ``inputs`` keys that differ, added and removed ones included."""
     return sorted(key for key in {*previous, *current} if previous.get(key) != current.get(key))
+
+
+def selection_change(
+    previous: Mapping[str, Any], current: Mapping[str, Any]
+) -> tuple[str, str] | None:
+    """``(recorded, now)`` row selectors when the selection of rows differs, else None."""
+    before, now = previous.get("dataset"), current.get("dataset")
+    if not isinstance(before, Mapping) or not isinstance(now, Mapping):
+        return None
+    recorded, selected = before.get("selected_source_rows"), now.get("selected_source_rows")
+    return None if recorded == selected else (str(recorded), str(selected))
+
+
+def describe_changed_inputs(previous: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """What differs, as a refused resume names it: the top-level keys, except that the
+    ``dataset`` key (the file's bytes and the row selection) says which of the two changed:
+    another ``--osmosis-rows`` is not another dataset."""
+    selection = selection_change(previous, current)
+    words: list[str] = []
+    for key in changed_input_keys(previous, current):
+        if key == "dataset" and selection is not None:
+            before, now = dict(previous["dataset"]), dict(current["dataset"])
+            before.pop("selected_source_rows", None)
+            now.pop("selected_source_rows", None)
+            if before != now:
+                words.append(key)
+            words.append(f"row selection ({selection[0]} recorded, {selection[1]} now)")
+        else:
+            words.append(key)
+    return words
 
 
 # --------------------------------------------------------------------------- #

@@ -4,8 +4,8 @@
 projections of one named run. The per-item path is :meth:`RunDirectory.stage` (the
 event loop hands a finished row's record to the journal's group commit) and then
 :meth:`RunDirectory.append` (the controller waits for that record's fsync before the row
-is reported) and :meth:`RunDirectory.settle` (its projections, written by a thread of
-their own); :meth:`RunDirectory.refresh` rewrites the snapshots
+is reported) and :meth:`RunDirectory.settle` (its projections, written before its report reaches
+other plugins); :meth:`RunDirectory.refresh` rewrites the snapshots
 (index, summary, progress, metrics) and copies projections only for the work
 items whose selected attempt changed, so calling it periodically stays cheap.
 """
@@ -58,9 +58,10 @@ from pytest_osmosis.results.journal import (
 from pytest_osmosis.results.manifest import (
     LOCKS_DIRNAME,
     MANIFEST_FILENAME,
-    changed_input_keys,
     create_manifest,
+    describe_changed_inputs,
     read_manifest,
+    selection_change,
     validate_run_name,
 )
 from pytest_osmosis.results.metrics import aggregate_metrics
@@ -361,12 +362,18 @@ class RunDirectory:
                     on_archive(archived)
             elif manifest_path.is_file():
                 manifest = read_manifest(manifest_path)
-                changed = changed_input_keys(manifest["inputs"], current)
+                changed = describe_changed_inputs(manifest["inputs"], current)
                 if changed:
+                    selection = selection_change(manifest["inputs"], current)
+                    rows = (
+                        f"select its rows again (--osmosis-rows {selection[0]}) to resume it, "
+                        if selection is not None and len(changed) == 1
+                        else ""
+                    )
                     raise RunDirectoryError(
                         f"run {run_name!r} in {output_root} was created with different "
                         f"resolved inputs (changed: {', '.join(changed)}), so resuming it "
-                        "would mix versions inside one set of metrics; rerun with "
+                        f"would mix versions inside one set of metrics; {rows}rerun with "
                         "--osmosis-fresh (the previous results are archived, never deleted) "
                         "or use a different --osmosis-name"
                     )

@@ -13,7 +13,6 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,7 +30,7 @@ from pydantic_core import ErrorDetails
 
 from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.dataset import parse_row_selector
-from pytest_osmosis.results.manifest import RUN_NAME_MAX_LEN, run_name_problem
+from pytest_osmosis.results.manifest import run_name_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,7 +44,6 @@ __all__ = [
     "Experiment",
     "Secrets",
     "check_overrides",
-    "generated_run_name",
     "load_eval_config",
     "resolve_settings",
     "validate_rollout_paths",
@@ -57,7 +55,6 @@ ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]*")
 SECRET_NAME_RE = re.compile(r"[A-Z][A-Z0-9_]*")
 RESERVED_ENV_PREFIX = "_OSMOSIS_"
 _INT_TEXT_RE = re.compile(r"[+-]?\d+")
-_NAME_SUFFIX_LEN = len("-YYYYmmddTHHMMSSZ-0123abcd")
 
 
 def _show(value: object) -> str:
@@ -500,17 +497,3 @@ def validate_run_name(name: str, *, source: str = "run name") -> str:
     if problem is not None:
         raise ConfigError(_newlines_escaped(f"{source}: {problem}, got {_show(name)}"))
     return name
-
-
-def generated_run_name(config_path: Path, inputs_digest: str, now: datetime) -> str:
-    """``<stem>-<UTC YYYYmmddTHHMMSSZ>-<digest[:8]>``; a naive ``now`` is taken as UTC.
-
-    The stem is cut so the name fits the 96-character limit (the SDK would refuse it).
-    """
-    if not re.fullmatch(r"[0-9a-fA-F]{8,}", inputs_digest):
-        raise ValueError(f"inputs digest must be hex of at least 8 chars, got {inputs_digest!r}")
-    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in config_path.stem)
-    stem = stem.strip("-._")[: RUN_NAME_MAX_LEN - _NAME_SUFFIX_LEN].rstrip("-._") or "eval"
-    moment = now.replace(tzinfo=timezone.utc) if now.tzinfo is None else now
-    stamp = moment.astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return validate_run_name(f"{stem}-{stamp}-{inputs_digest[:8].lower()}")

@@ -154,8 +154,24 @@ def _import_failure(exc: BaseException, rollout_dir: Path, entrypoint: Path) -> 
             "of exits (the SDK imports it the same way)"
         )
     else:
-        problem = f"importing the rollout failed: {type(exc).__name__}: {exc}"
+        problem = f"importing the rollout failed: {type(exc).__name__}: {exc}{_sdk_hint(exc)}"
     return RolloutLoadError(f"{first}: {problem}\n{_user_traceback(exc, rollout_dir)}".rstrip())
+
+
+def _sdk_hint(exc: BaseException) -> str:
+    """What to do about a rollout written against ``osmosis_ai`` where the SDK is absent (a
+    user's own workspace, run on the Python 3.10/3.11 the SDK does not support)."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name != "osmosis_ai":
+        return ""
+    if sys.version_info < (3, 12):
+        return (
+            " (osmosis-ai, the Osmosis SDK, needs Python 3.12 or newer: import the same "
+            "names from pytest_osmosis.rollout instead)"
+        )
+    return (
+        " (pip install osmosis-ai, the Osmosis SDK, or import the same names from "
+        "pytest_osmosis.rollout)"
+    )
 
 
 def _load(

@@ -13,7 +13,7 @@ import errno
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,6 @@ from pytest_osmosis.workspace.config import (
     MAX_ITEMS,
     EvalConfig,
     EvalSettings,
-    generated_run_name,
     load_eval_config,
     resolve_settings,
     validate_rollout_paths,
@@ -226,7 +225,7 @@ def choose_run_name(
     plan: EvalPlan, name: str | None, inputs: dict[str, Any], now: datetime, several: bool
 ) -> str:
     """``--osmosis-name`` (plus the config stem when several configs share it), else generated."""
-    from pytest_osmosis.results import inputs_digest
+    from pytest_osmosis.results import generated_run_name, inputs_digest
 
     suffix = plan.shard.suffix if plan.shard is not None else ""
     if name:
@@ -253,7 +252,3 @@ def other_named_run(plan: EvalPlan, name: str | None, several: bool) -> str | No
         else f"with one config the run is {name}"
     )
     return f"run {other} exists but is not resumed: {rule}"
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)

@@ -44,6 +44,7 @@ from pytest_osmosis.results import (
     build_trajectory,
     canonical_json,
     format_row_selector,
+    generated_run_name,
     git_provenance,
     inputs_digest,
     pass_at_k,
@@ -520,6 +521,51 @@ def test_git_provenance(tmp_path: Path) -> None:
     assert git_provenance(tmp_path)["git_dirty"] is True
     git("checkout", "-q", "--detach")
     assert "git_branch" not in git_provenance(tmp_path)
+
+
+# generated_run_name: the name of a run that --osmosis-name does not name.
+NAME_DIGEST = "0123456789abcdef" * 4
+NAME_NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("config", "stem"),
+    [
+        ("configs/eval/gsm8k.toml", "gsm8k"),
+        ("my config+v2.toml", "my-config-v2"),
+        (".hidden.toml", "hidden"),
+        ("--.toml", "eval"),
+        ("_x_.toml", "x"),
+        ("ünï.toml", "ünï"),
+    ],
+)
+def test_generated_run_name(config: str, stem: str) -> None:
+    assert (
+        generated_run_name(Path(config), NAME_DIGEST, NAME_NOW)
+        == f"{stem}-20260102T030405Z-01234567"
+    )
+
+
+def test_generated_run_name_time_zones_and_digest_case() -> None:
+    plus_two = NAME_NOW.astimezone(timezone(timedelta(hours=2)))
+    assert (
+        generated_run_name(Path("a.toml"), NAME_DIGEST, plus_two) == "a-20260102T030405Z-01234567"
+    )
+    naive = NAME_NOW.replace(tzinfo=None)
+    assert (
+        generated_run_name(Path("a.toml"), NAME_DIGEST.upper(), naive)
+        == "a-20260102T030405Z-01234567"
+    )
+
+
+def test_generated_run_name_fits_the_limit() -> None:
+    name = generated_run_name(Path("k" * 200 + ".toml"), NAME_DIGEST, NAME_NOW)
+    assert len(name) == 96 and validate_run_name(name) == name
+
+
+def test_generated_run_name_rejects_bad_digest() -> None:
+    with pytest.raises(ValueError, match="inputs digest"):
+        generated_run_name(Path("a.toml"), "xyz", NAME_NOW)
 
 
 def test_format_row_selector_and_run_names() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from pytest_osmosis.core.errors import ConfigError
 from pytest_osmosis.workspace.config import (
     EvalConfig,
     Experiment,
-    generated_run_name,
     load_eval_config,
     resolve_settings,
     validate_rollout_paths,
@@ -446,41 +444,3 @@ def test_invalid_run_names(name: str) -> None:
     with pytest.raises(ConfigError, match="^--osmosis-name: ") as info:
         validate_run_name(name, source="--osmosis-name")
     assert "\n" not in str(info.value)
-
-
-DIGEST = "0123456789abcdef" * 4
-NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-
-
-@pytest.mark.parametrize(
-    ("config", "stem"),
-    [
-        ("configs/eval/gsm8k.toml", "gsm8k"),
-        ("my config+v2.toml", "my-config-v2"),
-        (".hidden.toml", "hidden"),
-        ("--.toml", "eval"),
-        ("_x_.toml", "x"),
-        ("ünï.toml", "ünï"),
-    ],
-)
-def test_generated_run_name(config: str, stem: str) -> None:
-    assert generated_run_name(Path(config), DIGEST, NOW) == f"{stem}-20260102T030405Z-01234567"
-
-
-def test_generated_run_name_time_zones_and_digest_case() -> None:
-    plus_two = NOW.astimezone(timezone(timedelta(hours=2)))
-    assert generated_run_name(Path("a.toml"), DIGEST, plus_two) == "a-20260102T030405Z-01234567"
-    naive = NOW.replace(tzinfo=None)
-    assert (
-        generated_run_name(Path("a.toml"), DIGEST.upper(), naive) == "a-20260102T030405Z-01234567"
-    )
-
-
-def test_generated_run_name_fits_the_limit() -> None:
-    name = generated_run_name(Path("k" * 200 + ".toml"), DIGEST, NOW)
-    assert len(name) == 96 and validate_run_name(name) == name
-
-
-def test_generated_run_name_rejects_bad_digest() -> None:
-    with pytest.raises(ValueError, match="inputs digest"):
-        generated_run_name(Path("a.toml"), "xyz", NOW)
