@@ -58,7 +58,9 @@ def is_single_path_segment(name: str) -> bool:
         return False
     if "\x00" in name or any(sep in name for sep in _PATH_SEPARATORS):
         return False
-    return Path(name).name == name
+    # Only a drive ("C:x" on Windows) can still make the last component differ; a path
+    # object for every row's id (three a row) is skipped when there is no colon.
+    return ":" not in name or Path(name).name == name
 
 
 def _show(value: Any) -> str:
