@@ -95,6 +95,19 @@ def _json_line(path: Path, lineno: int, line: bytes) -> dict[str, Any] | None:
     return payload
 
 
+def _read_span(fd: int, start: int, size: int) -> bytes:
+    """``size`` bytes at ``start`` (fewer only at the end of the file)."""
+    chunks = []
+    while size > 0:
+        chunk = os.pread(fd, size, start)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        start += len(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
 class _JsonlRows:
     """Line number and byte span of each kept row; the file is re-read per row."""
 
@@ -116,14 +129,17 @@ class _JsonlRows:
     def raw(self, position: int) -> Mapping[str, Any]:
         start = self.starts[position]
         try:
-            with self.path.open("rb") as handle:
-                if identity(os.fstat(handle.fileno())) != self.identity:
+            # A descriptor, not a buffered file: four system calls a row instead of eight.
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                if identity(os.fstat(fd)) != self.identity:
                     raise DatasetChangedError(
                         f"{self.path} changed after it was opened (sha256 {self.sha256[:12]}); "
                         f"stopped, the rows not run are left pending"
                     )
-                handle.seek(start)
-                line = handle.read(self.ends[position] - start)
+                line = _read_span(fd, start, self.ends[position] - start)
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise DatasetChangedError(
                 f"{read_error(self.path, exc)} during the run; stopped, the rows not run are "

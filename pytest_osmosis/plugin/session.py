@@ -626,7 +626,7 @@ class EvalSession:
                 sdk_version=_sdk_version(),
                 step_usage=step_usage,
             )
-            trial_dir = run_dir / "rollout_trials" / rollout_id
+            trial_dir = os.path.join(run_dir, "rollout_trials", rollout_id)  # a str: per row
             try:
                 write_trajectory(trial_dir, redact_trajectory(doc, redactor))
             except OSError as exc:  # a full disk: the controller stops, this row stays pending

@@ -109,8 +109,17 @@ def read_valid_trajectory(path: str | Path, *, rollout_id: str) -> dict[str, Any
     """
     try:
         with open(path, "rb") as handle:
-            payload = json.loads(handle.read().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):
+            data = handle.read()
+    except OSError:
+        return None
+    return valid_trajectory(data, rollout_id=rollout_id)
+
+
+def valid_trajectory(data: bytes, *, rollout_id: str) -> dict[str, Any] | None:
+    """:func:`read_valid_trajectory` of a trajectory's bytes already read."""
+    try:
+        payload = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
         return None
     if not isinstance(payload, dict):
         return None

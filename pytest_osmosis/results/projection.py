@@ -117,20 +117,30 @@ def refuse_unsafe_artifacts(trial_dir: str | Path, rollout_id: str, *, warn: War
     ``trial_dir/refused_artifacts/`` under the same relative path; an entry that
     cannot be moved is deleted. Each one is named in a warning. Returns how many.
     """
+    return _refuse_unsafe_artifacts(trial_dir, rollout_id, warn)[0]
+
+
+def _refuse_unsafe_artifacts(
+    trial_dir: str | Path, rollout_id: str, warn: Warn
+) -> tuple[int, bool]:
+    """:func:`refuse_unsafe_artifacts`, and whether the root was a real, empty directory
+    (then there is nothing to copy either: most rows write no artifact, and listing the
+    root a second time was six more system calls a row)."""
     root = os.path.join(trial_dir, ARTIFACTS_DIRNAME)
     try:
         root_mode = os.lstat(root).st_mode
     except OSError:
-        return 0
+        return 0, False
     refused = 0
     trial_dir = Path(trial_dir)  # only a refused entry needs it
     if stat.S_ISLNK(root_mode) or not stat.S_ISDIR(root_mode):
         kind = "symlinked artifact root" if stat.S_ISLNK(root_mode) else "artifact root"
         reason = "is a symbolic link" if stat.S_ISLNK(root_mode) else "is not a directory"
         _refuse(trial_dir, (ARTIFACTS_DIRNAME,), f"{kind} of rollout {rollout_id}", reason, warn)
-        return 1
+        return 1, False
     prefix = _upload_prefix(rollout_id)
     pending: list[tuple[str, tuple[str, ...]]] = [(root, ())]
+    empty = False
     while pending:
         directory, parents = pending.pop()
         try:
@@ -138,6 +148,8 @@ def refuse_unsafe_artifacts(trial_dir: str | Path, rollout_id: str, *, warn: War
         except OSError as exc:
             warn(f"cannot list artifacts in {directory}: {exc}")
             continue
+        if directory is root and not entries:
+            empty = True
         for entry in entries:
             parts = (*parents, entry.name)
             upload = prefix + "/".join(parts)
@@ -161,7 +173,7 @@ def refuse_unsafe_artifacts(trial_dir: str | Path, rollout_id: str, *, warn: War
                 what = f"artifact {'/'.join(parts)!r} of rollout {rollout_id}"
                 _refuse(trial_dir, (ARTIFACTS_DIRNAME, *parts), what, problem, warn)
                 refused += 1
-    return refused
+    return refused, empty
 
 
 def _refuse(trial_dir: Path, parts: tuple[str, ...], what: str, why: str, warn: Warn) -> None:
@@ -201,13 +213,22 @@ def _real_directory(path: str | Path, warn: Warn) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-def _read_regular_file(path: str) -> bytes:
+def read_regular_file(path: str) -> bytes:
     """Read *path* without following a symlink swapped in after the safety check."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(f"{path} is not a regular file")
-        return handle.read()
+        # Raw reads, not a buffered file object: a row's copy is read once per row.
+        chunks = []
+        size = max(st.st_size + 1, 1)
+        while chunk := os.read(fd, size):
+            chunks.append(chunk)
+            size = 1 << 16
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _clear(path: str | Path) -> None:
@@ -230,11 +251,14 @@ def project_work_item(
     rollout_id: str,
     trajectory_filename: str | None,
     warn: Warn = _ignore,
+    trajectory_data: bytes | None = None,
 ) -> None:
     """Rewrite one work item's projections from its selected attempt.
 
     The old projection is cleared first: a retry whose new attempt produced no
     trajectory must not leave the superseded attempt's files attributed to it.
+    ``trajectory_data``: the trajectory's bytes, read by the caller just now the way
+    this function reads them (:func:`read_regular_file`), so they are not read twice.
     """
     # Plain strings, not Path objects: this runs once per row at every refresh, and
     # pathlib's joins and str() conversions were most of its cost.
@@ -249,21 +273,28 @@ def project_work_item(
     _real_directory(artifacts_root, warn)
     _clear(trajectory_dest)
     _clear(artifacts_dest)
+    empty = False
     if not os.path.islink(trial_dir):
-        refuse_unsafe_artifacts(trial_dir, rollout_id, warn=warn)
+        empty = _refuse_unsafe_artifacts(trial_dir, rollout_id, warn)[1]
     if trajectory_filename is not None:
         try:
-            data = _read_regular_file(os.path.join(trial_dir, trajectory_filename))
+            data = (
+                read_regular_file(os.path.join(trial_dir, trajectory_filename))
+                if trajectory_data is None
+                else trajectory_data
+            )
         except OSError as exc:
             warn(f"cannot copy the trajectory of rollout {rollout_id}: {exc}")
         else:
             atomic_write_bytes(trajectory_dest, data, durable=False)
+    if empty:
+        return
     artifacts_dir = os.path.join(trial_dir, ARTIFACTS_DIRNAME)
     prefix = _upload_prefix(rollout_id)
     for relative in safe_artifact_paths(artifacts_dir, warn=warn, upload_prefix=prefix):
         source = os.path.join(artifacts_dir, *relative.parts)
         try:
-            data = _read_regular_file(source)
+            data = read_regular_file(source)
         except OSError as exc:
             warn(f"cannot copy artifact {source}: {exc}")
             continue

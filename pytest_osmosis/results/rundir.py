@@ -46,6 +46,7 @@ from pytest_osmosis.results.index import (
     build_index_row,
     read_valid_trajectory,
     render_index_line,
+    valid_trajectory,
 )
 from pytest_osmosis.results.journal import (
     JOURNAL_FILENAME,
@@ -69,6 +70,7 @@ from pytest_osmosis.results.projection import (
     TRAJECTORIES_DIRNAME,
     project_work_item,
     projection_stem,
+    read_regular_file,
 )
 
 LOGS_FILENAME = "logs.txt"
@@ -588,8 +590,9 @@ class RunDirectory:
             if record is None:
                 return
             try:
-                self._index_line(key, record)
-                self._project([key], project_all=False)
+                read: list[bytes] = []  # the trajectory's bytes, checked once and copied
+                self._index_line(key, record, read)
+                self._project([key], project_all=False, trajectory_data=read[0] if read else None)
             except OSError:
                 # A full disk can fail even the warning about a failed copy. The result is
                 # journalled; the item stays dirty, so refresh copies it again and reports
@@ -605,14 +608,27 @@ class RunDirectory:
         # A string: one per row at every refresh, where pathlib's joins cost more than the stat.
         return os.path.join(self.path, TRIALS_DIRNAME, rollout_id, CANONICAL_TRAJECTORY_FILENAME)
 
-    def _verdict(self, rollout_id: str) -> _Verdict:
-        """Re-checked every refresh, but parsed again only when the file changed."""
+    def _verdict(self, rollout_id: str, read: list[bytes] | None = None) -> _Verdict:
+        """Re-checked every refresh, but parsed again only when the file changed.
+
+        Given ``read``, the bytes it parsed are appended there when they were read as the
+        projection reads them (not through a link): the caller copies those, not a re-read.
+        """
         path = self._trajectory_path(rollout_id)
         signature = _stat_signature(path)
         cached = self._verdicts.get(rollout_id)
         if cached is not None and cached.signature == _signature_key(signature):
             return cached
-        document = None if signature is None else read_valid_trajectory(path, rollout_id=rollout_id)
+        document = None
+        if signature is not None:
+            try:
+                data = read_regular_file(path)
+            except OSError:  # a link, or not a file: read as it always was (the copy refuses it)
+                document = read_valid_trajectory(path, rollout_id=rollout_id)
+            else:
+                document = valid_trajectory(data, rollout_id=rollout_id)
+                if read is not None:
+                    read.append(data)
         verdict = _Verdict(
             signature=_signature_key(signature),
             valid=document is not None,
@@ -621,8 +637,10 @@ class RunDirectory:
         self._verdicts[rollout_id] = verdict
         return verdict
 
-    def _index_line(self, key: WorkKey, record: Mapping[str, Any]) -> bytes:
-        verdict = self._verdict(record["rollout_id"])
+    def _index_line(
+        self, key: WorkKey, record: Mapping[str, Any], read: list[bytes] | None = None
+    ) -> bytes:
+        verdict = self._verdict(record["rollout_id"], read)
         cached = self._lines.get(key)
         row = self._rows.get(key)
         has_trajectory = verdict.valid
@@ -745,8 +763,12 @@ class RunDirectory:
             return None
         return document if isinstance(document, dict) else None
 
-    def _project(self, keys: list[WorkKey], *, project_all: bool) -> None:
-        """Copy projections for items whose selected attempt or trajectory changed."""
+    def _project(
+        self, keys: list[WorkKey], *, project_all: bool, trajectory_data: bytes | None = None
+    ) -> None:
+        """Copy projections for items whose selected attempt or trajectory changed.
+
+        ``trajectory_data``: the one key's trajectory, just read by its verdict."""
         for key in keys:
             record = self.records[key]
             has_trajectory = "trajectory_filename" in self._rows[key]
@@ -767,6 +789,7 @@ class RunDirectory:
                     rollout_id=record["rollout_id"],
                     trajectory_filename=(CANONICAL_TRAJECTORY_FILENAME if has_trajectory else None),
                     warn=self._warn,
+                    trajectory_data=trajectory_data,
                 )
             except OSError as exc:
                 # A projection is a convenience copy; the result itself is durable.
