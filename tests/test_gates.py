@@ -434,13 +434,14 @@ def test_pass_hat_k_row_classes_and_the_document() -> None:
     assert row_class(0, 0) is None  # every attempt skipped: no class
     assert row_passes(2, 3, 2) and not row_passes(2, 3, None) and not row_passes(0, 0, 1)
     doc = row_metrics(
-        {0: (3, 3), 1: (2, 3), 5: (0, 3)},
+        {0: (3, 3), 1: (2, 3), 5: (0, 3), 7: (0, 0)},
         n=3,
         row_pass=(2, 3),
         costs={"a": 0.5, "b": None},
     )
     assert doc["rows"] == {"passed": 1, "flaky": 1, "failed": 1}
     assert doc["flaky_rows"] == [1]
+    assert doc["skipped_rows"] == [7]  # every attempt skipped: no class, still a row
     assert doc["pass_hat_k"] == [
         {"k": 1, "value": pytest.approx(5 / 9)},
         {"k": 2, "value": pytest.approx((1 + 1 / 3 + 0) / 3)},

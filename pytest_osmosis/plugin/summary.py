@@ -159,12 +159,13 @@ def row_lines(doc: dict[str, Any]) -> list[str]:
     classes = doc.get("rows") or {}
     if points or doc.get("row_pass"):
         flaky = doc.get("flaky_rows") or []
-        shown = ", ".join(str(row) for row in flaky[:10]) + (" ..." if len(flaky) > 10 else "")
+        # Rows whose every attempt was skipped have no class; named so no row goes missing.
+        skipped = doc.get("skipped_rows") or []
         lines.append(
             f"rows       {classes.get(ROW_PASSED, 0)} passed every attempt, "
-            f"{classes.get(ROW_FLAKY, 0)} flaky"
-            + (f" (row{'s' if len(flaky) > 1 else ''} {shown})" if flaky else "")
-            + f", {classes.get(ROW_FAILED, 0)} passed none"
+            f"{classes.get(ROW_FLAKY, 0)} flaky{_rows_named(flaky)}"
+            f", {classes.get(ROW_FAILED, 0)} passed none"
+            + (f", {len(skipped)} skipped{_rows_named(skipped)}" if skipped else "")
         )
     row_pass = doc.get("row_pass")
     if row_pass:
@@ -173,6 +174,14 @@ def row_lines(doc: dict[str, Any]) -> list[str]:
             f"{row_pass['failed']} do not"
         )
     return lines
+
+
+def _rows_named(rows: list[int]) -> str:
+    """`` (row 2)`` / `` (rows 2, 5 ...)``: the dataset rows a count is made of (first ten)."""
+    if not rows:
+        return ""
+    shown = ", ".join(str(row) for row in rows[:10]) + (" ..." if len(rows) > 10 else "")
+    return f" (row{'s' if len(rows) > 1 else ''} {shown})"
 
 
 def cost_text(doc: dict[str, Any]) -> str:

@@ -81,13 +81,17 @@ def row_metrics(
     """
     classes = dict.fromkeys(ROW_CLASSES, 0)
     flaky: list[int] = []
+    skipped: list[int] = []  # every attempt skipped: no class, yet the row is in the run
     for row, (passes, attempts) in sorted(counts.items()):
         found = row_class(passes, attempts)
-        if found is not None:
+        if found is None:
+            skipped.append(row)
+        else:
             classes[found] += 1
         if found == ROW_FLAKY:
             flaky.append(row)
-    doc: dict[str, Any] = {"rows": classes, "flaky_rows": flaky}
+    # ``skipped_rows`` came later than the rest: readers take its absence for none.
+    doc: dict[str, Any] = {"rows": classes, "flaky_rows": flaky, "skipped_rows": skipped}
     points = []
     for k in ks_up_to(n) if n >= 2 else []:
         values = [
