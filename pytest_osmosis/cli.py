@@ -37,6 +37,7 @@ from pytest_osmosis.core.words import (
     pass_rate_text,
     percent,
 )
+from pytest_osmosis.results.row_metrics import cost_text
 from pytest_osmosis.results.run_reader import dataset_row, load_run, parse_time
 from pytest_osmosis.results.run_views import format_duration, run_info, run_list_item
 from pytest_osmosis.results.runs import find_output_root, list_runs, resolve_run
@@ -174,7 +175,9 @@ def _info_lines(info: Mapping[str, Any]) -> list[str]:
     lines += _section("Timing", _timing_pairs(info["timing"]))
     lines += _section("Progress", _progress_pairs(info["progress"]))
     lines += _section("Configuration", _configuration_pairs(info["configuration"]))
-    lines += _section("Results", _results_pairs(info["results"], info["error_types"], threshold))
+    lines += _section(
+        "Results", _results_pairs(info["results"], info["error_types"], threshold, info["cost"])
+    )
     # Every attempt that did not pass, by outcome: what pytest calls failed is both of the
     # first two (an error, a reward below the threshold).
     for word, key in (
@@ -277,7 +280,10 @@ def _configuration_pairs(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _results_pairs(
-    results: Mapping[str, Any], error_types: Mapping[str, int], threshold: float
+    results: Mapping[str, Any],
+    error_types: Mapping[str, int],
+    threshold: float,
+    cost: Mapping[str, Any] | None,
 ) -> list[tuple[str, Any]]:
     stats = results.get("reward_stats")
     points = results.get("pass_at_k")
@@ -296,6 +302,7 @@ def _results_pairs(
             " · ".join(f"k={p['k']} {percent(p['value'])}" for p in points) if points else None,
         ),
         ("Tokens", f"{results.get('tokens_used', 0):,}"),
+        ("Cost", cost_text(cost)),  # the results table's words; left out when not recorded
         ("Error types", ", ".join(f"{k} x{v}" for k, v in error_types.items())),
     ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -196,6 +197,7 @@ def test_info_json_matches_the_reference_run(
         "progress",
         "configuration",
         "results",
+        "cost",
         "failed_rows",
         "below_threshold_rows",
         "skipped_rows",
@@ -219,6 +221,7 @@ def test_info_json_matches_the_reference_run(
     assert config["secret_names"] == ["OPENAI_API_KEY"]
     assert "info" not in json.dumps(config)  # env values are not shown, only their names
     assert info["results"] == metrics["summary"]
+    assert info["cost"] is None  # the SDK records no cost: none is made up
     progress = info["progress"]
     assert (progress["done"], progress["total"], progress["pending"]) == (12, 12, 0)
     assert (
@@ -255,6 +258,7 @@ def test_info_human_output_and_dirty_warning(
         "row 5 run 1: error_type=grader_failed -> rollout_trials/",
     ):
         assert expected in out
+    assert "  Cost " not in out  # not recorded by the SDK's run: no line rather than a guess
     manifest = load(run_dir / "manifest.json")
     manifest["provenance"]["git_dirty"] = True
     (run_dir / "manifest.json").write_text(json.dumps(manifest))
@@ -498,6 +502,9 @@ def test_cli_over_a_run_written_by_the_plugin(
 
     info = cli_json(capsys, "info", "mine")["data"]
     assert info["results"] == metrics["summary"]
+    # openai/test-model has no price: every attempt's cost is unknown, and info says so.
+    assert info["cost"] == {"usd": None, "priced_attempts": 0, "attempts": 10}
+    assert re.search(r"^  Cost +unknown$", run_cli(capsys, "info", "mine")[1], re.M)
     assert info["context"]["config_path"] == "configs/eval/calc.toml"
     assert info["configuration"]["env_keys"] == ["MODE"]
     assert info["configuration"]["secret_names"] == ["OPENAI_API_KEY"]

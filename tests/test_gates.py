@@ -5,6 +5,7 @@ gate against a baseline run, and budgets that stop a session early."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -373,10 +374,12 @@ def test_budgets_not_spent_run_every_row_and_show_the_cost(
 
 
 def test_an_attempt_without_a_priced_call_has_an_unknown_cost_everywhere(
-    served: pytest.Pytester,
+    served: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Row 3 raises before any model call: its cost is unknown, not $0, and the results
-    table, the progress line and the report's cost card say so in the same words."""
+    table, the progress line, ``info`` and the report's cost card say so in the same words."""
+    from pytest_osmosis.cli import main
+
     rows = calc_rows([("What is 2 + 2?", "4"), ("What is 3 + 3?", "6"), ("What is 4 + 4?", "8")])
     write_workspace(
         served.path, rows=[*rows, *calc_rows([("What is 1 + 1?", "2", "workflow_raise")])]
@@ -392,12 +395,17 @@ def test_an_attempt_without_a_priced_call_has_an_unknown_cost_everywhere(
     )
     report = (_run_dir(served, "c") / "report.html").read_text()
     assert f'<div class="sub">{words}; ' in report
+    capsys.readouterr()
+    assert main(["info", str(_run_dir(served, "c"))]) == 0
+    assert re.search(rf"^  Cost +{re.escape(words)}$", capsys.readouterr().out, re.M)
     # A model without a price: nothing was priced, so every surface says unknown.
     unpriced = served.runpytest(*BASE, "--osmosis-name", "u", "--osmosis-report")
     unpriced.stdout.fnmatch_lines(["tokens * cost unknown *"])
     assert "$" not in unpriced.stdout.str()
     report = (_run_dir(served, "u") / "report.html").read_text()
     assert '<div class="label">Cost</div><div class="value ">unknown</div>' in report
+    assert main(["info", str(_run_dir(served, "u"))]) == 0
+    assert re.search(r"^  Cost +unknown$", capsys.readouterr().out, re.M)
 
 
 def test_a_cost_budget_for_a_model_without_a_price_is_refused_at_start(

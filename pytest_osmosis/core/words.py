@@ -105,13 +105,19 @@ def cost_words(total: float, priced: int, attempts: int, *, short: bool = False)
     return f"{dollars(total)} for {priced} of {attempts} priced attempts"
 
 
-def costs_text(costs: Iterable[Any]) -> str:
-    """:func:`cost_words` of attempts' costs (anything but a number: not priced)."""
+def priced_costs(costs: Iterable[Any]) -> tuple[float, int, int]:
+    """(sum of the priced, how many were priced, how many attempts) of attempts' costs
+    (anything but a number: not priced)."""
     import math
 
     every = list(costs)
     known = [float(c) for c in every if isinstance(c, (int, float)) and not isinstance(c, bool)]
-    return cost_words(math.fsum(known), len(known), len(every))
+    return math.fsum(known), len(known), len(every)
+
+
+def costs_text(costs: Iterable[Any]) -> str:
+    """:func:`cost_words` of attempts' costs (anything but a number: not priced)."""
+    return cost_words(*priced_costs(costs))
 
 
 def one_line(text: str, limit: int | None = None) -> str:

@@ -60,6 +60,7 @@ def write_summary(terminal: Any, session: EvalSession) -> None:
 def summary_lines(run: ControllerRun) -> list[str]:
     from pytest_osmosis.core.outcome import BELOW_THRESHOLD, FAILED, classify, summary_counts
     from pytest_osmosis.core.words import OUTCOME_WORDS, outcomes_text, pass_rate_text, percent
+    from pytest_osmosis.results.row_metrics import cost_text, recorded_cost
 
     metrics = run.metrics
     eval_run: dict[str, Any] = metrics.get("eval_run", {})
@@ -88,9 +89,10 @@ def summary_lines(run: ControllerRun) -> list[str]:
         )
     lines += row_lines(run.row_metrics)
     duration = eval_run.get("duration_ms")
+    cost = cost_text(recorded_cost(run.row_metrics))
     lines.append(
         f"tokens     {summary.get('tokens_used', 0)}"
-        + cost_text(run.row_metrics)
+        + (f"   cost {cost}" if cost is not None else "")
         + (f"   duration {duration / 1000:.1f} s" if isinstance(duration, (int, float)) else "")
     )
     if run.rate_limited:
@@ -182,13 +184,3 @@ def _rows_named(rows: list[int]) -> str:
         return ""
     shown = ", ".join(str(row) for row in rows[:10]) + (" ..." if len(rows) > 10 else "")
     return f" (row{'s' if len(rows) > 1 else ''} {shown})"
-
-
-def cost_text(doc: dict[str, Any]) -> str:
-    """``   cost $0.000123 for 3 of 5 priced attempts``, or ``   cost unknown``."""
-    from pytest_osmosis.core.words import costs_text
-
-    costs = doc.get("cost_usd_by_rollout")
-    if not isinstance(costs, dict):
-        return ""
-    return f"   cost {costs_text(costs.values())}"

@@ -119,6 +119,29 @@ def row_metrics(
     return doc
 
 
+def recorded_cost(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The run's cost from an ``osmosis_metrics.json`` document: dollars of the priced
+    attempts (None when none was priced), how many were priced, of how many; None when the
+    run recorded no costs (the SDK's own runs, runs written before costs were)."""
+    from pytest_osmosis.core.words import priced_costs
+
+    costs = doc.get("cost_usd_by_rollout")
+    if not isinstance(costs, dict):
+        return None
+    total, priced, attempts = priced_costs(costs.values())
+    return {"usd": total if priced else None, "priced_attempts": priced, "attempts": attempts}
+
+
+def cost_text(cost: Mapping[str, Any] | None) -> str | None:
+    """:func:`recorded_cost` in the words the results table and ``info`` both show
+    (``$0.000123 for 3 of 5 priced attempts``, ``unknown``); None when nothing was recorded."""
+    from pytest_osmosis.core.words import cost_words
+
+    if cost is None:
+        return None
+    return cost_words(cost["usd"] or 0.0, cost["priced_attempts"], cost["attempts"])
+
+
 def read_row_metrics(run_dir: Path) -> dict[str, Any]:
     """The run's ``osmosis_metrics.json`` ({} when absent or unreadable: it is only ours)."""
     from pytest_osmosis.results import stdjson as json

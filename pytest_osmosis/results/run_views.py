@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.core.outcome import OUTCOMES
+from pytest_osmosis.results.row_metrics import recorded_cost
 from pytest_osmosis.results.run_reader import (
     dict_of,
     is_int,
@@ -50,7 +51,8 @@ def run_list_item(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_info(run: Mapping[str, Any]) -> dict[str, Any]:
-    """``info``: context, timing, progress, configuration, results, attempts not passed."""
+    """``info``: context, timing, progress, configuration, results (and the recorded cost),
+    attempts not passed."""
     manifest = dict_of(run.get("manifest"))
     eval_run = dict_of(dict_of(run.get("metrics")).get("eval_run"))
     rows: list[dict[str, Any]] = list(run["rows"])
@@ -69,6 +71,7 @@ def run_info(run: Mapping[str, Any]) -> dict[str, Any]:
         "progress": _progress(run, rows),
         "configuration": _configuration(run, manifest),
         "results": dict(run["summary"]),
+        "cost": recorded_cost(dict_of(run.get("row_metrics"))),
         "failed_rows": _briefs(rows, "failed", errors),
         "below_threshold_rows": _briefs(rows, "below_threshold", errors),
         "skipped_rows": _briefs(rows, "skipped", errors),
