@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -293,12 +294,44 @@ def test_after_the_table_the_commands_that_come_next(pytester: pytest.Pytester, 
     )
     assert "compare  " not in first.stdout.str()  # no earlier run of this rollout
     second = pytester.runpytest("--osmosis-eval", *PLAIN)  # a generated name
+    # The command as typed plus the name it lacks: no config path the user did not type.
     second.stdout.fnmatch_lines(
         [
             "retry    pytest --osmosis-eval -p no:cacheprovider -p no:randomly * "
-            "configs/eval/calc.toml --osmosis-name=calc-* --osmosis-retry-below-threshold  *",
+            "--osmosis-name=calc-* --osmosis-retry-below-threshold  *",
             "report   pytest-osmosis report calc-*",
             "compare  pytest-osmosis compare calc-* monday",
+        ]
+    )
+    [retry] = [line for line in second.outlines if line.startswith("retry    ")]
+    command = shlex.split(retry.removeprefix("retry    ").split("  (")[0])
+    assert not [arg for arg in command if arg.endswith(".toml")], command
+    # ... and it reaches that run: its below-threshold attempt runs again, the pass is kept.
+    name = next(arg for arg in command if arg.startswith("--osmosis-name=")).split("=", 1)[1]
+    third = pytester.runpytest(*command[1:])
+    third.stdout.fnmatch_lines(
+        [
+            f"osmosis run: configs/eval/calc.toml -> {name} (resumes: 2 of 2 recorded, "
+            "retries 1 errored, skipped or below threshold)"
+        ]
+    )
+    third.assert_outcomes(passed=1, failed=1)
+
+
+def test_with_several_configs_the_retry_command_names_the_config(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """``--osmosis-name`` names every run of a session: with two configs the retry command
+    must name the config too, or it would retry both under one name."""
+    _low(pytester.path)
+    write_workspace(pytester.path, name="other", rows=calc_rows([("What is 3 * 5?", "16")]))
+    result = pytester.runpytest("--osmosis-eval", *PLAIN)
+    result.stdout.fnmatch_lines(
+        [
+            "calc-*: retry    pytest --osmosis-eval -p no:cacheprovider -p no:randomly * "
+            "configs/eval/calc.toml --osmosis-name=calc-* --osmosis-retry-below-threshold  *",
+            "other-*: retry    pytest --osmosis-eval -p no:cacheprovider -p no:randomly * "
+            "configs/eval/other.toml --osmosis-name=other-* --osmosis-retry-below-threshold  *",
         ]
     )
 

@@ -181,24 +181,30 @@ def nothing_retried(session: EvalSession, run: ControllerRun) -> str | None:
 
 def _command(session: EvalSession, run: ControllerRun, *extra: str) -> str:
     """The session's own command, written to reach this run again: its options (minus the
-    one-off flags), this run's config when several ran or the name was generated, and
-    ``--osmosis-name`` when the run's name is not the one the command gives."""
+    one-off flags and pytest's selections), ``--osmosis-name`` when the run's name was
+    generated, and this run's config only when the command alone would not reach it (it
+    ran several configs, or node ids chose the config and are left out)."""
     from pytest_osmosis.plugin.options import joined_option_values
 
     config = session.config
     params = config.invocation_params
     given = [arg for arg in params.args if arg not in _ONCE]
     args = _without_selection(given)
-    if args != given or not (session.options.name and len(session.runs) == 1):
-        # else: the same command
+    one = len(session.runs) == 1
+    if args != given or not (session.options.name and one):  # else: the same command
+        # (a value of ours that names a directory made since would read as a test path)
         args = joined_option_values(args, params.dir, even_if_read_right=True) or args
-        args = [
-            arg
-            for arg in args
-            if not arg.startswith("--osmosis-name")
-            and (arg.startswith("-") or not (params.dir / arg.split("::", 1)[0]).exists())
-        ]
-        args += [_shown(run.plan.config_path, params.dir), f"--osmosis-name={run.plan.run_name}"]
+    if one and not any("::" in arg for arg in given):
+        # The command as typed finds this config alone again: add only the name it lacks.
+        named = [] if session.options.name else [f"--osmosis-name={run.plan.run_name}"]
+        return shlex.join(["pytest", *args, *named, *extra])
+    args = [
+        arg
+        for arg in args
+        if not arg.startswith("--osmosis-name")
+        and (arg.startswith("-") or not (params.dir / arg.split("::", 1)[0]).exists())
+    ]
+    args += [_shown(run.plan.config_path, params.dir), f"--osmosis-name={run.plan.run_name}"]
     return shlex.join(["pytest", *args, *extra])
 
 
