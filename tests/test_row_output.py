@@ -74,6 +74,36 @@ def test_a_row_s_writes_are_its_own_from_its_tasks_and_threads_but_no_server_s()
     assert unroute(stream) is target and "write" not in vars(target)
 
 
+def test_a_row_s_thread_running_a_loop_of_its_own_writes_for_the_row() -> None:
+    """A synchronous SDK call in a row's thread (``asyncio.run`` inside ``to_thread``) runs
+    a private loop whose tasks no row entered: what they print is still the row's. A
+    private loop in pytest's thread (an async test of the user's) is still no row's."""
+    output = RowOutput()
+    target = Text()
+    stream = output.route("stdout", target)
+    output.open(ROW_A)
+
+    async def inner(text: str) -> None:
+        stream.write(text)
+
+    async def row_a() -> None:
+        blame.enter(ROW_A)
+        await asyncio.to_thread(asyncio.run, inner("A's private loop\n"))
+
+    loop = asyncio.new_event_loop()
+    loop.set_task_factory(lambda loop, coro, **kw: _adopted(loop, coro, **kw))
+    try:
+        loop.run_until_complete(row_a())
+    finally:
+        loop.close()
+    context = contextvars.copy_context()
+    context.run(blame.enter, ROW_A)  # a context naming a row, in pytest's thread
+    context.run(asyncio.run, inner("pytest's own loop\n"))
+    assert output.take(ROW_A) == {"stdout": "A's private loop\n"}
+    assert target.getvalue() == "pytest's own loop\n"
+    unroute(stream)
+
+
 def _adopted(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
     """The session loop's task factory, as far as rows are concerned (executor.LoopWatch)."""
     task = asyncio.Task(coro, loop=loop, **kwargs)

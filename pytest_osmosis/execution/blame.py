@@ -51,12 +51,18 @@ _current: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
 _TASK_ROWS: weakref.WeakKeyDictionary[asyncio.Future[Any], str] = weakref.WeakKeyDictionary()
 
 
+#: Loops whose tasks are followed (:func:`adopt`, :func:`enter`): on them a row is its
+#: task's, never its context's. Any other loop (``asyncio.run`` in a row's thread) is not.
+_FOLLOWED: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
 def adopt(loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> None:
     """A loop's task factory: ``task``, created in a step of a row's task, is that row's.
 
     A task created from a plain loop callback (a server accepting a connection, a timer)
     is no row's, even when the callback inherited a row's context.
     """
+    _FOLLOWED.add(loop)
     parent = asyncio.current_task(loop)
     if parent is not None:
         row = _TASK_ROWS.get(parent)
@@ -78,19 +84,23 @@ _row: contextvars.ContextVar[str | None] = contextvars.ContextVar("osmosis_row",
 def current_row() -> str | None:
     """The node id of the row whose code is running in this thread now, or None.
 
-    On a loop, the row whose task is stepping (a task a row started is that row's; a plain
-    callback, or a task one started, such as a server's, is no row's). In a thread without
-    a loop, the row whose context the thread runs in (``asyncio.to_thread`` copies it).
-    Never in the main thread without a loop: pytest's, which runs no row's code, whatever
-    its context says (``enter`` off a loop sets it there, and it stays).
+    On the session's loop (one whose tasks are followed), the row whose task is stepping
+    (a task a row started is that row's; a plain callback, or a task one started, such as
+    a server's, is no row's). In another thread, the row whose context the thread runs in
+    (``asyncio.to_thread`` copies it), also when it runs a loop of its own (a synchronous
+    SDK call: ``asyncio.run`` there copies the context into its tasks). Never in the main
+    thread otherwise: pytest's, which runs no row's code, whatever its context says
+    (``enter`` off a loop sets it there, and it stays).
     """
     try:
-        loop = asyncio.get_running_loop()
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
-        if threading.current_thread() is threading.main_thread():
-            return None
-        return _row.get()
-    return running_row(loop)
+        loop = None
+    if loop is not None and loop in _FOLLOWED:
+        return running_row(loop)
+    if threading.current_thread() is threading.main_thread():
+        return None
+    return _row.get()
 
 
 class Slot:
@@ -263,6 +273,7 @@ def enter(nodeid: str) -> None:
         loop = asyncio.get_running_loop()
     except RuntimeError:
         return
+    _FOLLOWED.add(loop)
     task = asyncio.current_task(loop)
     if task is not None:
         _TASK_ROWS[task] = nodeid
