@@ -1174,6 +1174,30 @@ def test_rows_that_finish_during_a_commit_share_the_next_fsync(
     run.close()
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names descriptors by /proc")
+def test_rows_nobody_waits_for_share_one_fsync_and_a_wait_commits_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group-commit window: rows that finish ahead of pytest's report wait for others
+    to share their fsync, and the row pytest waits for ends the window at once. The window
+    is an hour here: a wait that did not start the commit would hang (pytest-timeout)."""
+    from pytest_osmosis.results import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "GROUP_WINDOW_S", 3600.0)
+    held = HeldFsync()
+    held.release.set()  # counts the journal's syncs, holds none
+    monkeypatch.setattr(os, "fsync", held)
+    run = open_run(tmp_path)
+    rows = [staged(run, row) for row in range(3)]
+    run.append(rows[2])
+    assert held.journal_syncs == 1  # the three rows, together
+    for record in rows[:2]:
+        run.append(record)  # synced already: nothing written again
+    assert held.journal_syncs == 1
+    assert [line["row_index"] for line in read_lines(run.path / "events.jsonl")] == [0, 1, 2]
+    run.close()
+
+
 def test_a_staged_row_never_appended_is_indexed_as_the_journal_holds_it(tmp_path: Path) -> None:
     """The session ended before pytest reported the row: the journal has it, so the index
     does too; appending it afterwards (journal_finished) writes nothing again."""
