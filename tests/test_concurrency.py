@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from model_server import ModelServer
@@ -628,3 +629,64 @@ def test_concurrency_beyond_the_fd_limit_is_capped_with_a_warning_and_fails_no_r
     assert slow_model.peak_in_flight <= cap
     records = read_index(pytester.path / ".osmosis" / "evals" / "fd")
     assert len(records) == 100 and all(r["status"] == "success" for r in records)
+
+
+MEETING_ROLLOUT = """
+import asyncio
+
+from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
+
+ARRIVED = []
+BOTH_HERE = []
+
+
+class MeetingWorkflow(AgentWorkflow):
+    async def run(self, ctx):
+        if (ctx.metadata or {}).get("do") == "meet":
+            if not BOTH_HERE:
+                BOTH_HERE.append(asyncio.Event())
+            ARRIVED.append(ctx.metadata)
+            if len(ARRIVED) == 2:
+                BOTH_HERE[0].set()
+            await asyncio.wait_for(BOTH_HERE[0].wait(), 120)
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": "ok"}])
+
+
+class AlwaysGrader(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+
+
+backend = LocalBackend(workflow=MeetingWorkflow, grader=AlwaysGrader)
+"""
+
+
+def test_rows_pytest_skips_do_not_stop_later_rows_running_ahead(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """A conftest skips the first 20 rows; they ran ahead anyway and nobody takes their
+    results. The last two rows can only finish together (each waits for the other), so the
+    second must run ahead while pytest waits for the first. Before, the skipped rows' results
+    held the whole run-ahead window (8 x concurrency 2 = 16) for good: the second row never
+    started and the first timed out."""
+    rows: list[dict[str, Any]] = [{"user_prompt": f"q{i}", "ground_truth": "ok"} for i in range(20)]
+    rows += [
+        {"user_prompt": f"q{i}", "ground_truth": "ok", "metadata": {"do": "meet"}} for i in (20, 21)
+    ]
+    write_workspace(pytester.path, rows=rows, rollout_source=MEETING_ROLLOUT)
+    pytester.makeconftest(
+        """
+import re
+import pytest
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        row = int(re.search(r"row_(\\d+)_", item.nodeid).group(1))
+        if row < 20:
+            item.add_marker(pytest.mark.skip(reason="not today"))
+"""
+    )
+    result = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-concurrency", "2", "-p", "no:cacheprovider"
+    )
+    result.assert_outcomes(passed=2, skipped=20)

@@ -17,6 +17,7 @@ node id, for the row's own report; everything else passes through.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -74,6 +75,9 @@ class RowOutput:
     def __init__(self, which: Callable[[], str | None] = current_row) -> None:
         self._which = which
         self._rows: dict[str, dict[str, list[str]]] = {}
+        # A thread the row started may write while its report takes the text: a line
+        # appended after the join would show nowhere.
+        self._lock = threading.Lock()
 
     def open(self, key: str) -> None:
         """``key``'s row starts (again: a re-run keeps only its own output)."""
@@ -84,17 +88,21 @@ class RowOutput:
         key = self._which()
         if key is None:
             return False
-        row = self._rows.get(key)
-        if row is None:
-            return False
         if not isinstance(text, str):  # what a text stream says
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        row.setdefault(name, []).append(text)
+            if key in self._rows:
+                raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+            return False
+        with self._lock:
+            row = self._rows.get(key)
+            if row is None:
+                return False
+            row.setdefault(name, []).append(text)
         return True
 
     def take(self, key: str) -> dict[str, str]:
         """``key``'s output by stream (only the streams it wrote to); no longer kept."""
-        row = self._rows.pop(key, None)
+        with self._lock:
+            row = self._rows.pop(key, None)
         if not row:
             return {}
         joined = {name: "".join(row.get(name, ())) for name in STREAMS}

@@ -281,6 +281,14 @@ class EvalHooks:
         item.session.shouldstop = line
         return True
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        """pytest is done with this item: a row it never waited for (a skip mark) leaves
+        the run-ahead window (a row it took is out already)."""
+        executor = self.session._executor
+        if executor is not None:
+            executor.release(nodeid)
+
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
         """Collect with the cyclic GC paused, then freeze what was collected.
