@@ -256,7 +256,6 @@ class Executor:
         self._futures: dict[str, concurrent.futures.Future[Any]] = {}
         #: Started, released by pytest without being taken (``release``): out of the window.
         self._released: dict[str, concurrent.futures.Future[Any]] = {}
-        self._done_keys: set[str] = set()  # released: a prefetch does not queue them again
         self._running = 0
         self._pumping = False
         self._again = False
@@ -303,15 +302,12 @@ class Executor:
         with self._lock:
             if self._closed or key in self._futures or key in self._queue:
                 return
-            if key in self._done_keys:
-                return
             self._queue[key] = factory
         self._pump()
 
     def result(self, key: str, factory: CoroFactory) -> Any:
         """Wait for ``key``'s result, starting it now if nothing started it ahead."""
         with self._lock:
-            self._done_keys.discard(key)  # asked for again (a rerun): it runs
             future = self._futures.get(key)
             if future is None and self._closed:
                 raise RuntimeError("the session's executor is closed")
@@ -335,7 +331,6 @@ class Executor:
         """Start ``key`` now unless ``may_start`` holds it (a budget): True when it runs or
         ran. Unlike ``result``, a budget is never bypassed; the window is (its turn came)."""
         with self._lock:
-            self._done_keys.discard(key)
             if key in self._futures:
                 return True
             if self._closed or not self.may_start():
@@ -364,11 +359,10 @@ class Executor:
 
     def release(self, key: str) -> None:
         """pytest is done with ``key``'s item (it took the result, or never asked: a skip
-        mark). Not started yet: it never starts (later submits of it are ignored). Started
-        and not taken: it leaves the window, so rows nobody will take cannot fill it and
-        stop every later row from running ahead; its result stays for :meth:`finished`."""
+        mark). Queued: it never starts. Started and not taken: it leaves the window, so rows
+        nobody will take cannot fill it and stop every later row from running ahead; its
+        result stays for :meth:`finished`."""
         with self._lock:
-            self._done_keys.add(key)
             self._queue.pop(key, None)
             future = self._futures.pop(key, None)
             if future is not None:

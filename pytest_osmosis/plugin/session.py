@@ -488,7 +488,8 @@ class EvalSession:
                 )
             self.executor.concurrency = self._concurrency()
             if not self.is_worker:
-                self._prefetch(item.session.items)
+                items = item.session.items  # from this one: pytest is done with those before
+                self._prefetch(items[items.index(item) :] if item in items else items)
         if self.is_worker and self._worker_prefetch:
             # xdist sends this worker whole shards; start what was queued for it since.
             from pytest_osmosis.plugin.xdist import newly_queued_indices
