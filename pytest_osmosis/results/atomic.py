@@ -84,6 +84,13 @@ _TMP_COUNTER = itertools.count()
 _TEMP_NAME = re.compile(r"\A\..+\.(?P<pid>[1-9][0-9]*)\.[0-9]+\.tmp\Z", re.DOTALL)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (``os.write`` may write fewer)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _temp_name(name: str) -> str:
     return f".{name}.{os.getpid()}.{next(_TMP_COUNTER)}.tmp"
 
@@ -155,9 +162,7 @@ def atomic_write_bytes(
         try:
             if mode != FILE_MODE:
                 os.fchmod(fd, mode)  # the umask may have narrowed a wider mode
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
         finally:

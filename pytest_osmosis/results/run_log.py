@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.results import stdjson as json
-from pytest_osmosis.results.atomic import FILE_MODE, utc_now
+from pytest_osmosis.results.atomic import FILE_MODE, utc_now, write_all
 from pytest_osmosis.results.redact import Redactor
 
 
@@ -55,9 +55,7 @@ class RunLog:
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"{self.path} is closed")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            write_all(self._fd, data)
         return line
 
     def info(self, step: str, message: str, **details: Any) -> str:

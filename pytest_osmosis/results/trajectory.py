@@ -32,7 +32,7 @@ from pytest_osmosis.results.atif import (
     ToolCall,
     Trajectory,
 )
-from pytest_osmosis.results.atomic import atomic_write_bytes
+from pytest_osmosis.results.atomic import atomic_write_bytes, write_all
 from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
 from pytest_osmosis.results.journal import is_single_path_segment
 
@@ -98,9 +98,7 @@ def _write_marker(marker: str) -> None:
     except FileExistsError:
         return
     try:
-        view = memoryview(_HEALTH_CHECK_CONTENT)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, _HEALTH_CHECK_CONTENT)
     finally:
         os.close(fd)
 
