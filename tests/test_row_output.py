@@ -60,12 +60,7 @@ def test_a_row_s_writes_are_its_own_from_its_tasks_and_threads_but_no_server_s()
     async def main() -> None:
         await asyncio.gather(row_a(), row_b())
 
-    loop = asyncio.new_event_loop()
-    loop.set_task_factory(lambda loop, coro, **kw: _adopted(loop, coro, **kw))
-    try:
-        loop.run_until_complete(main())
-    finally:
-        loop.close()
+    _run_as_the_session_loop(main())
     stream.write("pytest's own\n")
     assert output.take(ROW_A) == {"stdout": "A\nA's task\n"}
     assert output.take(ROW_B) == {"stdout": "B's thread\nB\n"}
@@ -90,18 +85,23 @@ def test_a_row_s_thread_running_a_loop_of_its_own_writes_for_the_row() -> None:
         blame.enter(ROW_A)
         await asyncio.to_thread(asyncio.run, inner("A's private loop\n"))
 
-    loop = asyncio.new_event_loop()
-    loop.set_task_factory(lambda loop, coro, **kw: _adopted(loop, coro, **kw))
-    try:
-        loop.run_until_complete(row_a())
-    finally:
-        loop.close()
+    _run_as_the_session_loop(row_a())
     context = contextvars.copy_context()
     context.run(blame.enter, ROW_A)  # a context naming a row, in pytest's thread
     context.run(asyncio.run, inner("pytest's own loop\n"))
     assert output.take(ROW_A) == {"stdout": "A's private loop\n"}
     assert target.getvalue() == "pytest's own loop\n"
     unroute(stream)
+
+
+def _run_as_the_session_loop(coro: Any) -> None:
+    """Run ``coro`` on a fresh loop whose tasks are adopted as the session loop's are."""
+    loop = asyncio.new_event_loop()
+    loop.set_task_factory(lambda loop, coro, **kw: _adopted(loop, coro, **kw))
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        loop.close()
 
 
 def _adopted(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:

@@ -489,7 +489,8 @@ class EvalSession:
             self.executor.concurrency = self._concurrency()
             if not self.is_worker:
                 items = item.session.items  # from this one: pytest is done with those before
-                self._prefetch(items[items.index(item) :] if item in items else items)
+                at = next((i for i, other in enumerate(items) if other is item), 0)
+                self._prefetch(items[at:])
         if self.is_worker and self._worker_prefetch:
             # xdist sends this worker whole shards; start what was queued for it since.
             from pytest_osmosis.plugin.xdist import newly_queued_indices
