@@ -59,10 +59,9 @@ from pytest_osmosis.results.journal import (
 from pytest_osmosis.results.manifest import (
     LOCKS_DIRNAME,
     MANIFEST_FILENAME,
+    changed_inputs_error,
     create_manifest,
-    describe_changed_inputs,
     read_manifest,
-    selection_change,
     validate_run_name,
 )
 from pytest_osmosis.results.metrics import aggregate_metrics
@@ -364,21 +363,9 @@ class RunDirectory:
                     on_archive(archived)
             elif manifest_path.is_file():
                 manifest = read_manifest(manifest_path)
-                changed = describe_changed_inputs(manifest["inputs"], current)
-                if changed:
-                    selection = selection_change(manifest["inputs"], current)
-                    rows = (
-                        f"select its rows again (--osmosis-rows {selection[0]}) to resume it, "
-                        if selection is not None and len(changed) == 1
-                        else ""
-                    )
-                    raise RunDirectoryError(
-                        f"run {run_name!r} in {output_root} was created with different "
-                        f"resolved inputs (changed: {', '.join(changed)}), so resuming it "
-                        f"would mix versions inside one set of metrics; {rows}rerun with "
-                        "--osmosis-fresh (the previous results are archived, never deleted) "
-                        "or use a different --osmosis-name"
-                    )
+                refused = changed_inputs_error(run_name, output_root, manifest["inputs"], current)
+                if refused is not None:
+                    raise refused
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / TRIALS_DIRNAME).mkdir(exist_ok=True)
             if manifest is None:
