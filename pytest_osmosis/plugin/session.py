@@ -716,7 +716,8 @@ def _marked_to_skip(item: pytest.Item) -> bool:
     """Whether pytest will skip ``item`` whatever happens (a ``skip`` mark, a ``skipif``
     whose condition is ``True``, as a conftest adds them): its row is not started ahead.
     Only the item's own marks, and no condition string is evaluated (that is pytest's):
-    a row skipped otherwise may start, and is dropped when pytest skips it."""
+    a row skipped otherwise may start, and is cancelled when pytest skips it (if it has not
+    finished: then it is recorded, as every finished row is)."""
     for mark in item.own_markers:
         if mark.name == "skip":
             return True
