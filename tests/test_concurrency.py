@@ -633,6 +633,7 @@ def test_concurrency_beyond_the_fd_limit_is_capped_with_a_warning_and_fails_no_r
 
 MEETING_ROLLOUT = """
 import asyncio
+import pathlib
 
 from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
 
@@ -642,6 +643,7 @@ BOTH_HERE = []
 
 class MeetingWorkflow(AgentWorkflow):
     async def run(self, ctx):
+        pathlib.Path("started_" + ctx.prompt[-1]["content"]).touch()
         if (ctx.metadata or {}).get("do") == "meet":
             if not BOTH_HERE:
                 BOTH_HERE.append(asyncio.Event())
@@ -664,11 +666,11 @@ backend = LocalBackend(workflow=MeetingWorkflow, grader=AlwaysGrader)
 def test_rows_pytest_skips_do_not_stop_later_rows_running_ahead(
     pytester: pytest.Pytester, model_env: ModelServer
 ) -> None:
-    """A conftest skips the first 20 rows; they ran ahead anyway and nobody takes their
-    results. The last two rows can only finish together (each waits for the other), so the
-    second must run ahead while pytest waits for the first. Before, the skipped rows' results
-    held the whole run-ahead window (8 x concurrency 2 = 16) for good: the second row never
-    started and the first timed out."""
+    """A conftest skips rows 1-19 in its setup hook, which no mark foretells, once each has
+    started: they ran ahead (row 0's item started them) and nobody takes their results. The last two rows can only finish
+    together (each waits for the other), so the second must run ahead while pytest waits for
+    the first. Before, the skipped rows' results held the whole run-ahead window (8 x
+    concurrency 2 = 16) for good: the second row never started and the first timed out."""
     rows: list[dict[str, Any]] = [{"user_prompt": f"q{i}", "ground_truth": "ok"} for i in range(20)]
     rows += [
         {"user_prompt": f"q{i}", "ground_truth": "ok", "metadata": {"do": "meet"}} for i in (20, 21)
@@ -676,20 +678,29 @@ def test_rows_pytest_skips_do_not_stop_later_rows_running_ahead(
     write_workspace(pytester.path, rows=rows, rollout_source=MEETING_ROLLOUT)
     pytester.makeconftest(
         """
+import pathlib
 import re
+import time
+
 import pytest
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        row = int(re.search(r"row_(\\d+)_", item.nodeid).group(1))
-        if row < 20:
-            item.add_marker(pytest.mark.skip(reason="not today"))
+def pytest_runtest_setup(item):
+    row = int(re.search(r"row_(\\d+)_", item.nodeid).group(1))
+    if 1 <= row < 20:
+        started = pathlib.Path(f"started_q{row}")
+        for _ in range(6000):  # the row starts: the window holds rows up to row + 15
+            if started.exists():
+                break
+            time.sleep(0.01)
+        pytest.skip("not today")
 """
     )
     result = pytester.runpytest(
         "--osmosis-eval", "--osmosis-concurrency", "2", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=2, skipped=20)
+    result.assert_outcomes(passed=3, skipped=19)
+    started = sorted(p.name for p in pytester.path.glob("started_q*"))
+    assert len(started) == 22, started
 
 
 
