@@ -718,9 +718,7 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
         # reported instead).
         if not (plan.run_dir / ROWS_FILENAME).is_file():
             try:
-                digests = plan.row_digests()
-                sources = plan.dataset.selected_source_rows
-                write_row_digests(plan.run_dir, dict(zip(sources, digests, strict=True)))
+                write_row_digests(plan.run_dir, plan.digests_by_row())
             except DatasetError:
                 pass
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4

@@ -74,6 +74,15 @@ class EvalPlan:
             self._digests = row_digests(self.dataset)
         return self._digests
 
+    def digests_by_row(self) -> dict[int, str]:
+        """Dataset row -> digest of every selected row, for ``osmosis_rows.json``: the plan's
+        own when it made them (a shard), else made for the caller and not kept (written
+        once, at the run's end, when every row's report is still held)."""
+        if self._digests is None:
+            return self.dataset.row_digests()
+        sources = self.dataset.selected_source_rows
+        return dict(zip(sources, self._digests, strict=True))
+
     @property
     def total_items(self) -> int:
         return len(self.dataset) * self.settings.n
