@@ -183,7 +183,7 @@ def atomic_write_bytes(
         try:
             if mode != FILE_MODE:
                 os.fchmod(fd, mode)  # the umask may have narrowed a wider mode
-            if isinstance(data, (bytes, bytearray, memoryview)):
+            if isinstance(data, bytes):
                 write_all(fd, data)
             else:
                 for block in _blocks(data):
