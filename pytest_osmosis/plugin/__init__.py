@@ -600,6 +600,7 @@ class XdistControllerHooks:
             and not self._internals_problem()
         )
         node.workerinput["osmosis_prefetch"] = prefetch
+        node.workerinput["osmosis_properties"] = self.session.properties  # collect.py
         if self._is_remote(node):
             self._remote_input(node)
             return  # nothing on this host's disk is theirs: no budget or blame files

@@ -219,6 +219,10 @@ class EvalSession:
         after it may have run on what broke (a changed dataset), so it is not journalled."""
         #: ``--osmosis-regrade``: the config of the run graded again (``regrade``).
         self.regrade_config: Path | None = None
+        from pytest_osmosis.plugin.collect import properties_wanted
+
+        #: Whether rows' reports carry ``osmosis_*`` JUnit properties (collect.py).
+        self.properties = properties_wanted(config)
         raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     @property
