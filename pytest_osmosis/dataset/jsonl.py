@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import weakref
 from array import array
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -111,10 +112,13 @@ def _read_span(fd: int, start: int, size: int) -> bytes:
 class _JsonlRows:
     """Line number and byte span of each kept row; the file is re-read per row."""
 
-    __slots__ = ("path", "identity", "sha256", "lines", "starts", "ends")
+    __slots__ = ("path", "identity", "sha256", "lines", "starts", "ends", "_fd", "__weakref__")
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        #: Opened at the first row read and kept (closed when the store goes): its rows
+        #: are read with ``pread``, after a ``stat`` of the path says it is still this file.
+        self._fd: int | None = None
         self.identity: Identity = (0, 0, 0, 0)
         self.sha256 = ""
         self.lines = array("q")
@@ -129,17 +133,12 @@ class _JsonlRows:
     def raw(self, position: int) -> Mapping[str, Any]:
         start = self.starts[position]
         try:
-            # A descriptor, not a buffered file: four system calls a row instead of eight.
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                if identity(os.fstat(fd)) != self.identity:
-                    raise DatasetChangedError(
-                        f"{self.path} changed after it was opened (sha256 {self.sha256[:12]}); "
-                        f"stopped, the rows not run are left pending"
-                    )
-                line = _read_span(fd, start, self.ends[position] - start)
-            finally:
-                os.close(fd)
+            # The path's identity now (replaced, or written since: changed), then the span
+            # read through the descriptor kept open on that same file: two system calls a
+            # row (an open, fstat, pread and close each row were four).
+            if identity(os.stat(self.path)) != self.identity:
+                raise self._changed()
+            line = _read_span(self._descriptor(), start, self.ends[position] - start)
         except OSError as exc:
             raise DatasetChangedError(
                 f"{read_error(self.path, exc)} during the run; stopped, the rows not run are "
@@ -149,6 +148,25 @@ class _JsonlRows:
         if payload is None:  # pragma: no cover - identity check makes this unreachable
             raise changed(self.path)
         return payload
+
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            fd = os.open(self.path, os.O_RDONLY)
+            if identity(os.fstat(fd)) != self.identity:  # replaced just now
+                os.close(fd)
+                raise self._changed()
+            if self._fd is None:  # another thread may have opened it meanwhile
+                self._fd = fd
+                weakref.finalize(self, os.close, fd)
+            else:
+                os.close(fd)
+        return self._fd
+
+    def _changed(self) -> DatasetChangedError:
+        return DatasetChangedError(
+            f"{self.path} changed after it was opened (sha256 {self.sha256[:12]}); "
+            f"stopped, the rows not run are left pending"
+        )
 
 
 def scan_jsonl(path: Path, selection: Selection) -> Scan:

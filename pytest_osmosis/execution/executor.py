@@ -231,6 +231,14 @@ the head of the line may take eight times the others' time before the slots behi
 idle (they fill the window meanwhile), at a few KB per finished row held."""
 
 
+REFILL = 8
+"""Once the window has filled, rows run ahead again when it has room for this many (fewer
+when the concurrency is lower): when pytest, not the loop, is the bottleneck (instant
+rows), each result taken made room for one row, and starting it woke the loop once a row;
+a batch starts with one wake-up. Until the window is full, and whenever a slot frees with
+room in the window (the concurrency binds), a row starts at once."""
+
+
 class Executor:
     """Runs coroutine factories on a background loop, at most ``concurrency`` at a time,
     and no more than ``window`` started and not yet taken."""
@@ -257,6 +265,8 @@ class Executor:
         self._running = 0
         self._pumping = False
         self._again = False
+        #: The window filled up: rows run ahead again once it has room for a batch (REFILL).
+        self._full = False
         self.peak_in_flight = 0
         self.peak_held = 0
         """Most items started and not taken at once (the window's high-water mark)."""
@@ -447,20 +457,24 @@ class Executor:
                 self._again = True
                 return
             self._pumping = True
+        refill = min(REFILL, self.concurrency)
         while True:
             with self._lock:
                 self._again = False
                 starting = []
-                while (
-                    self._queue
-                    and self._running < self.concurrency
-                    and len(self._futures) < self.window
-                    and self.may_start()
-                ):
-                    key, factory = self._queue.popitem(last=False)
-                    starting.append((factory, self._start_locked(key)))
-            for entry in starting:
-                self._launch(*entry)
+                if not self._full or len(self._futures) <= self.window - refill:
+                    self._full = False
+                    while (
+                        self._queue
+                        and self._running < self.concurrency
+                        and len(self._futures) < self.window
+                        and self.may_start()
+                    ):
+                        key, factory = self._queue.popitem(last=False)
+                        starting.append((factory, self._start_locked(key)))
+                    self._full = len(self._futures) >= self.window
+            if starting:
+                self._launch_all([(factory(), future) for factory, future in starting])
             with self._lock:
                 if not self._again:
                     self._pumping = False
@@ -476,33 +490,81 @@ class Executor:
         return future
 
     def _launch(self, factory: CoroFactory, future: concurrent.futures.Future[Any]) -> None:
-        """Run ``factory()`` on the loop; its outcome goes to ``future``, and cancelling
-        ``future`` cancels it.
+        """Run ``factory()`` on the loop now (the row pytest waits for)."""
+        self._launch_all([(factory(), future)])
 
-        The two futures point at each other only until the row finishes: a cycle left
-        between them (with the task, its coroutine and context) outlives the row until a
-        full garbage collection, ~4.7 KB a row that piled up over a session.
+    def _launch_all(
+        self, entries: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]]
+    ) -> None:
+        """Start each coroutine as a task on the loop, with one wake-up of it for all (none
+        from the loop's own thread: a finished row's callback starting the next)."""
+        if threading.get_ident() == self._thread.ident:
+            self.loop.call_soon(self._start_tasks, entries)
+        else:
+            self.loop.call_soon_threadsafe(self._start_tasks, entries)
+
+    def _start_tasks(
+        self, entries: list[tuple[Coroutine[Any, Any, Any], concurrent.futures.Future[Any]]]
+    ) -> None:
+        for coro, future in entries:
+            self._start_task(coro, future)
+
+    def _start_task(
+        self, coro: Coroutine[Any, Any, Any], future: concurrent.futures.Future[Any]
+    ) -> None:
+        """On the loop: ``coro``'s task; its outcome goes to ``future``, and cancelling
+        ``future`` cancels it (what ``run_coroutine_threadsafe`` did, without its second
+        future and its wake-up per row).
+
+        The future reaches the task only until the row finishes: a cycle left between
+        them (with the task, its coroutine and context) outlived the row until a full
+        garbage collection, ~4.7 KB a row that piled up over a session.
         """
-        task_future = asyncio.run_coroutine_threadsafe(factory(), self.loop)
-        link = [task_future]  # cancel_task's way to the task, cut once the row is done
+        released = [False]
 
-        def done(tf: concurrent.futures.Future[Any]) -> None:
-            link.clear()
+        def release() -> bool:
+            """The row's slot frees once: when its task ends, or when ``future`` is
+            cancelled (an abandoned row that ignores the cancel holds no slot)."""
             with self._lock:
+                if released[0]:
+                    return False
+                released[0] = True
                 self._running -= 1
+                return True
+
+        try:
+            task = asyncio.ensure_future(coro, loop=self.loop)
+        except BaseException as exc:
+            coro.close()
+            release()
+            if not future.done():
+                future.set_exception(exc)
+            self._pump()
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
+            return
+        link = [task]  # cancel_task's way to the task, cut once the row is done
+
+        def done(finished: asyncio.Future[Any]) -> None:
+            link.clear()
+            release()
             if future.done():
                 pass
-            elif tf.cancelled():
+            elif finished.cancelled():
                 future.cancel()
-            elif (exc := tf.exception()) is not None:
+            elif (exc := finished.exception()) is not None:
                 future.set_exception(exc)
             else:
-                future.set_result(tf.result())
+                future.set_result(finished.result())
             self._pump()
 
         def cancel_task(f: concurrent.futures.Future[Any]) -> None:
-            if f.cancelled() and link:
-                link[0].cancel()
+            if not f.cancelled():
+                return
+            if release():
+                self._pump()
+            if link:
+                self.loop.call_soon_threadsafe(link[0].cancel)
 
         future.add_done_callback(cancel_task)
-        task_future.add_done_callback(done)
+        task.add_done_callback(done)

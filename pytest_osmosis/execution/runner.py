@@ -365,23 +365,22 @@ async def _phase(
             raise _Escaped(f"{name} stopped the session's event loop (loop.stop())") from exc
 
     task = start_owned(owner, guarded())
-    done: set[asyncio.Future[Any]] = set()
     try:
-        while task not in done:
+        while not task.done():
             left = None if budget is None else budget - used()
             if left is not None and left <= 0:
                 break
-            done, _ = await asyncio.wait({task}, timeout=left)
+            await _settled(task, left)
     except asyncio.CancelledError:
         ours = True
         task.cancel()
         raise
     expired = f"{name} timeout after {_seconds(budget)} s"
-    if task not in done:
+    if not task.done():
         ours = True
         task.cancel()
         # Give a cooperative phase a moment to unwind; one that swallows the cancel is abandoned.
-        await asyncio.wait({task}, timeout=1.0)
+        await _settled(task, 1.0)
         raise _PhaseFailed(f"{name}_timeout", expired)
     if budget is not None and used() > budget:
         # Synchronous code blocked the loop past the budget and then returned: still a timeout.
@@ -399,6 +398,31 @@ async def _phase(
         _user_traceback(exc),
         exc,
     )
+
+
+async def _settled(task: asyncio.Future[Any], timeout: float | None) -> None:
+    """Return when ``task`` is done or ``timeout`` seconds have passed (None: no limit).
+
+    ``asyncio.wait({task}, timeout=...)`` for one task, without its sets, its coroutine
+    checks and its done/pending split: twice a row, a third of a row's task plumbing.
+    """
+    if task.done():
+        return
+    loop = task.get_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    timer = None if timeout is None else loop.call_later(timeout, wake)
+    try:
+        await waiter
+    finally:
+        if timer is not None:
+            timer.cancel()
+        task.remove_done_callback(wake)
 
 
 def _one_line(exc: BaseException) -> str:

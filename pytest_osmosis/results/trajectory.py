@@ -10,28 +10,21 @@ lives under ``extra.osmosis``.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results import stdjson as json
-from pytest_osmosis.results.atif import (
-    Agent,
-    FinalMetrics,
-    Metrics,
-    Observation,
-    ObservationResult,
-    Step,
-    ToolCall,
-    Trajectory,
-)
+from pytest_osmosis.results.atif import FinalMetrics, Metrics, Step, ToolCall
 from pytest_osmosis.results.atomic import atomic_write_bytes, write_all
 from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
 from pytest_osmosis.results.journal import is_single_path_segment
@@ -141,6 +134,27 @@ def write_trajectory(trial_dir: str | Path, doc: Mapping[str, Any]) -> None:
 # --------------------------------------------------------------------------- #
 # Conversion
 # --------------------------------------------------------------------------- #
+#
+# The document is built as plain dicts in the schema's field order (atif.py), None fields
+# left out, and made JSON-ready by one pydantic-core pass: what building the pydantic
+# models and dumping them gave, byte for byte, at a fraction of the cost per row. The
+# models still decide every value that is not already of its field's exact type (a
+# token count given as "12", a bool, a non-finite cost, a non-string argument name): such
+# a value goes through the model, which coerces it or raises its ValidationError.
+
+_METRICS_FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "cost_usd",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "logprobs",
+    "extra",
+)
+_CALL_FIELDS = (*_METRICS_FIELDS[:-1], "model_name", "extra")
+_INT_FIELDS = frozenset(("prompt_tokens", "completion_tokens", "cached_tokens"))
+_STEP_FIELDS = tuple(Step.model_fields)  # a step's keys, in the written order
 
 
 class _CallUsage(BaseModel):
@@ -157,6 +171,32 @@ class _CallUsage(BaseModel):
     logprobs: list[float] | None = None
     model_name: str | None = None
     extra: dict[str, Any] | None = None
+
+
+def _exact(name: str, value: Any, *, finite: bool) -> bool:
+    """Whether *value* is already what field *name* holds (the model would keep it as is)."""
+    if name in _INT_FIELDS:
+        return type(value) is int
+    if name == "cost_usd":
+        return type(value) is float and (not finite or math.isfinite(value))
+    if name == "model_name":
+        return type(value) is str
+    return False  # token ids, logprobs, extra: rare; the model checks them
+
+
+def _call_usage(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """One reported call as ``_CallUsage`` dumps it (None fields left out)."""
+    values = {name: entry.get(name) for name in _CALL_FIELDS}
+    if all(v is None or _exact(k, v, finite=False) for k, v in values.items()):
+        return {k: v for k, v in values.items() if v is not None}
+    return _CallUsage.model_validate(dict(entry)).model_dump(exclude_none=True)
+
+
+def _metrics(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``Metrics`` of *values* as dumped (None left out); raises ``ValidationError``."""
+    if all(v is None or k == "extra" or _exact(k, v, finite=True) for k, v in values.items()):
+        return {k: values[k] for k in _METRICS_FIELDS if values.get(k) is not None}
+    return Metrics.model_validate(dict(values)).model_dump(exclude_none=True)
 
 
 def build_trajectory(
@@ -183,10 +223,12 @@ def build_trajectory(
     messages); the SDK then writes no trajectory.
     """
     steps = _messages_to_steps(messages)
-    calls = [_CallUsage.model_validate(dict(entry)) for entry in step_usage or ()]
+    calls = [_call_usage(entry) for entry in step_usage or ()]
     unmatched = _apply_call_usage(steps, calls)
-    final_metrics = _final_metrics(calls) or FinalMetrics()
-    final_metrics.total_steps = len(steps)
+    final_metrics = _final_metrics(calls)
+    if not steps:
+        raise ValueError("the sample has no messages: a trajectory needs at least one step")
+    final_metrics["total_steps"] = len(steps)
     osmosis: dict[str, Any] = {
         "rollout_id": rollout_id,
         "label": label,
@@ -199,19 +241,62 @@ def build_trajectory(
         ),
         "unmatched_llm_call_metrics": unmatched,
     }
-    trajectory = Trajectory(
-        session_id=rollout_id,
-        trajectory_id=rollout_id,
-        agent=Agent(name=PRODUCER_NAME, version=sdk_version, model_name=model_name),
-        steps=steps,
-        final_metrics=final_metrics,
-        extra={"osmosis": {k: v for k, v in osmosis.items() if v is not None}},
-    )
-    return trajectory.model_dump(mode="json", exclude_none=True)
+    agent = {"name": PRODUCER_NAME, "version": sdk_version}
+    if model_name is not None:
+        agent["model_name"] = model_name
+    return {
+        "schema_version": "ATIF-v1.7",
+        "session_id": rollout_id,
+        "trajectory_id": rollout_id,
+        "agent": agent,
+        "steps": [_step_document(step) for step in steps],
+        "final_metrics": final_metrics,
+        "extra": _free_form({"osmosis": {k: v for k, v in osmosis.items() if v is not None}}),
+    }
 
 
-def _messages_to_steps(messages: Sequence[Mapping[str, Any]]) -> list[Step]:
-    steps: list[Step] = []
+def _step_document(step: dict[str, Any]) -> dict[str, Any]:
+    """A step as written: its set fields in order, its free-form objects JSON-ready."""
+    document: dict[str, Any] = {}
+    for name in _STEP_FIELDS:
+        value = step.get(name)
+        if value is None:
+            continue
+        if name == "extra":
+            value = _free_form(value)
+        elif name == "tool_calls":
+            value = [{**call, "arguments": _free_form(call["arguments"])} for call in value]
+        elif name == "observation":
+            value = {
+                "results": [
+                    {**result, "extra": _free_form(result["extra"])}
+                    if "extra" in result
+                    else result
+                    for result in value["results"]
+                ]
+            }
+        elif name == "metrics" and "extra" in value:
+            value = {**value, "extra": _free_form(value["extra"])}
+        document[name] = value
+    return document
+
+
+def _free_form(fields: dict[str, Any]) -> dict[str, Any]:
+    """A ``dict[str, Any]`` field's value (``extra``, tool arguments) as the models' JSON dump
+    wrote it: the user's tuples, datetimes or models made JSON, None kept, and the same
+    nesting limit (measured: a model's field counts one level, as the object as ``Any`` does).
+    A value it cannot serialize raises ``PydanticSerializationError`` (a ``ValueError``)."""
+    return cast("dict[str, Any]", _any().dump_python(fields, mode="json", exclude_none=True))
+
+
+@functools.cache
+def _any() -> TypeAdapter[Any]:
+    return TypeAdapter(Any)
+
+
+def _messages_to_steps(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Steps as dicts keyed by ``Step``'s fields (None: not set)."""
+    steps: list[dict[str, Any]] = []
     for message in messages:
         role = str(message.get("role", ""))
         if role in ("tool", "function"):
@@ -232,72 +317,75 @@ def _messages_to_steps(messages: Sequence[Mapping[str, Any]]) -> list[Step]:
             if reasoning is not None:
                 extra["reasoning_content"] = reasoning
             if tool_calls:
-                extra["tool_calls"] = [call.model_dump(exclude_none=True) for call in tool_calls]
+                extra["tool_calls"] = tool_calls
             reasoning = None
             tool_calls = None
         is_agent = source == "agent"
         metrics = _message_metrics(message) if is_agent else None
         steps.append(
-            Step(
-                step_id=len(steps) + 1,
-                timestamp=_message_timestamp(message),
-                source=source,
-                message=_flatten_content(message.get("content")),
-                reasoning_content=reasoning,
-                tool_calls=tool_calls,
-                model_name=_message_model(message) if is_agent else None,
-                metrics=metrics,
-                llm_call_count=1 if metrics is not None else None,
-                extra=extra,
-            )
+            {
+                "step_id": len(steps) + 1,
+                "timestamp": _message_timestamp(message),
+                "source": source,
+                "model_name": _message_model(message) if is_agent else None,
+                "message": _flatten_content(message.get("content")),
+                "reasoning_content": reasoning,
+                "tool_calls": tool_calls,
+                "observation": None,
+                "metrics": metrics,
+                "llm_call_count": 1 if metrics is not None else None,
+                "extra": extra,
+            }
         )
     return steps
 
 
-def _fold_tool_result(steps: list[Step], message: Mapping[str, Any]) -> None:
+def _fold_tool_result(steps: list[dict[str, Any]], message: Mapping[str, Any]) -> None:
     """Attach a ``tool``/``function`` message to the preceding agent step's observation."""
     call_id = message.get("tool_call_id")
-    target = steps[-1] if steps and steps[-1].source == "agent" else None
-    known = {call.tool_call_id for call in (target.tool_calls or ())} if target else set()
-    matched = call_id in known
-    result = ObservationResult(
-        source_call_id=call_id if matched else None,
-        content=_flatten_content(message.get("content")),
-        extra=None if matched else {"tool_call_id": call_id},
-    )
+    target = steps[-1] if steps and steps[-1]["source"] == "agent" else None
+    known = {call["tool_call_id"] for call in (target["tool_calls"] or ())} if target else set()
+    result: dict[str, Any]
+    if call_id in known:
+        result = {"source_call_id": call_id, "content": _flatten_content(message.get("content"))}
+    else:
+        result = {"content": _flatten_content(message.get("content"))}
+        result["extra"] = {"tool_call_id": call_id}
     if target is None:
         steps.append(
-            Step(
-                step_id=len(steps) + 1,
-                source="system",
-                message="",
-                observation=Observation(results=[result]),
-                extra={"original_role": str(message.get("role", "tool"))},
-            )
+            {
+                "step_id": len(steps) + 1,
+                "source": "system",
+                "message": "",
+                "observation": {"results": [result]},
+                "extra": {"original_role": str(message.get("role", "tool"))},
+            }
         )
-    elif target.observation is None:
-        target.observation = Observation(results=[result])
+    elif target["observation"] is None:
+        target["observation"] = {"results": [result]}
     else:
-        target.observation.results.append(result)
+        target["observation"]["results"].append(result)
 
 
-def _tool_calls(raw: Any) -> list[ToolCall] | None:
+def _tool_calls(raw: Any) -> list[dict[str, Any]] | None:
     if not raw or isinstance(raw, str) or not isinstance(raw, Sequence):
         return None
-    calls: list[ToolCall] = []
+    calls: list[dict[str, Any]] = []
     for index, item in enumerate(raw):
         if not isinstance(item, Mapping):
             continue
         function = item.get("function")
         if not isinstance(function, Mapping):
             function = {}
-        calls.append(
-            ToolCall(
-                tool_call_id=str(item.get("id") or f"call_{index}"),
-                function_name=str(function.get("name") or "unknown"),
-                arguments=_tool_arguments(function.get("arguments")),
-            )
-        )
+        call = {
+            "tool_call_id": str(item.get("id") or f"call_{index}"),
+            "function_name": str(function.get("name") or "unknown"),
+            "arguments": _tool_arguments(function.get("arguments")),
+        }
+        if not all(type(name) is str for name in call["arguments"]):
+            # An argument name that is not a string: ToolCall coerces it or says why not.
+            call = ToolCall.model_validate(call).model_dump(exclude_none=True)
+        calls.append(call)
     return calls or None
 
 
@@ -364,7 +452,7 @@ def _message_model(message: Mapping[str, Any]) -> str | None:
     return str(model) if model else None
 
 
-def _message_metrics(message: Mapping[str, Any]) -> Metrics | None:
+def _message_metrics(message: Mapping[str, Any]) -> dict[str, Any] | None:
     """Step metrics from inline ``usage`` (chat-completions or Responses API names)."""
     usage = message.get("usage")
     if not isinstance(usage, Mapping):
@@ -393,54 +481,67 @@ def _message_metrics(message: Mapping[str, Any]) -> Metrics | None:
     completion = usage.get("completion_tokens")
     if completion is None:
         completion = usage.get("output_tokens")
+    values = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "cached_tokens": cached,
+        "cost_usd": usage.get("cost_usd"),
+        "extra": extra or None,
+    }
     try:
-        metrics = Metrics(
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            cached_tokens=cached,
-            cost_usd=usage.get("cost_usd"),
-            extra=extra or None,
-        )
-    except ValidationError:
+        metrics = _metrics(values)
+    except ValidationError:  # usage the schema cannot hold: the step has no metrics
         return None
-    return metrics if metrics.model_dump(exclude_none=True) else None
+    return metrics or None
 
 
-def _apply_call_usage(steps: list[Step], calls: list[_CallUsage]) -> list[dict[str, Any]] | None:
+def _apply_call_usage(
+    steps: list[dict[str, Any]], calls: list[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
     """Overlay per-call metrics on agent steps when the counts match; else return them."""
     if not calls:
         return None
-    agent_steps = [step for step in steps if step.source == "agent"]
+    agent_steps = [step for step in steps if step["source"] == "agent"]
     if len(agent_steps) != len(calls):
-        return [call.model_dump(exclude_none=True) for call in calls]
+        return [dict(call) for call in calls]
     for step, call in zip(agent_steps, calls, strict=True):
-        payload = call.model_dump(exclude={"model_name"}, exclude_none=True)
+        payload = {k: v for k, v in call.items() if k != "model_name"}
         if payload:
-            reported = Metrics.model_validate(payload)
-            step.metrics = (
+            reported = _metrics(payload)
+            inline = step["metrics"]
+            step["metrics"] = (
                 reported
-                if step.metrics is None
-                else step.metrics.model_copy(update=reported.model_dump(exclude_none=True))
+                if inline is None
+                else {
+                    k: reported[k] if k in reported else inline[k]
+                    for k in _METRICS_FIELDS
+                    if k in reported or k in inline
+                }
             )
-        step.model_name = call.model_name or step.model_name
-        step.llm_call_count = 1
+        step["model_name"] = call.get("model_name") or step["model_name"]
+        step["llm_call_count"] = 1
     return None
 
 
-def _final_metrics(calls: list[_CallUsage]) -> FinalMetrics | None:
-    if not calls:
-        return None
-    prompt = [c.prompt_tokens for c in calls if c.prompt_tokens is not None]
-    completion = [c.completion_tokens for c in calls if c.completion_tokens is not None]
-    cached = [c.cached_tokens for c in calls if c.cached_tokens is not None]
-    cost = [c.cost_usd for c in calls if c.cost_usd is not None]
-    totals = FinalMetrics(
-        total_prompt_tokens=sum(prompt) if prompt else None,
-        total_completion_tokens=sum(completion) if completion else None,
-        total_cached_tokens=sum(cached) if cached else None,
-        total_cost_usd=sum(cost) if cost else None,
-    )
-    return totals if totals.model_dump(exclude_none=True) else None
+_TOTALS = (
+    ("total_prompt_tokens", "prompt_tokens"),
+    ("total_completion_tokens", "completion_tokens"),
+    ("total_cached_tokens", "cached_tokens"),
+    ("total_cost_usd", "cost_usd"),
+)
+
+
+def _final_metrics(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """``FinalMetrics`` totals of the reported calls (none reported: empty)."""
+    totals: dict[str, Any] = {}
+    for total, name in _TOTALS:
+        values = [call[name] for call in calls if name in call]
+        if values:
+            totals[total] = sum(values)
+    cost = totals.get("total_cost_usd")
+    if cost is not None and not math.isfinite(cost):
+        FinalMetrics(**totals)  # raises the schema's ValidationError (finite floats only)
+    return totals
 
 
 def trial_dir_of(run_dir: Path, rollout_id: str) -> Path:

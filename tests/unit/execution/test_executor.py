@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_osmosis.execution.executor import RUN_AHEAD, Executor
+from pytest_osmosis.execution.executor import REFILL, RUN_AHEAD, Executor
 
 CONCURRENCY = 2
 ROWS = 100
@@ -67,13 +67,20 @@ def test_instant_rows_run_ahead_no_further_than_the_window(executor: Executor) -
     assert executor.window == CONCURRENCY * RUN_AHEAD < ROWS
     assert _settled(executor) == (executor.window, executor.window)
     assert sorted(ran) == list(range(executor.window))  # in pytest's order
-    # Each result taken makes room for exactly one more, so the window stays full...
-    for i in range(5):
+    # Results taken make room for a batch, which starts with one wake-up of the loop (one
+    # a row was most of a row's cost on the main thread), so the window refills...
+    refill = min(REFILL, CONCURRENCY)
+    assert refill > 1
+    for i in range(refill - 1):
+        assert executor.result(f"row{i}", _instant(ran, i)) == i
+    assert _settled(executor) == (executor.window - refill + 1,) * 2
+    assert len(ran) == executor.window  # not yet room for a batch
+    for i in range(refill - 1, 2 * refill):
         assert executor.result(f"row{i}", _instant(ran, i)) == i
     assert _settled(executor) == (executor.window, executor.window)
-    assert len(ran) == executor.window + 5
+    assert len(ran) == executor.window + 2 * refill
     # ...and every row still runs exactly once, in the end.
-    for i in range(5, ROWS):
+    for i in range(2 * refill, ROWS):
         assert executor.result(f"row{i}", _instant(ran, i)) == i
     assert sorted(ran) == list(range(ROWS))
     assert executor.held() == (0, 0)

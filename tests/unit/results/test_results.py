@@ -52,6 +52,7 @@ from pytest_osmosis.results import (
     read_journal,
     source_digest,
     validate_run_name,
+    validate_trajectory,
     write_trajectory,
 )
 from pytest_osmosis.results.atomic import atomic_write_bytes, pretty_json
@@ -1618,6 +1619,73 @@ SDK_TRAJECTORY_SCRIPT = """
             verdicts.append(False)
     print(json.dumps({"version": PACKAGE_VERSION, "theirs": theirs, "valid": verdicts}))
 """
+
+
+def _trajectory_of(messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "rollout_id": "f" * 32,
+        "label": None,
+        "reward": 1.0,
+        "sample_metrics": None,
+        "sample_extra_fields": None,
+        "request_metadata": None,
+        "request_extra_fields": None,
+        "sdk_version": "0.3.8",
+        **kwargs,
+    }
+    return build_trajectory(messages=messages, **fields)
+
+
+def test_a_rollouts_odd_values_are_coerced_or_refused_as_the_schema_says() -> None:
+    """The document is built without the pydantic models, which still decide every value
+    not already of its field's type: the same coercions, the same refusals."""
+    from pytest_osmosis.execution.runner import _one_line
+
+    def metrics(usage: dict[str, Any]) -> Any:
+        doc = _trajectory_of([{"role": "assistant", "content": "x", "usage": usage}])
+        validate_trajectory(doc)
+        return doc["steps"][0].get("metrics")
+
+    assert metrics({"prompt_tokens": "12", "completion_tokens": 2.0}) == {
+        "prompt_tokens": 12,
+        "completion_tokens": 2,
+    }
+    assert metrics({"prompt_tokens": 3, "cost_usd": 1}) == {"prompt_tokens": 3, "cost_usd": 1.0}
+    # What the schema cannot hold costs the step its metrics, not the document.
+    assert metrics({"prompt_tokens": 1.5}) is None
+    assert metrics({"prompt_tokens": 1, "cost_usd": float("nan")}) is None
+    assert metrics({"prompt_tokens": "many"}) is None
+    # The user's free-form values are written as JSON the way the models dumped them.
+    doc = _trajectory_of(
+        [{"role": "user", "content": "x"}],
+        request_metadata={"when": datetime(2026, 1, 2, tzinfo=timezone.utc), "pair": (1, 2)},
+        sample_extra_fields={"score": float("inf"), 3: "three"},
+    )
+    validate_trajectory(doc)
+    osmosis = doc["extra"]["osmosis"]
+    assert osmosis["request_metadata"] == {"when": "2026-01-02T00:00:00Z", "pair": [1, 2]}
+    assert osmosis["sample_extra_fields"] == {"score": None, "3": "three"}
+    # Refusals stay clear one-line errors naming the value (the row keeps its result).
+    tool_call = {"id": "c1", "function": {"name": "f", "arguments": {1: "x"}}}
+    with pytest.raises(ValueError) as refused:
+        _trajectory_of([{"role": "assistant", "content": "", "tool_calls": [tool_call]}])
+    assert _one_line(refused.value) == "arguments.1.[key]: Input should be a valid string"
+
+    class Opaque:
+        pass
+
+    with pytest.raises(ValueError, match="Unable to serialize unknown type: .*Opaque"):
+        _trajectory_of([{"role": "user", "content": "x"}], sample_extra_fields={"o": Opaque()})
+    with pytest.raises(ValueError, match="finite"):  # the totals the schema refuses
+        _trajectory_of(
+            [{"role": "assistant", "content": "x"}],
+            step_usage=[{"prompt_tokens": 1, "cost_usd": float("inf")}],
+        )
+    with pytest.raises(ValueError) as empty:
+        _trajectory_of([])
+    assert _one_line(empty.value) == (
+        "the sample has no messages: a trajectory needs at least one step"
+    )
 
 
 @needs_sdk
