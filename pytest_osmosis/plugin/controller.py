@@ -366,12 +366,16 @@ class Controller:
         fsync (group commit, RunDirectory.stage), and :meth:`record` only waits for it.
         Recorded one at a time, each waited for its own fsync (~3 ms), and the main thread,
         not the rows, set the pace of 200 ms rows. What :meth:`record` would not journal
-        is not staged; a failure here is left for record to meet and report.
+        is not staged, nor a row of a worker on another host (its trajectory's files come
+        with the report, and record() writes them before the journal names the row); a
+        failure here is left for record() to meet and report.
         """
         from pytest_osmosis.plugin.rerun import is_rerun
 
         result = getattr(report, "osmosis", None)
         if not isinstance(result, dict) or is_rerun(report) or result.get("session_fault"):
+            return
+        if getattr(report, "osmosis_files", None):
             return
         try:
             run = self._run_of(result)
