@@ -171,3 +171,67 @@ def test_a_killed_bridge_process_stops_the_session_and_a_resume_finishes_it(
     assert resumed.ret == 0, resumed.stdout.str()
     assert sorted(r["row_index"] for r in read_index(run_dir)) == [0, 1, 2, 3]
     assert _summary(run_dir) == _summary(root / ".osmosis" / "evals" / "whole")
+
+
+def test_a_remote_bridge_answers_a_row_as_the_bridge_does(
+    model_loop: Any, model_server: ModelServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same row against `Bridge` here and `RemoteBridge` (the same code in the helper):
+    the same answers, refusals, per-row snapshot, totals and log line, on the LiteLLM route."""
+    import aiohttp
+
+    from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.bridge_process import RemoteBridge
+
+    async def post(url: str, key: str, text: str) -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                url + "/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": text}]},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response:
+                return response.status, await response.json()
+
+    route = ModelRoute(
+        "openai/osmosis-test",
+        "openai/osmosis-test",
+        {"api_base": model_server.url, "api_key": "sk-remote-test", "organization": "org-x"},
+    )  # an organization: only LiteLLM sends it, so the rows go through LiteLLM
+    seen: dict[str, Any] = {}
+    for name, bridge in (("here", Bridge(route)), ("helper", RemoteBridge(route))):
+        model_loop.run(bridge.start())
+        try:
+            caplog.clear()
+            url, key = bridge.open_rollout("row")
+            model_server.fail_next(429, count=2, retry_after=0)  # retried by the back-off
+            first = model_loop.run(post(url, key, "What is 2 + 2?"))
+            usage = bridge.call_usage("row")
+            model_server.fail_next(400, message="bad request from the provider")
+            second = model_loop.run(post(url, key, "What is 3 + 3?"))
+            wrong = model_loop.run(post(url, "wrong", "What is 1 + 1?"))[0]
+            tokens = bridge.close_rollout("row")
+            closed = model_loop.run(post(url, key, "What is 1 + 1?"))[0]
+            seen[name] = (
+                first,
+                usage,
+                second[0],
+                second[1]["error"]["type"],
+                wrong,
+                closed,
+                tokens,
+                bridge.pop_cost("row"),
+                bridge.pop_rate_limited("row"),
+                bridge.pop_provider_errors("row"),
+                (bridge.calls, bridge.errors, bridge.tokens_total, bridge.exhaustions),
+                [r.getMessage() for r in caplog.records if r.name == "pytest_osmosis.model.bridge"],
+            )
+        finally:
+            model_loop.run(bridge.close())
+    for name in seen:  # ids and timings aside
+        seen[name][0][1].pop("id", None)
+        seen[name][0][1].pop("created", None)
+    assert seen["helper"] == seen["here"]
+    here = seen["here"]
+    assert here[0][0] == 200 and here[2:6] == (400, "invalid_request_error", 401, 404)
+    assert here[6] and here[8] == 2 and len(here[1]) == 1
+    assert len(here[11]) == 1 and "bad request from the provider" in here[11][0]

@@ -280,6 +280,7 @@ class RemoteBridge:
                 f"{self.last_exhaustion}; rollout {rollout_id} was left pending "
                 "(resume the run to finish it)"
             ) from None
+        self.calls, self.errors, self.tokens_total = snapshot.pop("totals")
         self.exhaustions = snapshot["exhaustions"] + (1 if self._dead else 0)
         self.last_exhaustion = snapshot["last_exhaustion"] or self.last_exhaustion
         cache = snapshot.pop("cache")
@@ -376,7 +377,7 @@ class RemoteBridge:
                     if exc_text:
                         message = f"{message}\n{exc_text}"
                     # Made by the factory, whole: the session's redaction sees its text.
-                    record = target.makeRecord(name, level, HELPER_FILE, 0, message, None, None)
+                    record = target.makeRecord(name, level, HELPER_FILE, 0, message, (), None)
                     target.handle(record)
                 with self._log_cond:
                     self._logged += 1
@@ -497,6 +498,7 @@ class _Helper:
             "last_exhaustion": bridge.last_exhaustion,
             "cache": (attempt.calls, attempt.hits) if attempt is not None else None,
             "logged": self.forward.sent,
+            "totals": (bridge.calls, bridge.errors, bridge.tokens_total),
         }
 
     def op_judges(self, models: list[str]) -> None:
