@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_osmosis.core.errors import ResourceExhaustedError
+from pytest_osmosis.core.errors import ModelPreflightError, ResourceExhaustedError
 
 if TYPE_CHECKING:
     from pytest_osmosis.model.cache import CachedAttempt, CallCache
@@ -69,7 +69,9 @@ def placement(route: ModelRoute, pending: int, *, offline: bool) -> str:
     from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH
 
     forced = os.environ.get(ENV, "").strip()
-    if forced == "0" or offline or route.model_path == EMBEDDED_MODEL_PATH:
+    if forced == "0" or os.name != "posix":  # the helper inherits its sockets (pass_fds)
+        return "in-process"
+    if offline or route.model_path == EMBEDDED_MODEL_PATH:
         return "in-process"
     if rows_go_direct(route) or litellm_configured():
         return "in-process"
@@ -177,7 +179,10 @@ class RemoteBridge:
 
     async def start(self) -> None:
         """Start the helper; it binds its listener and starts importing LiteLLM."""
-        await asyncio.to_thread(self._spawn)
+        try:
+            await asyncio.to_thread(self._spawn)
+        except _Dead:
+            raise ModelPreflightError(self.last_exhaustion) from None
 
     def _spawn(self) -> None:
         import pytest_osmosis
@@ -212,7 +217,10 @@ class RemoteBridge:
 
     async def preflight(self) -> None:
         """The model check, in the helper (LiteLLM's import and the same `check_model`)."""
-        self.preflight_warning = await asyncio.to_thread(self._call, "preflight")
+        try:
+            self.preflight_warning = await asyncio.to_thread(self._call, "preflight")
+        except _Dead:
+            raise ModelPreflightError(self.last_exhaustion) from None
 
     async def close(self) -> None:
         """Stop the helper: its bridge closes, its cache writes what it queued, it exits."""
