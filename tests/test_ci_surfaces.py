@@ -421,6 +421,78 @@ def check_junit(path: Path, root: Path, *, resumed: str) -> None:
             assert str(verdict.text).startswith(message)
 
 
+#: Records, in the controller, what each row's reports carry when they are logged and what
+#: pytest still holds of them at the end (it keeps every report to the end of the session).
+HOLDING = """
+import json, os
+
+seen = {"logged": [], "properties": {}, "held": []}
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    name = report.nodeid.rsplit("::", 1)[-1]
+    if getattr(report, "osmosis", None) is not None:
+        seen["logged"].append([name, report.when, report.osmosis["status"]])
+    if report.when == "teardown":
+        seen["properties"][name] = [p[0] for p in report.user_properties]
+
+
+def pytest_terminal_summary(terminalreporter):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "osmosis", None) is not None:
+                seen["held"].append(report.nodeid)
+    with open("holding.json", "w") as out:
+        json.dump(seen, out)
+"""
+
+PROPERTIES = [
+    "osmosis_pass_threshold",
+    "osmosis_tokens",
+    "osmosis_duration_s",
+    "osmosis_model",
+    "osmosis_dataset_row",
+    "osmosis_attempt",
+    "osmosis_trajectory",
+]
+
+
+@MODES
+def test_reports_carry_the_result_until_logged_and_properties_only_for_junit(
+    workspace: pytest.Pytester, xdist: tuple[str, ...]
+) -> None:
+    # pytest holds every report to the end: a 100,000-row session kept each row's result
+    # and its JUnit properties there for nobody (issue 30 item 5).
+    workspace.makeconftest(HOLDING)
+    run(workspace, xdist, "--osmosis-name", "h").assert_outcomes(passed=3, failed=1, errors=1)
+    seen = json.loads((workspace.path / "holding.json").read_text())
+    assert sorted(seen["logged"]) == [
+        ["row_0_run_0", "call", "success"],
+        ["row_1_run_0", "call", "success"],
+        ["row_2_run_0", "call", "success"],
+        ["row_3_run_0", "call", "success"],
+        ["row_4_run_0", "setup", "failed"],
+    ]
+    assert seen["held"] == []
+    assert seen["properties"] == {f"row_{n}_run_0": [] for n in range(5)}
+
+    run(workspace, xdist, "--osmosis-name", "j", "--junitxml=out.xml").assert_outcomes(
+        passed=3, failed=1, errors=1
+    )
+    seen = json.loads((workspace.path / "holding.json").read_text())
+    assert seen["held"] == []
+    reward = ["osmosis_reward"]
+    assert seen["properties"] == {
+        **{f"row_{n}_run_0": reward + PROPERTIES for n in range(4)},
+        # The error: its type, no reward, no tokens and no trajectory.
+        "row_4_run_0": [PROPERTIES[0], "osmosis_error_type", *PROPERTIES[2:6]],
+    }
+
+
 def test_a_low_reward_is_an_assertion_error_and_an_error_is_not(workspace: pytest.Pytester) -> None:
     # What Allure (and others) read to say "failed" rather than "broken".
     workspace.makeconftest(

@@ -633,6 +633,7 @@ def test_concurrency_beyond_the_fd_limit_is_capped_with_a_warning_and_fails_no_r
 
 MEETING_ROLLOUT = """
 import asyncio
+import pathlib
 
 from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
 
@@ -642,6 +643,7 @@ BOTH_HERE = []
 
 class MeetingWorkflow(AgentWorkflow):
     async def run(self, ctx):
+        pathlib.Path("started_" + ctx.prompt[-1]["content"]).touch()
         if (ctx.metadata or {}).get("do") == "meet":
             if not BOTH_HERE:
                 BOTH_HERE.append(asyncio.Event())
@@ -664,11 +666,11 @@ backend = LocalBackend(workflow=MeetingWorkflow, grader=AlwaysGrader)
 def test_rows_pytest_skips_do_not_stop_later_rows_running_ahead(
     pytester: pytest.Pytester, model_env: ModelServer
 ) -> None:
-    """A conftest skips the first 20 rows; they ran ahead anyway and nobody takes their
-    results. The last two rows can only finish together (each waits for the other), so the
-    second must run ahead while pytest waits for the first. Before, the skipped rows' results
-    held the whole run-ahead window (8 x concurrency 2 = 16) for good: the second row never
-    started and the first timed out."""
+    """A conftest skips rows 1-19 in its setup hook, which no mark foretells, once each has
+    started: they ran ahead (row 0's item started them) and nobody takes their results. The last two rows can only finish
+    together (each waits for the other), so the second must run ahead while pytest waits for
+    the first. Before, the skipped rows' results held the whole run-ahead window (8 x
+    concurrency 2 = 16) for good: the second row never started and the first timed out."""
     rows: list[dict[str, Any]] = [{"user_prompt": f"q{i}", "ground_truth": "ok"} for i in range(20)]
     rows += [
         {"user_prompt": f"q{i}", "ground_truth": "ok", "metadata": {"do": "meet"}} for i in (20, 21)
@@ -676,17 +678,135 @@ def test_rows_pytest_skips_do_not_stop_later_rows_running_ahead(
     write_workspace(pytester.path, rows=rows, rollout_source=MEETING_ROLLOUT)
     pytester.makeconftest(
         """
+import pathlib
 import re
+import time
+
 import pytest
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        row = int(re.search(r"row_(\\d+)_", item.nodeid).group(1))
-        if row < 20:
-            item.add_marker(pytest.mark.skip(reason="not today"))
+def pytest_runtest_setup(item):
+    row = int(re.search(r"row_(\\d+)_", item.nodeid).group(1))
+    if 1 <= row < 20:
+        started = pathlib.Path(f"started_q{row}")
+        for _ in range(6000):  # the row starts: the window holds rows up to row + 15
+            if started.exists():
+                break
+            time.sleep(0.01)
+        pytest.skip("not today")
 """
     )
     result = pytester.runpytest(
         "--osmosis-eval", "--osmosis-concurrency", "2", "-p", "no:cacheprovider"
     )
-    result.assert_outcomes(passed=2, skipped=20)
+    result.assert_outcomes(passed=3, skipped=19)
+    started = sorted(p.name for p in pytester.path.glob("started_q*"))
+    assert len(started) == 22, started
+
+
+
+# Row 0 finishes once row 1 has started ("hang": it never finishes by itself), or has
+# finished, or row 2 has started (row 1 never started, so row 2 had its slot): each before
+# pytest reaches row 1's item. Row 2, when row 1 hangs, finishes once row 1 is cancelled.
+SKIPPED_AHEAD_ROLLOUT = """
+import asyncio
+import pathlib
+
+from pytest_osmosis.rollout import AgentWorkflow, AgentWorkflowOutput, Grader, LocalBackend
+
+EVENTS = {}
+
+
+def event(name):
+    return EVENTS.setdefault(name, asyncio.Event())
+
+
+class Workflow(AgentWorkflow):
+    async def run(self, ctx):
+        row, then = ctx.metadata["row"], pathlib.Path("then").read_text()
+        pathlib.Path("ran_" + row).touch()
+        if row == "q0":
+            await event("go").wait()
+        if row == "q1" and then == "hang":
+            event("go").set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                event("cancelled").set()
+                raise
+        if row == "q2":
+            event("go").set()
+            if then == "hang":
+                await asyncio.wait_for(event("cancelled").wait(), 120)
+        return AgentWorkflowOutput(messages=[*ctx.prompt, {"role": "assistant", "content": "ok"}])
+
+
+class AlwaysGrader(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward(1.0)
+        if ctx.metadata["row"] == "q1":
+            event("go").set()
+
+
+backend = LocalBackend(workflow=Workflow, grader=AlwaysGrader)
+"""
+
+SKIP_ROW_1 = {
+    # A mark a conftest adds: its row is not even started ahead.
+    "mark": """
+import pytest
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid.endswith("::row_1_run_0"):
+            item.add_marker(pytest.mark.skip(reason="not today"))
+""",
+    # A skip no mark foretells: the row started ahead.
+    "hook": """
+import pytest
+
+def pytest_runtest_setup(item):
+    if item.nodeid.endswith("::row_1_run_0"):
+        pytest.skip("not today")
+""",
+}
+
+
+@pytest.mark.parametrize(
+    ("how", "then", "recorded"),
+    [("mark", "finish", [0, 2]), ("hook", "hang", [0, 2]), ("hook", "finish", [0, 1, 2])],
+    ids=["marked-never-starts", "running-is-cancelled", "finished-is-recorded"],
+)
+def test_a_row_pytest_skips_does_not_run_and_one_that_finished_ahead_is_recorded(
+    pytester: pytest.Pytester, model_env: ModelServer, how: str, then: str, recorded: list[int]
+) -> None:
+    """pytest skips row 1. A skip its marks say (a conftest's ``skip`` mark) keeps it from
+    starting ahead (before, it ran and was recorded: a result pytest reported skipped);
+    a skip they do not say (a conftest's setup hook) cancels it if it is still running
+    (before, it ran on, spending, until the session's end). Either way it stays pending,
+    and the next session without the skip runs it. A row that had already finished is
+    recorded, as every row that finished is (it ran, and was paid for)."""
+    rows = [
+        {"user_prompt": "q", "ground_truth": "ok", "metadata": {"row": f"q{i}"}} for i in range(3)
+    ]
+    write_workspace(pytester.path, rows=rows, rollout_source=SKIPPED_AHEAD_ROLLOUT)
+    (pytester.path / "then").write_text(then)
+    conftest = pytester.makeconftest(SKIP_ROW_1[how])
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "skips")
+    result = pytester.runpytest(*args, "--osmosis-concurrency", "2")
+    result.assert_outcomes(passed=2, skipped=1)
+    run_dir = pytester.path / ".osmosis" / "evals" / "skips"
+    assert sorted(r["row_index"] for r in read_index(run_dir)) == recorded
+    assert (pytester.path / "ran_q1").exists() == (how == "hook")
+    conftest.unlink()
+    (pytester.path / "then").write_text("finish")
+    again = pytester.runpytest(*args)
+    if 1 in recorded:  # nothing is pending
+        assert again.ret == pytest.ExitCode.OK
+        again.stdout.fnmatch_lines(["already finished: every row is recorded, none ran again*"])
+        return
+    again.assert_outcomes(passed=3)
+    assert sorted((r["row_index"], bool(r.get("resumed"))) for r in read_index(run_dir)) == [
+        (0, True),
+        (1, False),
+        (2, True),
+    ]

@@ -209,6 +209,9 @@ def test_a_changed_row_selection_is_named_as_such_and_says_how_to_resume(
             "(0 recorded, 0-1 now)))"
         ]
     )
+    # The plan stops as the run would: exit 4, with the run's own line.
+    assert plan.ret == pytest.ExitCode.USAGE_ERROR
+    assert plan.errlines == changed.errlines
     # The file itself changed too: both are named, and no --osmosis-rows can resume it.
     data = pytester.path / "data" / "calc.jsonl"
     data.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n")

@@ -98,6 +98,24 @@ def test_plan_says_a_named_run_resumes(pytester: pytest.Pytester, model_env: Mod
     assert _plan_lines(changed.stdout.str())["run"] == (
         "nightly (would be refused: made with different inputs (changed: n))"
     )
+    # What the run itself would do: stop with its one line, exit 4.
+    assert changed.ret == pytest.ExitCode.USAGE_ERROR
+    run = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-name", "nightly", "--osmosis-n", "3", *PLAIN
+    )
+    assert run.ret == pytest.ExitCode.USAGE_ERROR
+    assert changed.errlines == run.errlines
+    assert "was created with different resolved inputs (changed: n)" in run.errlines[0]
+    # A manifest it cannot read: the same.
+    manifest = next((pytester.path / ".osmosis" / "evals" / "nightly").glob("manifest.json"))
+    manifest.write_text("{not json")
+    unreadable = pytester.runpytest(
+        "--osmosis-eval", "--osmosis-plan", "--osmosis-name", "nightly", *PLAIN
+    )
+    assert _plan_lines(unreadable.stdout.str())["run"].startswith("nightly (cannot resume: ")
+    run = pytester.runpytest("--osmosis-eval", "--osmosis-name", "nightly", *PLAIN)
+    assert (unreadable.ret, run.ret) == (pytest.ExitCode.USAGE_ERROR,) * 2
+    assert unreadable.errlines == run.errlines and "is unreadable" in run.errlines[0]
     assert model_env.requests_total == requests
 
 

@@ -254,8 +254,6 @@ class Executor:
         self._queue: collections.OrderedDict[str, CoroFactory] = collections.OrderedDict()
         #: Started and not taken (running, or finished and waiting for its item).
         self._futures: dict[str, concurrent.futures.Future[Any]] = {}
-        #: Started, released by pytest without being taken (``release``): out of the window.
-        self._released: dict[str, concurrent.futures.Future[Any]] = {}
         self._running = 0
         self._pumping = False
         self._again = False
@@ -351,23 +349,10 @@ class Executor:
         if not self._lock.acquire(blocking=wait):
             return {}
         try:
-            futures = {**self._released, **self._futures}
-            done = [(k, f) for k, f in futures.items() if f.done() and not f.cancelled()]
+            done = [(k, f) for k, f in self._futures.items() if f.done() and not f.cancelled()]
         finally:
             self._lock.release()
         return {key: future.result() for key, future in done if future.exception() is None}
-
-    def release(self, key: str) -> None:
-        """pytest is done with ``key``'s item (it took the result, or never asked: a skip
-        mark). Queued: it never starts. Started and not taken: it leaves the window, so rows
-        nobody will take cannot fill it and stop every later row from running ahead; its
-        result stays for :meth:`finished`."""
-        with self._lock:
-            self._queue.pop(key, None)
-            future = self._futures.pop(key, None)
-            if future is not None:
-                self._released[key] = future
-        self._pump()
 
     def held(self) -> tuple[int, int]:
         """(items started and not taken, of them finished): what the window holds now."""
@@ -375,14 +360,18 @@ class Executor:
             futures = list(self._futures.values())
         return len(futures), sum(1 for f in futures if f.done())
 
-    def abandon(self, key: str) -> None:
-        """Give up on ``key``: cancel it (if its code ever yields) and forget it."""
+    def abandon(self, key: str) -> bool:
+        """Give up on ``key``: cancel it (if its code ever yields) and forget it, its result
+        too; whether it was queued or started. Also for a row pytest is done with without
+        taking its result (its item was skipped): it leaves the window and stops spending,
+        and :meth:`finished` never returns it."""
         with self._lock:
             future = self._futures.pop(key, None)
-            self._queue.pop(key, None)
+            queued = self._queue.pop(key, None)
         if future is not None:
             future.cancel()
         self._pump()
+        return future is not None or queued is not None
 
     def blocker(self) -> tuple[str | None, str, float] | None:
         """Who holds the loop thread right now, when a synchronous call is blocking it.
@@ -422,7 +411,6 @@ class Executor:
             keys = [k for k, f in self._futures.items() if not f.done()] + list(self._queue)
             self._queue.clear()
             running = [f for f in self._futures.values() if not f.done()]
-            running += [f for f in self._released.values() if not f.done()]
         for future in running:
             future.cancel()
         return keys

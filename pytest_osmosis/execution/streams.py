@@ -16,16 +16,27 @@ node id, for the row's own report; everything else passes through.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pytest_osmosis.execution.blame import current_row
 
-__all__ = ["RoutedStream", "RowOutput", "keep_streams_open", "let_streams_close", "unroute"]
+__all__ = [
+    "LOG",
+    "STREAMS",
+    "RoutedStream",
+    "RowOutput",
+    "keep_streams_open",
+    "let_streams_close",
+    "unroute",
+]
 
 STREAMS = ("stdout", "stderr")
+#: What a row's log records are kept under (``execution/row_logs.py``): pytest's section name.
+LOG = "log"
 
 #: The streams given a flushing ``close``, to give them their own back at session end.
 _KEPT: list[Any] = []
@@ -78,20 +89,41 @@ class RowOutput:
         # A thread the row started may write while its report takes the text: a line
         # appended after the join would show nowhere.
         self._lock = threading.Lock()
+        self._through = threading.local()  # .on: this thread's writes are no row's now
 
     def open(self, key: str) -> None:
         """``key``'s row starts (again: a re-run keeps only its own output)."""
         self._rows[key] = {}
 
+    def owner(self) -> str | None:
+        """The kept row whose code is running in this thread now, if any."""
+        key = self._which()
+        return key if key is not None and key in self._rows else None
+
+    @contextlib.contextmanager
+    def passing_through(self) -> Iterator[None]:
+        """What this thread writes meanwhile is shown where it goes, as it happens, not
+        kept for a row (pytest's live logs, printing a row's record to the terminal)."""
+        before = getattr(self._through, "on", False)
+        self._through.on = True
+        try:
+            yield
+        finally:
+            self._through.on = before
+
     def keep(self, name: str, text: str) -> bool:
         """Keep ``text`` written to stream ``name`` if a kept row's code wrote it."""
         key = self._which()
-        if key is None:
+        if key is None or getattr(self._through, "on", False):
             return False
         if not isinstance(text, str):  # what a text stream says
             if key in self._rows:
                 raise TypeError(f"write() argument must be str, not {type(text).__name__}")
             return False
+        return self.keep_as(key, name, text)
+
+    def keep_as(self, key: str, name: str, text: str) -> bool:
+        """Keep ``text`` under ``name`` for row ``key``, if that row is still kept."""
         with self._lock:
             row = self._rows.get(key)
             if row is None:
@@ -100,12 +132,14 @@ class RowOutput:
         return True
 
     def take(self, key: str) -> dict[str, str]:
-        """``key``'s output by stream (only the streams it wrote to); no longer kept."""
+        """``key``'s output by stream, then its log records as text (only what it has);
+        no longer kept."""
         with self._lock:
             row = self._rows.pop(key, None)
         if not row:
             return {}
-        joined = {name: "".join(row.get(name, ())) for name in STREAMS}
+        joined = {name: "".join(row.get(name, ())) for name in (*STREAMS, LOG)}
+        joined[LOG] = joined[LOG].strip()  # as pytest shows a phase's records
         return {name: text for name, text in joined.items() if text}
 
     def clear(self) -> None:

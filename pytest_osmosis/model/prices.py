@@ -34,9 +34,11 @@ def litellm_dir() -> Path | None:
     return None
 
 
-@functools.cache
 def cost_map_text() -> str | None:
-    """The bundled map's text (read once per process), or None without LiteLLM."""
+    """The bundled map's text, or None without LiteLLM.
+
+    Read when asked and not kept (3.4 MB): what is taken from it is (a model's price, the
+    provider names), and each model's price is read once per process (`price`)."""
     root = litellm_dir()
     if root is None:
         return None

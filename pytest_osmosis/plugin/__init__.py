@@ -283,11 +283,14 @@ class EvalHooks:
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logfinish(self, nodeid: str) -> None:
-        """pytest is done with this item: a row it never waited for (a skip mark) leaves
-        the run-ahead window (a row it took is out already)."""
+        """pytest is done with this item. A row it never waited for (a conftest skipped its
+        item, in a way its marks did not say: ``session._marked_to_skip``) leaves the
+        run-ahead window and is cancelled if still running: it stays pending, as a row that
+        did not run ahead would. One that finished is journalled already, as every finished
+        row is. Its output is shown nowhere (a row pytest took is out already)."""
         executor = self.session._executor
-        if executor is not None:
-            executor.release(nodeid)
+        if executor is not None and executor.abandon(nodeid):
+            self.session.row_output.take(nodeid)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self, session: pytest.Session) -> Generator[None, object, object]:
@@ -597,6 +600,7 @@ class XdistControllerHooks:
             and not self._internals_problem()
         )
         node.workerinput["osmosis_prefetch"] = prefetch
+        node.workerinput["osmosis_properties"] = self.session.properties  # collect.py
         if self._is_remote(node):
             self._remote_input(node)
             return  # nothing on this host's disk is theirs: no budget or blame files

@@ -307,12 +307,27 @@ def pytest_verdict(
     return outcome, headline if outcome != "passed" else "", detail
 
 
+def properties_wanted(config: pytest.Config) -> bool:
+    """Whether this session writes the rows' ``osmosis_*`` properties anywhere: JUnit XML.
+
+    Only then are they made: pytest copies an item's ``user_properties`` onto its
+    teardown report and keeps every report to the end of the session (~750 bytes a row,
+    an eighth of a 100,000-row run's memory, for nobody). An xdist worker is told by its
+    controller, which writes the XML (``osmosis_properties`` in its ``workerinput``).
+    """
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return bool(workerinput.get("osmosis_properties"))
+    return bool(config.option.xmlpath)
+
+
 def junit_properties(
     result: Mapping[str, Any], plan: EvalPlan, source_row: int, run_index: int
 ) -> list[tuple[str, Any]]:
-    """``osmosis_*`` properties of an attempt's JUnit test case (and pytest-html's row).
+    """``osmosis_*`` properties of an attempt's JUnit test case.
 
-    The item's ``user_properties``: pytest's public way to give a test case properties.
+    The item's ``user_properties``: pytest's public way to give a test case properties
+    (made only when JUnit XML is written: :func:`properties_wanted`).
     """
     properties: list[tuple[str, Any]] = [
         (f"osmosis_{key}", safe_text(value) if isinstance(value, str) else value)
@@ -428,9 +443,10 @@ def describe_report(item: EvalItem, call: pytest.CallInfo[None], report: pytest.
             report.longrepr = item.repr_failure(call.excinfo)
         # The item's list (junitxml reads it from the teardown report); ours replaced, not
         # added again, when pytest-rerunfailures runs the item once more.
-        item.user_properties[:] = [
-            prop for prop in item.user_properties if not str(prop[0]).startswith("osmosis_")
-        ] + junit_properties(result, item.parent.plan, item.source_row_index, item.run_index)
+        if session.properties:
+            item.user_properties[:] = [
+                prop for prop in item.user_properties if not str(prop[0]).startswith("osmosis_")
+            ] + junit_properties(result, item.parent.plan, item.source_row_index, item.run_index)
     else:
         report.duration = 0.0
         if call.when == "teardown":  # the row is reported: an item keeps none of its result

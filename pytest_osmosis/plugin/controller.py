@@ -12,6 +12,7 @@ is played (as xdist registers ``DSession`` on its controller alone).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,9 +38,10 @@ class Controller:
     def __init__(self, session: EvalSession) -> None:
         self.session = session
         self.progress: Progress | None = None
-        #: Results recorded whose item pytest has not finished reporting, by node id: under
-        #: xdist two workers' reports interleave, so one slot would drop a row's progress.
-        self._unshown: dict[str, dict[str, Any]] = {}
+        #: Results recorded whose item pytest has not finished reporting, by node id, with the
+        #: report that carried it: under xdist two workers' reports interleave, so one slot
+        #: would drop a row's progress.
+        self._unshown: dict[str, tuple[dict[str, Any], pytest.TestReport]] = {}
         self._letterless: pytest.TestReport | None = None  # live progress: see letterless
         from pytest_osmosis.plugin.options import progress_mode
 
@@ -274,9 +276,10 @@ class Controller:
                 from pytest_osmosis.results.index import TRIALS_DIRNAME
 
                 unpack_trial(run.rundir.path / TRIALS_DIRNAME / result["rollout_id"], files)
-                self._trajectories[report.nodeid] = trajectory_property(
-                    run.plan.run_dir, result["rollout_id"]
-                )
+                if self.session.properties:
+                    self._trajectories[report.nodeid] = trajectory_property(
+                        run.plan.run_dir, result["rollout_id"]
+                    )
             with interrupt_held():  # the run's count agrees with its journal
                 record = run.rundir.append(result)
                 run.executed += 1
@@ -287,7 +290,7 @@ class Controller:
             if str(report.when) == "???":
                 self._show(result)  # xdist finishes no report for a lost worker's row
             else:
-                self._unshown[report.nodeid] = result
+                self._unshown[report.nodeid] = (result, report)
             details = {k: result[k] for k in ("rollout_id", "row_index", "run_index", "status")}
             if result.get("reward") is not None:
                 details["reward"] = result["reward"]
@@ -356,11 +359,21 @@ class Controller:
             self._budget_check()
 
     def after_report(self, nodeid: str) -> None:
-        """Progress, after pytest has shown the row's letter."""
+        """Progress, after pytest has shown the row's letter; then the report lets go of
+        the result.
+
+        Every plugin has seen the item's reports by now (``pytest_runtest_logfinish``:
+        JUnit, pytest-html and the terminal read them as they are logged), and the journal
+        holds the result; pytest keeps every report to the end of the session, so a copy
+        of each row's result there was ~0.5 KB a row for nobody.
+        """
         self._letterless = None
-        result = self._unshown.pop(nodeid, None)
-        if result is not None:
+        shown = self._unshown.pop(nodeid, None)
+        if shown is not None:
+            result, report = shown
             self._show(result)
+            report.__dict__.pop("osmosis", None)
+            report.__dict__.pop("osmosis_files", None)
 
     def _show(self, result: dict[str, Any]) -> None:
         self._progress().add(result)
@@ -659,10 +672,11 @@ def xdist_controller(session: pytest.Session) -> bool:
     return bool(session.config.pluginmanager.has_plugin("dsession"))
 
 
-def run_keys(plan: Any) -> list[tuple[int, int]]:
+def run_keys(plan: Any) -> Sequence[tuple[int, int]]:
     """Every (row_index, run_index) of a plan: its selected rows times its attempts (its
-    shard's share of them under ``--osmosis-shard``)."""
-    return list(plan.work_keys())
+    shard's share of them under ``--osmosis-shard``); not a copy (at the end of a run of
+    100,000 rows, a list of them was ~7 MB while every report is still held)."""
+    return plan.work_keys()  # type: ignore[no-any-return]
 
 
 def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
@@ -712,9 +726,7 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
         # reported instead).
         if not (plan.run_dir / ROWS_FILENAME).is_file():
             try:
-                digests = plan.row_digests()
-                sources = plan.dataset.selected_source_rows
-                write_row_digests(plan.run_dir, dict(zip(sources, digests, strict=True)))
+                write_row_digests(plan.run_dir, plan.digests_by_row())
             except DatasetError:
                 pass
     except (RunDirectoryError, OSError) as exc:  # a full disk, a deleted run: exit 4

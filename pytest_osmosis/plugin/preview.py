@@ -36,6 +36,8 @@ class ConfigPlan:
     rows: list[tuple[str, str]] = field(default_factory=list)
     pending: int = 0
     model: str = ""
+    #: What the run itself would stop with (exit 4): a recorded run it cannot resume.
+    refused: OsmosisError | None = None
 
 
 def _seconds(value: float | None) -> str:
@@ -49,31 +51,38 @@ def _shown(path: Path, base: Path) -> str:
         return str(path)
 
 
-def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> tuple[str, int]:
-    """Whether the run is new, resumes (and how much is recorded) or would be refused;
-    and how many work items would run."""
+def _run_state(
+    session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]
+) -> tuple[str, int, OsmosisError | None]:
+    """Whether the run is new, resumes (and how much is recorded) or would be refused
+    (with what the run would stop with); and how many work items would run."""
     from pytest_osmosis.core.outcome import is_retried
     from pytest_osmosis.plugin.controller import run_keys
     from pytest_osmosis.results import describe_changed_inputs, read_journal
-    from pytest_osmosis.results.manifest import MANIFEST_FILENAME, read_manifest
+    from pytest_osmosis.results.manifest import (
+        MANIFEST_FILENAME,
+        changed_inputs_error,
+        read_manifest,
+    )
 
     keys = run_keys(plan)
     manifest_path = plan.run_dir / MANIFEST_FILENAME
     if not manifest_path.is_file():
-        return "new run", len(keys)
+        return "new run", len(keys), None
     if session.options.fresh:
-        return "exists: --osmosis-fresh archives it and starts a new one", len(keys)
+        return "exists: --osmosis-fresh archives it and starts a new one", len(keys), None
     try:
         manifest = read_manifest(manifest_path)
+    except OsmosisError as exc:
+        return f"cannot resume: {exc}", 0, exc
+    refused = changed_inputs_error(plan.run_name, plan.output_root, manifest["inputs"], inputs)
+    if refused is not None:
+        changed = ", ".join(describe_changed_inputs(manifest["inputs"], inputs))
+        return f"would be refused: made with different inputs (changed: {changed})", 0, refused
+    try:
         records = read_journal(plan.run_dir)
     except OsmosisError as exc:
-        return f"cannot resume: {exc}", 0
-    changed = describe_changed_inputs(manifest["inputs"], inputs)
-    if changed:
-        return (
-            f"would be refused: made with different inputs (changed: {', '.join(changed)})",
-            0,
-        )
+        return f"cannot resume: {exc}", 0, exc
     retry = session.options.retry_failed
     below = session.options.retry_below(plan)
     pending = [
@@ -81,10 +90,10 @@ def _run_state(session: EvalSession, plan: EvalPlan, inputs: dict[str, Any]) -> 
     ]
     recorded = len(keys) - len(pending) if not retry else len(records)
     if not pending:
-        return f"finished earlier: all {len(keys)} recorded, nothing runs", 0
+        return f"finished earlier: all {len(keys)} recorded, nothing runs", 0, None
     retried = sum(1 for key in pending if key in records)
     again = f" ({retried} retried)" if retried else ""
-    return f"resumes: {recorded} recorded, {len(pending)} to run{again}", len(pending)
+    return f"resumes: {recorded} recorded, {len(pending)} to run{again}", len(pending), None
 
 
 def _expected_hits(session: EvalSession, plan: EvalPlan, mode: str) -> str:
@@ -135,7 +144,7 @@ def plan_config(
         return shown
     settings, experiment, dataset = plan.settings, plan.config.experiment, plan.dataset
     if opened is None:
-        state, pending = _run_state(session, plan, inputs)
+        state, pending, shown.refused = _run_state(session, plan, inputs)
     else:
         pending = opened.pending_at_start
         recorded = len(opened.rundir.records)
@@ -199,7 +208,8 @@ def _write(config: pytest.Config, plans: list[ConfigPlan]) -> None:
 
 def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) -> str | None:
     """Print every config's plan. Under ``--osmosis-plan`` the line the session then stops
-    with, nothing run (exit 0); a config that cannot run is a usage error (exit 4)."""
+    with, nothing run (exit 0); a config that cannot run, or a recorded run the real one
+    would refuse to resume, is a usage error (exit 4; the latter with the run's own line)."""
     if not session.options.plan and config.option.verbose < -1:
         return None  # `--co -qq`: the bare list of node ids tools read, nothing else
     several = len(configs) > 1
@@ -213,6 +223,9 @@ def show_plan(session: EvalSession, config: pytest.Config, configs: list[Path]) 
             f"--osmosis-plan: {broken} of {len(plans)} config(s) cannot run "
             "(the error is in their plan); nothing ran"
         )
+    refused = next((shown.refused for shown in plans if shown.refused is not None), None)
+    if refused is not None:  # the one line the run would stop with (the first config's)
+        raise pytest.UsageError(str(refused))
     return "osmosis: --osmosis-plan: nothing ran (no model call, no run directory)"
 
 

@@ -8,15 +8,25 @@ its ``write`` keeps a row's writes under the row's node id);
 the item's setup, where the row is waited for, adds them as pytest's own ``Captured stdout
 setup`` section, which the terminal, ``-rA``, xdist, JUnit and pytest-html show as any
 test's output. With capture off (``-s``) nothing is routed: rows print as they go.
+
+A row's ``logging`` records are its own the same way (execution/row_logs.py): kept out of
+the handlers pytest's logging plugin captures an item's records with (its report's and
+``caplog``'s), kept for the row at ``--log-level`` in the plugin's format, and shown as
+``Captured log setup``, also under ``-s``. Live logs and ``--log-file`` still get them as
+they happen; without the logging plugin (``-p no:logging``) nothing changes.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from pytest_osmosis.execution.row_logs import RowLogHandler, RowLogs
 from pytest_osmosis.execution.streams import STREAMS, RowOutput, unroute
 
 
@@ -26,6 +36,7 @@ class RowCapture:
     def __init__(self) -> None:
         self.output = RowOutput()
         self._routed: list[tuple[object, str, Any, Any]] = []  # owner, field, before, after
+        self._undo: list[Callable[[], object]] = []  # what undoes the routing of records
         self._installed = False
 
     def install(self, config: pytest.Config) -> None:
@@ -60,6 +71,39 @@ class RowCapture:
                     setattr(syscapture, field, routed)
                     if getattr(sys, name, None) is stream:
                         setattr(sys, name, routed)
+        self._install_logs(config)
+
+    def _install_logs(self, config: pytest.Config) -> None:
+        """Keep rows' records out of pytest's capturing handlers, and for the rows; live
+        logs print a row's records as they happen (not into the row's stdout)."""
+        plugin = config.pluginmanager.get_plugin("logging-plugin")  # None: -p no:logging
+        capturing = [
+            handler
+            for name in ("report_handler", "caplog_handler")
+            if isinstance(handler := getattr(plugin, name, None), logging.Handler)
+        ]
+        if plugin is None or len(capturing) < 2:
+            return
+        logs = RowLogs(self.output)
+        level = getattr(plugin, "log_level", None)  # --log-level; None: as the loggers allow
+        ours = RowLogHandler(logs, logging.NOTSET if level is None else level)
+        ours.setFormatter(getattr(plugin, "formatter", None) or capturing[0].formatter)
+        for handler in capturing:
+            handler.addFilter(logs.not_a_row_s)
+            self._undo.append(functools.partial(handler.removeFilter, logs.not_a_row_s))
+        root = logging.getLogger()
+        root.addHandler(ours)
+        self._undo.append(functools.partial(root.removeHandler, ours))
+        live = getattr(plugin, "log_cli_handler", None)
+        if isinstance(live, logging.Handler) and "handle" not in vars(live):
+            handle = live.handle
+
+            def handle_live(record: logging.LogRecord) -> bool:
+                with self.output.passing_through():
+                    return handle(record)
+
+            live.handle = handle_live  # type: ignore[method-assign]
+            self._undo.append(functools.partial(delattr, live, "handle"))
 
     def uninstall(self) -> None:
         """Give pytest's capture its own streams back (idempotent)."""
@@ -72,15 +116,17 @@ class RowCapture:
                     if getattr(sys, name, None) is routed:
                         setattr(sys, name, stream)
         self._routed.clear()
+        while self._undo:
+            self._undo.pop()()
         self.output.clear()
         self._installed = False
 
     def open(self, nodeid: str) -> None:
-        """The row ``nodeid`` starts: what its code writes from now on is its own."""
-        if self._routed:
+        """The row ``nodeid`` starts: what its code writes or logs from now on is its own."""
+        if self._routed or self._undo:
             self.output.open(nodeid)
 
     def take(self, nodeid: str) -> dict[str, str]:
-        """What row ``nodeid`` wrote, by stream, for its item's report; the row's code is
-        no longer routed (a task it left running prints as any other code)."""
+        """What row ``nodeid`` wrote, by stream, and logged, for its item's report; the
+        row's code is no longer routed (a task it left running prints as any other code)."""
         return self.output.take(nodeid)

@@ -219,6 +219,10 @@ class EvalSession:
         after it may have run on what broke (a changed dataset), so it is not journalled."""
         #: ``--osmosis-regrade``: the config of the run graded again (``regrade``).
         self.regrade_config: Path | None = None
+        from pytest_osmosis.plugin.collect import properties_wanted
+
+        #: Whether rows' reports carry ``osmosis_*`` JUnit properties (collect.py).
+        self.properties = properties_wanted(config)
         raise_fd_limit()  # before any bridge sizes its connection cap from it
 
     @property
@@ -568,7 +572,11 @@ class EvalSession:
         from pytest_osmosis.plugin.collect import EvalItem
 
         for other in items:
-            if isinstance(other, EvalItem) and self.carried_forward(other) is None:
+            if (
+                isinstance(other, EvalItem)
+                and not _marked_to_skip(other)
+                and self.carried_forward(other) is None
+            ):
                 self.executor.submit(other.nodeid, lambda other=other: self._execute(other))  # type: ignore[misc]
 
     async def _execute(self, item: EvalItem) -> dict[str, Any]:
@@ -706,6 +714,21 @@ class EvalSession:
             self._exits.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _marked_to_skip(item: pytest.Item) -> bool:
+    """Whether pytest will skip ``item`` whatever happens (a ``skip`` mark, a ``skipif``
+    whose condition is ``True``, as a conftest adds them): its row is not started ahead.
+    Only the item's own marks, and no condition string is evaluated (that is pytest's):
+    a row skipped otherwise may start, and is cancelled when pytest skips it (if it has not
+    finished: then it is recorded, as every finished row is)."""
+    for mark in item.own_markers:
+        if mark.name == "skip":
+            return True
+        conditions = (*mark.args, mark.kwargs.get("condition"))
+        if mark.name == "skipif" and any(condition is True for condition in conditions):
+            return True
+    return False
 
 
 def _nodeid_names(config: pytest.Config, prefix: str, path: Path) -> bool:

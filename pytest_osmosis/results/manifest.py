@@ -177,6 +177,30 @@ def describe_changed_inputs(previous: Mapping[str, Any], current: Mapping[str, A
     return words
 
 
+def changed_inputs_error(
+    run_name: str, output_root: Path, previous: Mapping[str, Any], current: Mapping[str, Any]
+) -> RunDirectoryError | None:
+    """Why run ``run_name``, made with other inputs, is not resumed (resuming would mix
+    versions in one set of metrics); None when its inputs are these. The run raises it,
+    its plan shows it."""
+    changed = describe_changed_inputs(previous, current)
+    if not changed:
+        return None
+    selection = selection_change(previous, current)
+    rows = (
+        f"select its rows again (--osmosis-rows {selection[0]}) to resume it, "
+        if selection is not None and len(changed) == 1
+        else ""
+    )
+    return RunDirectoryError(
+        f"run {run_name!r} in {output_root} was created with different "
+        f"resolved inputs (changed: {', '.join(changed)}), so resuming it "
+        f"would mix versions inside one set of metrics; {rows}rerun with "
+        "--osmosis-fresh (the previous results are archived, never deleted) "
+        "or use a different --osmosis-name"
+    )
+
+
 # --------------------------------------------------------------------------- #
 # Rollout source digest
 # --------------------------------------------------------------------------- #

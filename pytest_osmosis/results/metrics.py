@@ -91,13 +91,13 @@ def aggregate_metrics(
     :func:`outcome.classify`'s; the SDK's ``reward >= pass_threshold`` is the same rule
     because only a success carries a reward.
     """
-    rows = list(index_rows)
     attempts: dict[int, int] = {}
     passes: dict[int, int] = {}
     rewards: list[float] = []
-    passed = graded = skipped = failed = tokens_used = 0
+    total = passed = graded = skipped = failed = tokens_used = 0
     max_run = -1
-    for row in rows:
+    for row in index_rows:  # one pass, none kept: the run directory makes them one by one
+        total += 1
         run_index = row.get("run_index")
         if isinstance(run_index, int):
             max_run = max(max_run, run_index)
@@ -121,9 +121,9 @@ def aggregate_metrics(
             attempts[row_index] = attempts.get(row_index, 0) + 1
             passes[row_index] = passes.get(row_index, 0) + int(is_pass)
 
-    scored = len(rows) - skipped
+    scored = total - skipped
     summary: dict[str, Any] = {
-        "total_samples": len(rows),
+        "total_samples": total,
         "completed_samples": scored,
         "graded": graded,
         "passed": passed,

@@ -26,7 +26,9 @@ _OLD_METRICS_FILENAME, _OLD_KEY = "osmosis_metrics.json", "row_digests"
 
 def write_row_digests(run_dir: Path, digests: Mapping[int, str]) -> None:
     """``osmosis_rows.json``: dataset row -> content digest of every selected row."""
-    rows = {str(row): digest for row, digest in sorted(digests.items())}
+    # JSON writes int keys as their digits: no string key a row (the dataset's order is
+    # usually the rows' already, and then no sorted copy either).
+    rows = digests if list(digests) == sorted(digests) else dict(sorted(digests.items()))
     atomic_write_json(run_dir / ROWS_FILENAME, {_KEY: rows})
 
 

@@ -17,7 +17,7 @@ import errno
 import fcntl
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -59,10 +59,9 @@ from pytest_osmosis.results.journal import (
 from pytest_osmosis.results.manifest import (
     LOCKS_DIRNAME,
     MANIFEST_FILENAME,
+    changed_inputs_error,
     create_manifest,
-    describe_changed_inputs,
     read_manifest,
-    selection_change,
     validate_run_name,
 )
 from pytest_osmosis.results.metrics import aggregate_metrics
@@ -174,29 +173,29 @@ def _remove_stale_temporaries(run_dir: Path, recorded: set[str], warn: Warn) -> 
 
 
 @dataclass(slots=True)
-class _Verdict:
-    """Whether a trial's trajectory.json is usable, keyed by its stat signature.
+class _Entry:
+    """What the run directory keeps of a work key beside its record: one small object a row
+    for the whole session (at 100,000 rows a dict, a line and two objects a row were
+    ~0.7 KB a row).
 
-    One per recorded row for the whole session: slots, and the signature's hash rather
-    than its four integers (:func:`_signature_key`), keep it small at 100,000 rows.
+    The verdict: whether the trajectory.json of rollout ``checked`` is usable and its
+    token count, keyed by the file's stat signature (its hash, :func:`_signature_key`).
+    ``projected``: the rollout id the projection on disk was written from, and
+    ``projected_trajectory`` whether with a trajectory. The key's index line is not kept:
+    :meth:`RunDirectory.refresh` renders it from the record and the verdict (~4 us a row).
     """
 
-    signature: int | None
-    valid: bool
-    tokens: int | None
+    checked: str | None = None
+    signature: int | None = None
+    valid: bool = False
+    tokens: int | None = None
+    projected: str | None = None
+    projected_trajectory: bool = False
 
 
 def _signature_key(signature: tuple[int, int, int, int] | None) -> int | None:
-    """What a :class:`_Verdict` keeps of a stat signature: equal signatures, equal keys."""
+    """What an :class:`_Entry` keeps of a stat signature: equal signatures, equal keys."""
     return None if signature is None else hash(signature)
-
-
-@dataclass(slots=True)
-class _Projected:
-    """What a work item's projection on disk was last written from."""
-
-    rollout_id: str
-    has_trajectory: bool
 
 
 def _stat_signature(path: str | Path) -> tuple[int, int, int, int] | None:
@@ -266,10 +265,7 @@ class RunDirectory:
         self._executed: set[WorkKey] = set()
         #: Keys recorded from another run in this invocation (index ``reused``).
         self._reused: set[WorkKey] = set()
-        self._lines: dict[WorkKey, bytes] = {}
-        self._rows: dict[WorkKey, dict[str, Any]] = {}
-        self._verdicts: dict[str, _Verdict] = {}
-        self._projected: dict[WorkKey, _Projected] = {}
+        self._entries: dict[WorkKey, _Entry] = {}
         self._dirty: set[WorkKey] = set(records)
         #: Records handed to the journal as their row finished, not yet recorded here.
         self._staged: dict[WorkKey, tuple[dict[str, Any], Commit]] = {}
@@ -364,21 +360,9 @@ class RunDirectory:
                     on_archive(archived)
             elif manifest_path.is_file():
                 manifest = read_manifest(manifest_path)
-                changed = describe_changed_inputs(manifest["inputs"], current)
-                if changed:
-                    selection = selection_change(manifest["inputs"], current)
-                    rows = (
-                        f"select its rows again (--osmosis-rows {selection[0]}) to resume it, "
-                        if selection is not None and len(changed) == 1
-                        else ""
-                    )
-                    raise RunDirectoryError(
-                        f"run {run_name!r} in {output_root} was created with different "
-                        f"resolved inputs (changed: {', '.join(changed)}), so resuming it "
-                        f"would mix versions inside one set of metrics; {rows}rerun with "
-                        "--osmosis-fresh (the previous results are archived, never deleted) "
-                        "or use a different --osmosis-name"
-                    )
+                refused = changed_inputs_error(run_name, output_root, manifest["inputs"], current)
+                if refused is not None:
+                    raise refused
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / TRIALS_DIRNAME).mkdir(exist_ok=True)
             if manifest is None:
@@ -435,7 +419,8 @@ class RunDirectory:
             if signature is None and has_trajectory:
                 continue
             tokens = row.get("tokens") if record.get("tokens") is None else None
-            self._verdicts[rollout_id] = _Verdict(
+            entry = self._entries[key] = _Entry(
+                checked=rollout_id,
                 signature=_signature_key(signature),
                 valid=has_trajectory and signature is not None,
                 tokens=tokens if isinstance(tokens, int) else None,
@@ -448,7 +433,8 @@ class RunDirectory:
                 continue  # lost or torn copy (projections are not fsync'd)
             if not has_trajectory and projected is not None:
                 continue
-            self._projected[key] = _Projected(rollout_id, has_trajectory)
+            entry.projected = rollout_id
+            entry.projected_trajectory = has_trajectory
             self._dirty.discard(key)
 
     # -- state -------------------------------------------------------------- #
@@ -553,7 +539,6 @@ class RunDirectory:
         self.records[key] = record
         self._carried.discard(key)
         self._executed.add(key)
-        self._lines.pop(key, None)
         self._dirty.add(key)
         if reused:
             self._reused.add(key)
@@ -591,7 +576,7 @@ class RunDirectory:
                 return
             try:
                 read: list[bytes] = []  # the trajectory's bytes, checked once and copied
-                self._index_line(key, record, read)
+                self._verdict(key, record["rollout_id"], read)
                 self._project([key], project_all=False, trajectory_data=read[0] if read else None)
             except OSError:
                 # A full disk can fail even the warning about a failed copy. The result is
@@ -599,7 +584,6 @@ class RunDirectory:
                 # a storage fault the way it always has.
                 pass
             if self.records.get(key) is not record:  # recorded again meanwhile: redo it
-                self._lines.pop(key, None)
                 self._dirty.add(key)
 
     # -- snapshots ---------------------------------------------------------- #
@@ -608,17 +592,20 @@ class RunDirectory:
         # A string: one per row at every refresh, where pathlib's joins cost more than the stat.
         return os.path.join(self.path, TRIALS_DIRNAME, rollout_id, CANONICAL_TRAJECTORY_FILENAME)
 
-    def _verdict(self, rollout_id: str, read: list[bytes] | None = None) -> _Verdict:
-        """Re-checked every refresh, but parsed again only when the file changed.
+    def _verdict(self, key: WorkKey, rollout_id: str, read: list[bytes] | None = None) -> _Entry:
+        """The key's entry, its verdict on *rollout_id*'s trajectory re-checked every refresh,
+        but parsed again only when the file changed.
 
         Given ``read``, the bytes it parsed are appended there when they were read as the
         projection reads them (not through a link): the caller copies those, not a re-read.
         """
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry()
         path = self._trajectory_path(rollout_id)
-        signature = _stat_signature(path)
-        cached = self._verdicts.get(rollout_id)
-        if cached is not None and cached.signature == _signature_key(signature):
-            return cached
+        signature = _signature_key(_stat_signature(path))
+        if entry.checked == rollout_id and entry.signature == signature:
+            return entry
         document = None
         if signature is not None:
             try:
@@ -629,49 +616,34 @@ class RunDirectory:
                 document = valid_trajectory(data, rollout_id=rollout_id)
                 if read is not None:
                     read.append(data)
-        verdict = _Verdict(
-            signature=_signature_key(signature),
-            valid=document is not None,
-            tokens=None if document is None else atif_total_tokens(document),
-        )
-        self._verdicts[rollout_id] = verdict
-        return verdict
+        entry.checked, entry.signature, entry.valid = rollout_id, signature, document is not None
+        entry.tokens = None if document is None else atif_total_tokens(document)
+        return entry
 
-    def _index_line(
-        self, key: WorkKey, record: Mapping[str, Any], read: list[bytes] | None = None
-    ) -> bytes:
-        verdict = self._verdict(record["rollout_id"], read)
-        cached = self._lines.get(key)
-        row = self._rows.get(key)
-        has_trajectory = verdict.valid
+    def _index_row(self, key: WorkKey, record: Mapping[str, Any], entry: _Entry) -> dict[str, Any]:
+        """The key's index row, from its record and its entry's verdict (made when asked)."""
         tokens = record.get("tokens")
-        if tokens is None:
-            tokens = verdict.tokens
-        if (
-            cached is not None
-            and row is not None
-            and ("trajectory_filename" in row) == has_trajectory
-            and row.get("tokens") == tokens
-        ):
-            return cached
-        row = build_index_row(
+        return build_index_row(
             record,
-            trajectory_filename=CANONICAL_TRAJECTORY_FILENAME if has_trajectory else None,
-            tokens=tokens,
+            trajectory_filename=CANONICAL_TRAJECTORY_FILENAME if entry.valid else None,
+            tokens=entry.tokens if tokens is None else tokens,
             resumed=key in self._carried,
             reused=key in self._reused,
         )
-        line = render_index_line(row)
-        self._rows[key] = row
-        self._lines[key] = line
-        return line
+
+    def _rows_of(self, keys: Iterable[WorkKey]) -> Iterator[dict[str, Any]]:
+        """The index rows of *keys*, one at a time (their verdicts checked already)."""
+        for key in keys:
+            yield self._index_row(key, self.records[key], self._entries[key])
 
     def index_rows(self) -> list[dict[str, Any]]:
         """The current index rows, sorted (computed as :meth:`refresh` would)."""
         with self._mutex, self._projecting:
+            rows = []
             for key in sorted(self.records):
-                self._index_line(key, self.records[key])
-            return [self._rows[key] for key in sorted(self.records)]
+                record = self.records[key]
+                rows.append(self._index_row(key, record, self._verdict(key, record["rollout_id"])))
+            return rows
 
     def refresh(
         self,
@@ -708,14 +680,19 @@ class RunDirectory:
             self._journal.ensure_in_place()
             self._adopt_staged()
             keys = sorted(self.records)
-            with self._projecting:
-                lines = [self._index_line(key, self.records[key]) for key in keys]
-                rows = [self._rows[key] for key in keys]
-                self._project(keys, project_all=project_all)
-            payload = b"".join(lines)
             try:
-                atomic_write_bytes(self.path / INDEX_FILENAME, payload)
-                atomic_write_bytes(self.path / SUMMARY_FILENAME, payload)
+                with self._projecting:
+                    for key in keys:
+                        self._verdict(key, self.records[key]["rollout_id"])
+                    self._project(keys, project_all=project_all)
+                    # Rows and lines made one at a time, none kept: at the end of a session,
+                    # when pytest still holds every report, a list of either was a row's worth.
+                    summary = aggregate_metrics(self._rows_of(keys), pass_threshold)
+                    index = self.path / INDEX_FILENAME
+                    atomic_write_bytes(index, map(render_index_line, self._rows_of(keys)))
+                with open(index, "rb") as written:  # summary.jsonl: the same bytes
+                    blocks = iter(lambda: written.read(1 << 18), b"")
+                    atomic_write_bytes(self.path / SUMMARY_FILENAME, blocks)
                 atomic_write_json(
                     self.path / PROGRESS_FILENAME,
                     {
@@ -748,7 +725,7 @@ class RunDirectory:
                 }
                 metrics = {
                     "eval_run": {k: v for k, v in eval_run.items() if v is not None},
-                    "summary": aggregate_metrics(rows, pass_threshold),
+                    "summary": summary,
                 }
                 atomic_write_json(self.path / METRICS_FILENAME, metrics)
             except OSError as exc:
@@ -771,14 +748,13 @@ class RunDirectory:
         ``trajectory_data``: the one key's trajectory, just read by its verdict."""
         for key in keys:
             record = self.records[key]
-            has_trajectory = "trajectory_filename" in self._rows[key]
-            done = self._projected.get(key)
+            entry = self._entries[key]  # made by the _verdict before every call
+            has_trajectory = entry.valid
             if (
                 not project_all
                 and key not in self._dirty
-                and done is not None
-                and done.rollout_id == record["rollout_id"]
-                and done.has_trajectory == has_trajectory
+                and entry.projected == record["rollout_id"]
+                and entry.projected_trajectory == has_trajectory
             ):
                 continue
             try:
@@ -795,7 +771,8 @@ class RunDirectory:
                 # A projection is a convenience copy; the result itself is durable.
                 self._warn(f"cannot project row {key[0]} run {key[1]}: {exc}")
                 continue
-            self._projected[key] = _Projected(record["rollout_id"], has_trajectory)
+            entry.projected = record["rollout_id"]
+            entry.projected_trajectory = has_trajectory
             self._dirty.discard(key)
 
     # -- closing ------------------------------------------------------------ #

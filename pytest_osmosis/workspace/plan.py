@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +34,40 @@ from pytest_osmosis.workspace.config import (
 Overrides = Mapping[str, tuple[object, str]]
 
 
+class AllKeys(Sequence[tuple[int, int]]):
+    """Every ``(row_index, run_index)`` of *rows* rows times *n* attempts, in that order,
+    computed when asked: a list of them was ~0.1 KB a row for the whole session."""
+
+    def __init__(self, rows: int, n: int) -> None:
+        self.rows, self.n = rows, n
+
+    def __len__(self) -> int:
+        return self.rows * self.n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return divmod(index, self.n)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((r, i) for r in range(self.rows) for i in range(self.n))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        row, attempt = key
+        return (
+            isinstance(row, int)
+            and isinstance(attempt, int)
+            and 0 <= row < self.rows
+            and 0 <= attempt < self.n
+        )
+
+
 @dataclass
 class EvalPlan:
     """One eval config, resolved: settings, dataset selection, rollout location, run dir."""
@@ -49,20 +83,20 @@ class EvalPlan:
     run_name: str = ""
     #: ``--osmosis-shard K/N``: this session runs (and its run directory holds) that shard.
     shard: Shard | None = None
-    _keys: list[tuple[int, int]] | None = field(default=None, repr=False, compare=False)
+    _keys: Sequence[tuple[int, int]] | None = field(default=None, repr=False, compare=False)
     _digests: list[str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def run_dir(self) -> Path:
         return self.output_root / self.run_name
 
-    def work_keys(self) -> list[tuple[int, int]]:
+    def work_keys(self) -> Sequence[tuple[int, int]]:
         """Every ``(row_index, run_index)`` this plan runs: its selected rows times its
-        attempts, or its shard's share of them (computed once)."""
+        attempts (:class:`AllKeys`), or its shard's share of them (computed once)."""
         if self._keys is None:
             n = self.settings.n
             self._keys = (
-                [(r, i) for r in range(len(self.dataset)) for i in range(n)]
+                AllKeys(len(self.dataset), n)
                 if self.shard is None
                 else shard_keys(self.row_digests(), n, self.shard)
             )
@@ -73,6 +107,15 @@ class EvalPlan:
         if self._digests is None:
             self._digests = row_digests(self.dataset)
         return self._digests
+
+    def digests_by_row(self) -> dict[int, str]:
+        """Dataset row -> digest of every selected row, for ``osmosis_rows.json``: the plan's
+        own when it made them (a shard), else made for the caller and not kept (written
+        once, at the run's end, when every row's report is still held)."""
+        if self._digests is None:
+            return self.dataset.row_digests()
+        sources = self.dataset.selected_source_rows
+        return dict(zip(sources, self._digests, strict=True))
 
     @property
     def total_items(self) -> int:

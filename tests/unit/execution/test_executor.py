@@ -173,23 +173,27 @@ def test_a_taken_result_is_freed_without_the_garbage_collector(executor: Executo
         gc.enable()
 
 
-def test_rows_pytest_released_without_taking_leave_the_window(executor: Executor) -> None:
-    """A row whose item pytest finished without waiting for it (a conftest's skip mark, a
-    session stopping) is released: before, it held its slot for good, and a window full of
-    such rows stopped every later row from running ahead. Its result stays for the end of
-    the session (``finished``), which journals what ran ahead."""
+def test_rows_pytest_is_done_with_without_taking_leave_the_window_and_the_results(
+    executor: Executor,
+) -> None:
+    """A row whose item pytest finished without waiting for it (a conftest skipped it) is
+    abandoned: before, it held its slot for good, and a window full of such rows stopped
+    every later row from running ahead. Its result is dropped (``finished``, which the
+    session's end journals, never returns it): pytest reported the item skipped."""
     ran: list[int] = []
     for i in range(ROWS):
         executor.submit(f"row{i}", _instant(ran, i))
     assert _settled(executor) == (executor.window, executor.window)
     for i in range(executor.window):  # pytest skipped each of these items
-        executor.release(f"row{i}")
+        assert executor.abandon(f"row{i}")
     assert _settled(executor) == (executor.window, executor.window)
     assert sorted(ran) == list(range(2 * executor.window))  # the next window ran ahead
-    assert set(executor.finished()) == {f"row{i}" for i in range(2 * executor.window)}
-    executor.release("row0")  # released twice: no error
+    assert set(executor.finished()) == {
+        f"row{i}" for i in range(executor.window, 2 * executor.window)
+    }
+    assert not executor.abandon("row0")  # abandoned twice: nothing left to forget
     # A queued row pytest is done with never starts; asked for by its item (a rerun), it runs.
-    executor.release(f"row{ROWS - 1}")
+    assert executor.abandon(f"row{ROWS - 1}")
     for i in range(executor.window, ROWS - 1):
         assert executor.result(f"row{i}", _instant(ran, i)) == i
     assert _settled(executor) == (0, 0)

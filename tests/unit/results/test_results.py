@@ -54,7 +54,7 @@ from pytest_osmosis.results import (
     validate_run_name,
     write_trajectory,
 )
-from pytest_osmosis.results.atomic import pretty_json
+from pytest_osmosis.results.atomic import atomic_write_bytes, pretty_json
 from pytest_osmosis.results.index import render_index
 from pytest_osmosis.results.journal import journal_line, normalize_record
 from pytest_osmosis.results.metrics import population_std
@@ -1656,3 +1656,26 @@ def test_trajectories_match_sdk_converter_and_validate_strictly(tmp_path: Path) 
     for case, mine, theirs in zip(cases, ours_text, result["theirs"], strict=True):
         assert mine == theirs, json.dumps(case)
     assert all(result["valid"])
+
+
+def test_pieces_are_written_whole_in_blocks(tmp_path: Path) -> None:
+    # An index of many lines is written from its lines, never joined whole (issue 30 item 5).
+    lines = [f'{{"row_index": {i}, "pad": "{"x" * (i % 97)}"}}\n'.encode() for i in range(12000)]
+    written: list[int] = []
+    real_write = os.write
+
+    def write(fd: int, data: Any) -> int:
+        written.append(len(data))
+        return real_write(fd, data)
+
+    target = tmp_path / "index.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "write", write)
+        atomic_write_bytes(target, iter(lines))
+    assert target.read_bytes() == b"".join(lines)
+    assert sum(written) == len(b"".join(lines)) > 3 * (1 << 18)
+    assert len(written) >= 3 and max(written) < (1 << 18) + 200  # blocks, not one write
+    atomic_write_bytes(target, b"whole")  # bytes are still one piece
+    assert target.read_bytes() == b"whole"
+    atomic_write_bytes(target, iter([]))
+    assert target.read_bytes() == b""
