@@ -110,6 +110,12 @@ class Controller:
             if line is not None:  # declined: as an interrupt before any row
                 self.stopped = (line, pytest.ExitCode.INTERRUPTED)
                 return
+        pending = self.session.models.pending  # where each model's bridge runs (models.py)
+        for run in self.session.runs.values():
+            count = len(run.rundir.pending(run_keys(run.plan)))
+            if count:
+                model = run.plan.settings.model_path
+                pending[model] = pending.get(model, 0) + count
         models = [
             run.plan.settings.model_path
             for run in self.session.runs.values()
