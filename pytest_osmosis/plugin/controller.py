@@ -377,12 +377,17 @@ class Controller:
         not the rows, set the pace of 200 ms rows. What :meth:`record` would not journal
         is not staged, nor a row of a worker on another host (its trajectory's files come
         with the report, and record() writes them before the journal names the row); a
-        failure here is left for record() to meet and report.
+        failure here is left for record() to meet and report. A worker's session fault
+        stops the staging, as it stops the journal in one process (``session.faulted``):
+        record() stops the session at its report, and no result arriving after it is kept.
         """
         from pytest_osmosis.plugin.rerun import is_rerun
 
         result = getattr(report, "osmosis", None)
-        if not isinstance(result, dict) or is_rerun(report) or result.get("session_fault"):
+        if not isinstance(result, dict) or is_rerun(report):
+            return
+        if result.get("session_fault"):
+            self.session.faulted = True
             return
         if getattr(report, "osmosis_files", None):
             return
