@@ -270,14 +270,16 @@ def pytest_keyboard_interrupt(excinfo):
 """
 
 
-def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
-    pytester: pytest.Pytester, slow_model: ModelServer
-) -> None:
-    """It ended with a raw KeyboardInterrupt traceback and rc -2."""
+def _stop_twice(
+    pytester: pytest.Pytester, slow_model: ModelServer, conftest: str, journalled: int
+) -> int:
+    """Ctrl-C while pytest waits on row 3 (held at the model), again once the first is being
+    shown and the journal holds ``journalled`` lines; check the one line against the journal
+    the process left, then resume: the rest run, nothing else. Returns the lines kept."""
     slow_model.delay = 0.0
     slow_model.hold = "What is 3 + 1"  # row 3 waits on the model until the test lets it go
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 6})
-    pytester.makeconftest(SLOW_TO_SHOW_AN_INTERRUPT)
+    pytester.makeconftest(conftest)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "twice")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", *args],
@@ -285,15 +287,16 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+    run = pytester.path / ".osmosis" / "evals" / "twice"
+    events = run / "events.jsonl"
     try:
-        run_dir = pytester.path / ".osmosis" / "evals"
         deadline = time.monotonic() + 600  # stops a hang only; the events decide
         while slow_model.holding < 1:
             assert proc.poll() is None and time.monotonic() < deadline, "row 3 never asked"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         marker = pytester.path / "first-interrupt-seen"
-        while not marker.exists():
+        while not marker.exists() or len(events.read_bytes().splitlines()) < journalled:
             assert proc.poll() is None and time.monotonic() < deadline, "no first interrupt"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
@@ -308,9 +311,10 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
     assert "Traceback" not in text and "KeyboardInterrupt" not in text.replace(
         "!!! KeyboardInterrupt !!!", ""
     ), text
-    run = run_dir / "twice"
-    kept = len((run / "events.jsonl").read_text().splitlines())
-    assert 1 <= kept <= 5  # what had finished by the first Ctrl-C; row 3 never answered
+    lines = events.read_text().splitlines()
+    kept = len(lines)
+    assert kept == len({(json.loads(x)["row_index"], json.loads(x)["run_index"]) for x in lines})
+    assert 1 <= kept <= 5  # what had finished by the second Ctrl-C; row 3 never answered
     last = text.rstrip().splitlines()[-1]
     assert last == (
         f"osmosis: stopped; {kept} results kept in {run} (run the same command again to resume)"
@@ -320,6 +324,48 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=6)
     assert slow_model.requests_total - before == (6 - kept) + 1  # the rest, and the preflight
+    return kept
+
+
+def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
+    """It ended with a raw KeyboardInterrupt traceback and rc -2."""
+    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=0)
+
+
+ROW_4_STAGED_NEVER_SETTLES = (
+    SLOW_TO_SHOW_AN_INTERRUPT
+    + """
+import asyncio
+
+from pytest_osmosis.plugin.session import EvalSession
+
+_execute = EvalSession._execute
+
+
+async def _execute_row_4_held(self, item):
+    # Row 4 finishes and hands its record to the journal (stage), but its result never
+    # reaches the executor: the moment between a row's stage and its future settling (where
+    # a Ctrl-C finds it unfinished, or cancels it), held open until the process ends.
+    result = await _execute(self, item)
+    if item.row_index == 4:
+        await asyncio.Event().wait()
+    return result
+
+
+EvalSession._execute = _execute_row_4_held
+"""
+)
+
+
+def test_the_second_ctrl_c_counts_a_row_journalled_whose_result_never_settled(
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
+    """The line said "4 results kept" while events.jsonl held 5 lines: the count was the
+    records the controller had taken, not what the journal held (row 4's staged record)."""
+    # Rows 0-2 reported, 5 finished ahead, 4 staged: all but row 3 are in the journal.
+    assert _stop_twice(pytester, slow_model, ROW_4_STAGED_NEVER_SETTLES, journalled=5) == 5
 
 
 XDIST_WITHOUT_QUEUE_LOCK = '''
