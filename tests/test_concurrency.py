@@ -368,6 +368,67 @@ def test_the_second_ctrl_c_counts_a_row_journalled_whose_result_never_settled(
     assert _stop_twice(pytester, slow_model, ROW_4_STAGED_NEVER_SETTLES, journalled=5) == 5
 
 
+ROW_4_FINISHES_AFTER_THE_SNAPSHOTS = """
+import asyncio
+import threading
+
+from pytest_osmosis.plugin.session import EvalSession
+from pytest_osmosis.results.rundir import RunDirectory
+
+go, tried = threading.Event(), threading.Event()
+_execute, _refresh = EvalSession._execute, RunDirectory.refresh
+
+
+async def _execute_row_4_late(self, item):
+    # Row 4 runs ahead but finishes only once the session's end has written the snapshots.
+    if item.row_index == 4:
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+    try:
+        return await _execute(self, item)  # stages its record on the way out
+    finally:
+        if item.row_index == 4:
+            tried.set()
+
+
+def _refresh_then_row_4(self, **kwargs):
+    metrics = _refresh(self, **kwargs)
+    go.set()
+    assert tried.wait(300), "row 4 never finished"
+    return metrics
+
+
+EvalSession._execute = _execute_row_4_late
+RunDirectory.refresh = _refresh_then_row_4
+"""
+
+
+def test_a_row_finishing_after_the_snapshots_is_not_journalled_behind_the_count(
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
+    """-x: a row that finished after the final snapshots were written was journalled when
+    the journal closed: 6 lines in events.jsonl, 5 rows in the index and "5 of 6 recorded",
+    and the next session did not run the row the index did not show."""
+    slow_model.delay = 0.0
+    rows = [dict(r) for r in ROWS[:6]]
+    rows[1]["ground_truth"] = "wrong"
+    write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 6}, rollout_source=UNCAPPED)
+    pytester.makeconftest(ROW_4_FINISHES_AFTER_THE_SNAPSHOTS)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "late")
+    result = pytester.runpytest_subprocess(*args, "-x")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    run_dir = pytester.path / ".osmosis" / "evals" / "late"
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    journalled = sorted(json.loads(line)["row_index"] for line in lines)
+    assert journalled == [0, 1, 2, 3, 5]  # row 4 finished after the seal: not kept
+    assert [r["row_index"] for r in read_index(run_dir)] == journalled
+    result.stdout.fnmatch_lines(["resume *(5 of 6 recorded)"])
+    (pytester.path / "conftest.py").unlink()
+    before = slow_model.requests_total
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=5, failed=1)
+    assert slow_model.requests_total - before == 1 + 1  # row 4, and the preflight
+
+
 XDIST_WITHOUT_QUEUE_LOCK = '''
 import pytest
 
