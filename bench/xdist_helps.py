@@ -75,6 +75,8 @@ def _role(pid: int) -> str:
         return "?"
     if any(arg.endswith(b"model_server.py") for arg in argv):
         return "model server"
+    if b"pytest_osmosis.model.bridge_process" in argv:  # the session's bridge, on its own
+        return "bridge process"
     if b"pytest" in argv:
         return "pytest"
     if b"-c" in argv:  # execnet's popen bootstrap: an xdist worker
@@ -128,6 +130,9 @@ def cpu_by_process(into: dict[str, float], interval: float = 0.1) -> Iterator[No
         into["controller"] = sum(last for role, _, last in by_role if role == "pytest")
         workers = [last for role, _, last in by_role if role == "worker"]
         into.update((f"worker {i}", cpu) for i, cpu in enumerate(workers, 1))
+        helpers = [last for role, _, last in by_role if role == "bridge process"]
+        if helpers:
+            into["bridge process"] = sum(helpers)
         into["model server"] = sum(
             last - first for role, first, last in by_role if role == "model server"
         )

@@ -164,8 +164,46 @@ def model_server(model_loop: _LoopThread) -> Iterator[ModelServer]:
     server.stop()
 
 
+#: Where a session's bridge runs (model/bridge_process.py), and the environment that puts it
+#: there: in this process as each test set it up, or in a process of its own, which needs
+#: rows that reach the model through LiteLLM (an organization header only LiteLLM sends).
+BRIDGE_PLACEMENTS: dict[str, dict[str, str]] = {
+    "in-process": {},
+    "bridge-process": {"OSMOSIS_BRIDGE_PROCESS": "1", "OPENAI_ORGANIZATION": "org-osmosis-test"},
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "bridge_placements: run each test that starts a session (uses model_env) with the "
+        "bridge in process and in a process of its own (tests named *xdist*: workers keep "
+        "theirs in process)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if (
+        metafunc.definition.get_closest_marker("bridge_placements") is not None
+        and "model_env" in metafunc.fixturenames
+        and "xdist" not in metafunc.function.__name__
+    ):
+        metafunc.parametrize("bridge_placement", list(BRIDGE_PLACEMENTS), indirect=True)
+
+
 @pytest.fixture
-def model_env(model_server: ModelServer, monkeypatch: pytest.MonkeyPatch) -> ModelServer:
+def bridge_placement(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``in-process`` unless a test is parametrized over BRIDGE_PLACEMENTS."""
+    placement: str = getattr(request, "param", "in-process")
+    for key, value in BRIDGE_PLACEMENTS[placement].items():
+        monkeypatch.setenv(key, value)
+    return placement
+
+
+@pytest.fixture
+def model_env(
+    model_server: ModelServer, monkeypatch: pytest.MonkeyPatch, bridge_placement: str
+) -> ModelServer:
     """The model server, with LiteLLM's OpenAI variables pointing at it (and the OpenAI
     Agents SDK's tracing off: it would export each run's spans to api.openai.com)."""
     for key, value in model_server.env().items():

@@ -19,6 +19,8 @@ from workspaces import calc_rows, only_run_dir, read_index, write_workspace
 
 from pytest_osmosis.model.cache import CACHE_FILENAME, cache_path
 
+pytestmark = pytest.mark.bridge_placements  # sessions with either bridge (conftest)
+
 QUESTIONS = [("What is 2 + 2?", "4"), ("What is 3 * 5?", "15"), ("What is 7 - 2?", "5")]
 
 

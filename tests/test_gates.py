@@ -247,6 +247,7 @@ def _journalled(run_dir: Path) -> int:
     return len((run_dir / "events.jsonl").read_text().splitlines())
 
 
+@pytest.mark.bridge_placements
 # Two sessions, each up to minutes on a loaded machine under -n 2 (a hang guard, no budget).
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
@@ -294,6 +295,7 @@ ALIKE_ROWS = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(10, 22)
 TRIALS = 3
 
 
+@pytest.mark.bridge_placements
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
 @pytest.mark.parametrize(
@@ -341,6 +343,7 @@ def test_a_budget_overshoots_by_at_most_one_rows_spend(
         )
 
 
+@pytest.mark.bridge_placements
 @pytest.mark.parametrize("xdist", [False, True], ids=["one-process", "xdist"])
 def test_budgets_not_spent_run_every_row_and_show_the_cost(
     served: pytest.Pytester, xdist: bool
@@ -373,6 +376,7 @@ def test_budgets_not_spent_run_every_row_and_show_the_cost(
     ]
 
 
+@pytest.mark.bridge_placements
 def test_an_attempt_without_a_priced_call_has_an_unknown_cost_everywhere(
     served: pytest.Pytester, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -408,6 +412,7 @@ def test_an_attempt_without_a_priced_call_has_an_unknown_cost_everywhere(
     assert re.search(r"^  Cost +unknown$", capsys.readouterr().out, re.M)
 
 
+@pytest.mark.bridge_placements
 def test_a_cost_budget_for_a_model_without_a_price_is_refused_at_start(
     served: pytest.Pytester,
 ) -> None:

@@ -57,6 +57,8 @@ class AlwaysRight(Grader):
 '''
 
 
+pytestmark = pytest.mark.bridge_placements  # sessions with either bridge (conftest)
+
 def _rows(count: int, *, ask: bool) -> list[dict[str, object]]:
     rows = calc_rows([(f"What is {i} + 1?", str(i + 1)) for i in range(count)])
     for row in rows:

@@ -563,8 +563,8 @@ class Executor:
                 return
             if release():
                 self._pump()
-            if link:
-                self.loop.call_soon_threadsafe(link[0].cancel)
+            for task in link[:1]:  # a slice: ``done`` may clear the link meanwhile
+                self.loop.call_soon_threadsafe(task.cancel)
 
         future.add_done_callback(cancel_task)
         task.add_done_callback(done)

@@ -384,7 +384,8 @@ class RolloutServer:
         try:
             answer = await self._watching(self._dispatch(request, budgets))
         except BaseException:
-            bridge.close_rollout(rollout_id)
+            with contextlib.suppress(ResourceExhaustedError):  # a bridge process gone: as raised
+                bridge.close_rollout(rollout_id)
             raise
         status, reward, error_type, message = classify(answer)
         if cache is not None and cache.failure is not None:  # replay had no answer: as in process

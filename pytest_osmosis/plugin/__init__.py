@@ -460,6 +460,14 @@ class WorkerHooks:
         config.workeroutput["osmosis_recorded"] = entries  # type: ignore[attr-defined]
 
 
+def stop_workers(config: pytest.Config) -> None:
+    """Stop the xdist workers started so far, at once and silently (before any row)."""
+    dsession = config.pluginmanager.get_plugin("dsession")
+    nodemanager = getattr(dsession, "nodemanager", None)
+    if nodemanager is not None:
+        nodemanager.group.terminate(timeout=0)
+
+
 class XdistControllerHooks:
     """xdist controller only: shard the rows across workers and tell them where to write."""
 
@@ -481,6 +489,40 @@ class XdistControllerHooks:
         return EvalScheduling(
             config, log, shard_rows=max(1, share // attempts), culprit=self.culprit
         )
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> Generator[None, None, None]:
+        """Around the start: ours (tryfirst) plans and opens the runs, then xdist's
+        (trylast) starts the workers, and the models are checked while they start up
+        (Controller.check_models). A failed check stops the workers already started
+        before its one line (exit 4, as when they never started): killed, they print
+        nothing and run no row (rows start only in xdist's run loop, after this).
+        """
+        try:
+            yield
+        except BaseException:
+            self.controller.release_output()
+            raise
+        if self.controller.collects_here:  # a config cannot be planned: as one process
+            stop_workers(session.config)
+            session.config.pluginmanager.unregister(name="dsession")
+            return
+        try:
+            self.controller.check_models(session)
+        except BaseException:
+            stop_workers(session.config)
+            raise
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_report_from_serializable(
+        self, config: pytest.Config, data: dict[str, Any]
+    ) -> Generator[None, Any, Any]:
+        """A worker's report, in execnet's receiver thread: its result goes to the journal
+        now, so results arriving together share one fsync (Controller.stage)."""
+        report = yield
+        if isinstance(report, pytest.TestReport):
+            self.controller.stage(report)
+        return report
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_setupnodes(self, config: pytest.Config, specs: Any) -> None:

@@ -56,6 +56,12 @@ class Controller:
         #: Rows of workers on other hosts: the ``osmosis_trajectory`` property of the file
         #: this controller wrote, for the item's teardown report (name_trajectory).
         self._trajectories: dict[str, list[tuple[str, Any]]] = {}
+        #: xdist: the models start() left to check_models (None: nothing left to check),
+        #: and the terminal's output held meanwhile.
+        self._unchecked: list[str] | None = None
+        self._held: HeldOutput | None = None
+        #: xdist: a config cannot be planned, so this process collects (and stops there).
+        self.collects_here = False
 
     # -- before any row -------------------------------------------------------------
 
@@ -104,6 +110,12 @@ class Controller:
             if line is not None:  # declined: as an interrupt before any row
                 self.stopped = (line, pytest.ExitCode.INTERRUPTED)
                 return
+        pending = self.session.models.pending  # where each model's bridge runs (models.py)
+        for run in self.session.runs.values():
+            count = len(run.rundir.pending(run_keys(run.plan)))
+            if count:
+                model = run.plan.settings.model_path
+                pending[model] = pending.get(model, 0) + count
         models = [
             run.plan.settings.model_path
             for run in self.session.runs.values()
@@ -119,12 +131,56 @@ class Controller:
             from pytest_osmosis.plugin.budget import Budget, budget_values
 
             self.session.admission.budget = Budget(*budget_values(gate.values))
+        if xdist_controller(session) and not self.collects_here:
+            self._unchecked = models  # checked while xdist's workers start (check_models)
+            self._held = HeldOutput(session.config)
+            return
+        self.check_models(session, models)
+
+    def release_output(self) -> None:
+        """Write what the terminal was sent since start() left the models to check."""
+        if self._held is not None:
+            self._held.release()
+            self._held = None
+
+    def check_models(self, session: pytest.Session, models: list[str] | None = None) -> None:
+        """Check the models before any row (a failure is one line, exit 4), then say what
+        runs. In one process within :meth:`start`; under xdist after xdist started its
+        workers, so they import and collect while the models are checked (no row starts
+        before xdist's run loop, after this). Nothing a worker is sent depends on it.
+
+        Under xdist what the terminal was sent in between (pytest's header, "bringing up
+        nodes...") was held: it follows this check's lines, as it did when the workers
+        started after the check, and a failed check drops it (its line is all there is).
+        """
+        if models is None:
+            models, self._unchecked = self._unchecked, None
+            if models is None:  # start() stopped before its checks (the plan, a "no")
+                return
+        held, self._held = self._held, None
+        if held is not None:
+            held.stop()
+        try:
+            self._check_models(session, models)
+        except BaseException:
+            if held is not None:
+                held.text = ""
+            raise
+        finally:
+            if held is not None:
+                held.release()
+
+    def _check_models(self, session: pytest.Session, models: list[str]) -> None:
+        from pytest_osmosis.core.errors import OsmosisError
+
+        milestones = self.session.milestones
+        assert milestones is not None
         if not models:
             milestones.finish()
             self._announce(session.config)
             return
-        # xdist's controller runs no rows (no LiteLLM here): its workers start once the
-        # model is known good, and each imports LiteLLM before its first row.
+        # xdist's controller runs no rows (no LiteLLM here); each worker imports LiteLLM
+        # before its first row.
         try:
             # The model-call cache is opened here first: a bad one stops the session.
             checked = [
@@ -164,24 +220,20 @@ class Controller:
     def _stop_xdist_on_plan_errors(self, session: pytest.Session) -> None:
         """A config that cannot be planned stops a single process at collection (exit 2,
         nothing opened: ``open_runs``); xdist does not stop on a worker's collection error,
-        so its workers would run the other configs (exit 1). Stop its controller the same
-        way, before any worker starts."""
+        so its workers would run the other configs (exit 1). Under xdist this controller
+        then collects as one process does, for the same error once and exit 2: xdist's
+        workers are stopped as soon as xdist started them (``collects_here``, read by
+        XdistControllerHooks.pytest_sessionstart), and say nothing."""
         errors = self.session.plans.plan_errors()
         config = session.config
         if not errors or config.option.continue_on_collection_errors:
             return
         if not config.pluginmanager.has_plugin("dsession"):
             return
-        from pytest_osmosis.plugin.collect import how_to_run_the_others, with_hint
-
-        path, exc = errors[0]
-        count = f"{len(errors)} error{'s' if len(errors) > 1 else ''}"
-        pytest.exit(
-            f"ERROR collecting {path}: "
-            f"{with_hint(str(exc), how_to_run_the_others(config, path))}\n"
-            f"Interrupted: {count} during collection",
-            returncode=pytest.ExitCode.INTERRUPTED,
-        )
+        self.collects_here = True
+        reporter = config.pluginmanager.get_plugin("terminaldistreporter")
+        if reporter is not None:  # its "bringing up nodes..." would be the only trace
+            config.pluginmanager.unregister(reporter)
 
     def _check_gate(self, models: list[str]) -> None:
         """The gate's options against the runs, before any row (one line, exit 4)."""
@@ -256,11 +308,8 @@ class Controller:
             return
         if result.get("session_fault"):  # an xdist worker met a fault of the whole session
             pytest.exit(str(result["session_fault"]), returncode=pytest.ExitCode.USAGE_ERROR)
-        config_path = self._config_paths.get(result["config"])
-        if config_path is None:
-            config_path = self._config_paths.setdefault(result["config"], Path(result["config"]))
-        run = self.session.runs.get(config_path)
-        if run is None or result.get("resumed"):
+        run = self._run_of(result)
+        if run is None:
             return
         with recording(run, result):  # a full disk or a deleted run: exit 4
             files = getattr(report, "osmosis_files", None)
@@ -308,6 +357,46 @@ class Controller:
                     detail=result["detail"],
                 )
         run.rundir.settle((record["row_index"], record["run_index"]))
+
+    def _run_of(self, result: dict[str, Any]) -> ControllerRun | None:
+        """The run that journals ``result``: None for another session's row or a row
+        resumed from the journal (it is recorded already)."""
+        config_path = self._config_paths.get(result["config"])
+        if config_path is None:
+            config_path = self._config_paths.setdefault(result["config"], Path(result["config"]))
+        run = self.session.runs.get(config_path)
+        return None if run is None or result.get("resumed") else run
+
+    def stage(self, report: pytest.TestReport) -> None:
+        """xdist: hand a worker's result to its run's journal as the report arrives.
+
+        Called in execnet's receiver thread, before the report waits its turn in xdist's
+        queue: the results that arrive while the main thread records one share the next
+        fsync (group commit, RunDirectory.stage), and :meth:`record` only waits for it.
+        Recorded one at a time, each waited for its own fsync (~3 ms), and the main thread,
+        not the rows, set the pace of 200 ms rows. What :meth:`record` would not journal
+        is not staged, nor a row of a worker on another host (its trajectory's files come
+        with the report, and record() writes them before the journal names the row); a
+        failure here is left for record() to meet and report. A worker's session fault
+        stops the staging, as it stops the journal in one process (``session.faulted``):
+        record() stops the session at its report, and no result arriving after it is kept.
+        """
+        from pytest_osmosis.plugin.rerun import is_rerun
+
+        result = getattr(report, "osmosis", None)
+        if not isinstance(result, dict) or is_rerun(report):
+            return
+        if result.get("session_fault"):
+            self.session.faulted = True
+            return
+        if getattr(report, "osmosis_files", None):
+            return
+        try:
+            run = self._run_of(result)
+            if run is not None:
+                self.session.stage(run.plan, result)
+        except Exception:  # noqa: BLE001 - never in xdist's receiver thread; record() meets it
+            return
 
     def name_trajectory(self, report: pytest.TestReport) -> None:
         """A row a worker on another host ran: its teardown report, the one JUnit reads
@@ -661,6 +750,36 @@ class Controller:
                 run.upload_line = result.line
                 if not result.uploaded and not result.line.startswith("not uploaded"):
                     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+class HeldOutput:
+    """Hold what pytest's terminal writer is sent, to write it later or drop it (best
+    effort: the writer's stream is not public API; without it nothing is held)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        import io
+
+        self.text = ""  # what was held, once stopped
+        self._writer = getattr(config.pluginmanager.get_plugin("terminalreporter"), "_tw", None)
+        self._stream = getattr(self._writer, "_file", None)
+        self._holding = self._stream is not None
+        if self._holding:
+            self._writer._file = io.StringIO()  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Give the writer its stream back; what it was sent meanwhile is ``text``."""
+        if self._holding:
+            self._holding = False
+            self.text += self._writer._file.getvalue()  # type: ignore[union-attr]
+            self._writer._file = self._stream  # type: ignore[union-attr]
+
+    def release(self) -> None:
+        """Stop holding and write ``text`` (set it to "" first to drop it)."""
+        self.stop()
+        if self._stream is not None and self.text:
+            self._stream.write(self.text)
+            self._stream.flush()
+        self.text = ""
 
 
 def xdist_controller(session: pytest.Session) -> bool:

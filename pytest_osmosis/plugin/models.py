@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.execution.dispatch import Dispatch
     from pytest_osmosis.execution.executor import Executor
     from pytest_osmosis.model.bridge import Bridge
+    from pytest_osmosis.model.bridge_process import RemoteBridge
     from pytest_osmosis.model.cache import CallCache
     from pytest_osmosis.plugin.session import ControllerRun, SessionOptions
 
@@ -37,17 +38,22 @@ class ModelPool:
         self.config = config
         self.options = options
         self.phase = phase
-        self._bridges: dict[str, Bridge] = {}
+        self._bridges: dict[str, Bridge | RemoteBridge] = {}
         self._bridge_lock: asyncio.Lock | None = None
         self._caches: dict[Path, CallCache] = {}  # output root -> its model-call cache
+        self.pending: dict[str, int] = {}
+        """Pending attempts per model (the controller sets it before the preflight)."""
+        self._remote: dict[str, RemoteBridge] = {}
+        """Models whose bridge runs in a process of its own (model/bridge_process.py)."""
 
     def judge_models(self, dispatch: Dispatch) -> list[str]:
         """Judge models a rollout's calls may name: its grader's, ini osmosis_judge_models."""
         declared = dispatch.judge_model
         return [*self.options.judge_models, *([declared] if declared else [])]
 
-    async def bridge(self, model_path: str) -> Bridge:
-        """The loopback bridge for ``model_path``, started on first use in this process."""
+    async def bridge(self, model_path: str) -> Bridge | RemoteBridge:
+        """The loopback bridge for ``model_path``: the one the preflight started in a
+        process of its own, else started in this process on first use."""
         from pytest_osmosis.model.bridge import Bridge
         from pytest_osmosis.model.routes import resolve_route
 
@@ -133,6 +139,8 @@ class ModelPool:
         import pytest_osmosis.model.preflight  # noqa: F401
         from pytest_osmosis.model.litellm import litellm_ready, start_import
 
+        if in_process:
+            self._place(model_paths)
         needing = sorted(path for path in set(model_paths) if self.rows_need_litellm(path))
         try:
             if in_process and needing:
@@ -154,8 +162,8 @@ class ModelPool:
         """
         from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH
 
-        if model_path == EMBEDDED_MODEL_PATH:
-            return False
+        if model_path == EMBEDDED_MODEL_PATH or model_path in self._remote:
+            return False  # a bridge of its own process imports LiteLLM there
         from pytest_osmosis.model.direct import rows_go_direct
         from pytest_osmosis.model.preflight import unknown_provider
         from pytest_osmosis.model.routes import resolve_route
@@ -165,6 +173,28 @@ class ModelPool:
             return False  # no row runs: the preflight refuses it without LiteLLM
         prices = self.options.gate.values.get("max_cost") is not None
         return prices or not rows_go_direct(route)
+
+    def _place(self, model_paths: list[str]) -> None:
+        """Decide, once per model, whether its rows' bridge runs in a process of its own
+        (model/bridge_process.py::placement); such a bridge is started by the preflight."""
+        from pytest_osmosis.model.bridge_process import RemoteBridge, placement
+        from pytest_osmosis.model.preflight import unknown_provider
+        from pytest_osmosis.model.routes import EMBEDDED_MODEL_PATH, resolve_route
+
+        offline = self.options.cache_mode == "replay"
+        for model_path in sorted(set(model_paths) - self._remote.keys()):
+            if model_path == EMBEDDED_MODEL_PATH or model_path in self._bridges:
+                continue
+            if model_path not in self.pending:
+                continue  # a judge model, or a regrade: rows do not call it as the run's model
+            try:
+                route = resolve_route(model_path)
+            except Exception:  # noqa: BLE001 - the preflight says what is wrong with it
+                continue
+            if unknown_provider(route) is not None:
+                continue
+            if placement(route, self.pending[model_path], offline=offline) == "process":
+                self._remote[model_path] = RemoteBridge(route)
 
     def _import_litellm(self, model_path: str) -> None:
         """Wait for LiteLLM (rows call the model through it): a failed import is one line."""
@@ -189,8 +219,12 @@ class ModelPool:
                 loading = model_path == EMBEDDED_MODEL_PATH
                 with self.phase(f"loading {model_path}") if loading else contextlib.nullcontext():
                     route = await loop.run_in_executor(None, resolve_route, model_path)
+                remote = self._remote.get(model_path)
                 with self.phase(f"checking model {model_path}"):
-                    warning = await check_model(route, in_process=in_process)
+                    if remote is not None:  # checked there, as this process would have
+                        warning = await self._check_remote(model_path, remote)
+                    else:
+                        warning = await check_model(route, in_process=in_process)
             except Exception as exc:  # noqa: BLE001 - anything here means the model is unusable
                 text = str(exc)
                 if not isinstance(exc, OsmosisError):
@@ -203,8 +237,23 @@ class ModelPool:
                     if run.plan.settings.model_path == model_path:
                         run.log.warning("preflight", warning)
 
+    async def _check_remote(self, model_path: str, remote: RemoteBridge) -> str | None:
+        from pytest_osmosis.model.preflight import unknown_provider
+
+        refused = unknown_provider(remote.route)
+        if refused is not None:
+            from pytest_osmosis.core.errors import ModelPreflightError
+
+            raise ModelPreflightError(refused)
+        await remote.start()
+        self._bridges[model_path] = remote  # closed with the others, checked or not
+        await remote.preflight()
+        return remote.preflight_warning
+
     def close(self, executor: Executor | None) -> None:
         """Close the bridges (and bridge_client()'s pools) on the loop, before it closes."""
+        from pytest_osmosis.model.bridge_process import RemoteBridge
+
         if executor is not None:
             clients = sys.modules.get("pytest_osmosis.model.client")
             if clients is not None:  # some rollout used bridge_client(): close its pool
@@ -212,7 +261,10 @@ class ModelPool:
                     executor.call(clients.close_pools(), timeout=5)
                 except Exception:  # noqa: BLE001 - shutting down; nothing to report to
                     pass
-            for bridge in list(self._bridges.values()):
+        for bridge in list(self._bridges.values()):
+            if isinstance(bridge, RemoteBridge):
+                bridge.stop()  # not on the loop: it waits for the helper's cache to be written
+            elif executor is not None:
                 try:
                     executor.call(bridge.close(), timeout=5)
                 except Exception:  # noqa: BLE001 - shutting down; nothing to report to

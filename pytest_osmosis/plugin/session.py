@@ -675,7 +675,7 @@ class EvalSession:
                 recorded=recorded,
             )
         except SessionFaultError:
-            self.faulted = True  # no row finishing after it is journalled (_stage)
+            self.faulted = True  # no row finishing after it is journalled (stage)
             raise
         if storage_faults:
             result = {**result, "storage_fault": storage_faults[0]}
@@ -684,12 +684,13 @@ class EvalSession:
 
             rollout_id = str(result["rollout_id"])
             self._trial_files[rollout_id] = pack_trial(run_dir / "rollout_trials" / rollout_id)
-        self._stage(plan, result)
+        self.stage(plan, result)
         return result
 
-    def _stage(self, plan: EvalPlan, result: dict[str, Any]) -> None:
+    def stage(self, plan: EvalPlan, result: dict[str, Any]) -> None:
         """Hand a finished row to its run's journal now (group commit, RunDirectory.stage):
-        the controller's record then only waits for its fsync. Only where the run is ours."""
+        the controller's record then only waits for its fsync. Only where the run is ours
+        (the row's process in one process, the controller as a worker's report arrives)."""
         run = self.runs.get(plan.config_path)
         if run is None or self.faulted or run.storage_fault or result.get("storage_fault"):
             return
