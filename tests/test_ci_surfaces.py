@@ -424,13 +424,19 @@ def check_junit(path: Path, root: Path, *, resumed: str) -> None:
 #: Records, in the controller, what each row's reports carry when they are logged and what
 #: pytest still holds of them at the end (it keeps every report to the end of the session).
 HOLDING = """
-import json, os
+import json
 
 seen = {"logged": [], "properties": {}, "held": []}
+worker = []  # this session is an xdist worker of the session under test (not of ours)
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        worker.append(True)
 
 
 def pytest_runtest_logreport(report):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if worker:
         return
     name = report.nodeid.rsplit("::", 1)[-1]
     if getattr(report, "osmosis", None) is not None:
@@ -440,7 +446,7 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if worker:
         return
     for reports in terminalreporter.stats.values():
         for report in reports:
