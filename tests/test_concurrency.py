@@ -270,14 +270,16 @@ def pytest_keyboard_interrupt(excinfo):
 """
 
 
-def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
-    pytester: pytest.Pytester, slow_model: ModelServer
-) -> None:
-    """It ended with a raw KeyboardInterrupt traceback and rc -2."""
+def _stop_twice(
+    pytester: pytest.Pytester, slow_model: ModelServer, conftest: str, journalled: int
+) -> int:
+    """Ctrl-C while pytest waits on row 3 (held at the model), again once the first is being
+    shown and the journal holds ``journalled`` lines; check the one line against the journal
+    the process left, then resume: the rest run, nothing else. Returns the lines kept."""
     slow_model.delay = 0.0
     slow_model.hold = "What is 3 + 1"  # row 3 waits on the model until the test lets it go
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 6})
-    pytester.makeconftest(SLOW_TO_SHOW_AN_INTERRUPT)
+    pytester.makeconftest(conftest)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "twice")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", *args],
@@ -285,15 +287,16 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+    run = pytester.path / ".osmosis" / "evals" / "twice"
+    events = run / "events.jsonl"
     try:
-        run_dir = pytester.path / ".osmosis" / "evals"
         deadline = time.monotonic() + 600  # stops a hang only; the events decide
         while slow_model.holding < 1:
             assert proc.poll() is None and time.monotonic() < deadline, "row 3 never asked"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         marker = pytester.path / "first-interrupt-seen"
-        while not marker.exists():
+        while not marker.exists() or len(events.read_bytes().splitlines()) < journalled:
             assert proc.poll() is None and time.monotonic() < deadline, "no first interrupt"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
@@ -308,9 +311,10 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
     assert "Traceback" not in text and "KeyboardInterrupt" not in text.replace(
         "!!! KeyboardInterrupt !!!", ""
     ), text
-    run = run_dir / "twice"
-    kept = len((run / "events.jsonl").read_text().splitlines())
-    assert 1 <= kept <= 5  # what had finished by the first Ctrl-C; row 3 never answered
+    lines = events.read_text().splitlines()
+    kept = len(lines)
+    assert kept == len({(json.loads(x)["row_index"], json.loads(x)["run_index"]) for x in lines})
+    assert 1 <= kept <= 5  # what had finished by the second Ctrl-C; row 3 never answered
     last = text.rstrip().splitlines()[-1]
     assert last == (
         f"osmosis: stopped; {kept} results kept in {run} (run the same command again to resume)"
@@ -320,6 +324,109 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=6)
     assert slow_model.requests_total - before == (6 - kept) + 1  # the rest, and the preflight
+    return kept
+
+
+def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
+    """It ended with a raw KeyboardInterrupt traceback and rc -2."""
+    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=0)
+
+
+ROW_4_STAGED_NEVER_SETTLES = (
+    SLOW_TO_SHOW_AN_INTERRUPT
+    + """
+import asyncio
+
+from pytest_osmosis.plugin.session import EvalSession
+
+_execute = EvalSession._execute
+
+
+async def _execute_row_4_held(self, item):
+    # Row 4 finishes and hands its record to the journal (stage), but its result never
+    # reaches the executor: the moment between a row's stage and its future settling (where
+    # a Ctrl-C finds it unfinished, or cancels it), held open until the process ends.
+    result = await _execute(self, item)
+    if item.row_index == 4:
+        await asyncio.Event().wait()
+    return result
+
+
+EvalSession._execute = _execute_row_4_held
+"""
+)
+
+
+def test_the_second_ctrl_c_counts_a_row_journalled_whose_result_never_settled(
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
+    """The line said "4 results kept" while events.jsonl held 5 lines: the count was the
+    records the controller had taken, not what the journal held (row 4's staged record)."""
+    # Rows 0-2 reported, 5 finished ahead, 4 staged: all but row 3 are in the journal.
+    assert _stop_twice(pytester, slow_model, ROW_4_STAGED_NEVER_SETTLES, journalled=5) == 5
+
+
+ROW_4_FINISHES_AFTER_THE_SNAPSHOTS = """
+import asyncio
+import threading
+
+from pytest_osmosis.plugin.session import EvalSession
+from pytest_osmosis.results.rundir import RunDirectory
+
+go, tried = threading.Event(), threading.Event()
+_execute, _refresh = EvalSession._execute, RunDirectory.refresh
+
+
+async def _execute_row_4_late(self, item):
+    # Row 4 runs ahead but finishes only once the session's end has written the snapshots.
+    if item.row_index == 4:
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+    try:
+        return await _execute(self, item)  # stages its record on the way out
+    finally:
+        if item.row_index == 4:
+            tried.set()
+
+
+def _refresh_then_row_4(self, **kwargs):
+    metrics = _refresh(self, **kwargs)
+    go.set()
+    assert tried.wait(300), "row 4 never finished"
+    return metrics
+
+
+EvalSession._execute = _execute_row_4_late
+RunDirectory.refresh = _refresh_then_row_4
+"""
+
+
+def test_a_row_finishing_after_the_snapshots_is_not_journalled_behind_the_count(
+    pytester: pytest.Pytester, slow_model: ModelServer
+) -> None:
+    """-x: a row that finished after the final snapshots were written was journalled when
+    the journal closed: 6 lines in events.jsonl, 5 rows in the index and "5 of 6 recorded",
+    and the next session did not run the row the index did not show."""
+    slow_model.delay = 0.0
+    rows = [dict(r) for r in ROWS[:6]]
+    rows[1]["ground_truth"] = "wrong"
+    write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 6}, rollout_source=UNCAPPED)
+    pytester.makeconftest(ROW_4_FINISHES_AFTER_THE_SNAPSHOTS)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "late")
+    result = pytester.runpytest_subprocess(*args, "-x")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    run_dir = pytester.path / ".osmosis" / "evals" / "late"
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    journalled = sorted(json.loads(line)["row_index"] for line in lines)
+    assert journalled == [0, 1, 2, 3, 5]  # row 4 finished after the seal: not kept
+    assert [r["row_index"] for r in read_index(run_dir)] == journalled
+    result.stdout.fnmatch_lines(["resume *(5 of 6 recorded)"])
+    (pytester.path / "conftest.py").unlink()
+    before = slow_model.requests_total
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=5, failed=1)
+    assert slow_model.requests_total - before == 1 + 1  # row 4, and the preflight
 
 
 XDIST_WITHOUT_QUEUE_LOCK = '''

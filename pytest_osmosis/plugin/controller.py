@@ -525,16 +525,16 @@ class Controller:
             import sys
 
             try:  # rows finished since the first Ctrl-C; only locks this thread may re-take
-                self.session.journal_finished(wait=False)
+                self.session.seal(wait=False)
             except Exception:  # noqa: BLE001 - leaving anyway; what is journalled stays
                 pass
             runs = list(self.session.runs.values())
-            kept = sum(len(run.rundir.records) for run in runs)
             where = f" in {runs[0].plan.run_dir}" if len(runs) == 1 else ""
-            line = (
-                f"\nosmosis: stopped; {kept} results kept{where} "
-                "(run the same command again to resume)\n"
-            )
+            try:  # what the journals hold at exit: nothing is journalled after this count
+                kept = f"{self.session.kept()} results kept"
+            except Exception:  # noqa: BLE001 - no number rather than a wrong one
+                kept = "what was journalled is kept"
+            line = f"\nosmosis: stopped; {kept}{where} (run the same command again to resume)\n"
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
@@ -557,7 +557,9 @@ class Controller:
             self.progress.stop()  # before anything below prints
         try:
             stopped_before = {path for path, run in self.session.runs.items() if run.storage_fault}
-            self.session.journal_finished()  # nothing paid for is lost, however the session ends
+            # Nothing paid for is lost, however the session ends; nothing is journalled after
+            # this either, so the snapshots and the lines below count what the journals hold.
+            self.session.seal()
             interrupted = session.shouldstop or session.shouldfail
             for path, run in self.session.runs.items():
                 stopped = path in stopped_before

@@ -82,7 +82,7 @@ _FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT})
 def storage_fault_line(run: ControllerRun, message: str) -> str:
     """The one line a storage fault stops the session with: what failed, and what now."""
     if any(os.strerror(code) in message for code in _FULL_DISK):
-        count = len(run.rundir.records)
+        count = run.rundir.kept()  # nothing more is journalled there: the session stops
         return (
             f"{message}; the {count} results recorded so far are kept: free space, then run "
             "the same command again to resume"

@@ -249,7 +249,7 @@ def next_lines(session: EvalSession, interrupted: bool) -> list[str]:
         plan = run.plan
         prefix = f"{plan.run_name}: " if len(session.runs) > 1 else ""
         total = plan.total_items
-        recorded = len(run.rundir.records)
+        recorded = run.rundir.kept()  # sealed at the session's end: what the journal holds
         status = run.metrics.get("eval_run", {}).get("status")
         if interrupted or status != "finished":
             command = _command(session, run)
@@ -301,7 +301,7 @@ def write_next_steps(terminal: Any, session: EvalSession, exitstatus: int) -> No
     for line in lines:
         terminal.write_line(line)
     if interrupted and not broken:
-        recorded = sum(len(run.rundir.records) for run in session.runs.values())
+        recorded = session.kept()
         total = sum(run.plan.total_items for run in session.runs.values())
         again = (
             "run the same command again to resume"

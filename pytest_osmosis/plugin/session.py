@@ -207,7 +207,7 @@ class EvalSession:
         self._trial_files: dict[str, dict[str, bytes]] = {}
         self._controller_paths: dict[str, str] = {}  # this host's config path -> controller's
         #: A single process names the row whose code calls ``os._exit`` (faults.py).
-        self._exits = None if is_worker else ExitWitness(self.journal_finished)
+        self._exits = None if is_worker else ExitWitness(self.seal)
         self.runs: dict[Path, ControllerRun] = {}
         self.verdict: Verdict | None = None
         self._prefixes: dict[str, Path | None] = {}  # node id file part -> config (item_key)
@@ -385,6 +385,18 @@ class EvalSession:
         if self._executor is None or self.faulted:
             return
         journal_finished(self._executor, self.runs, self.item_key, wait=wait)
+
+    def seal(self, *, wait: bool = True) -> None:
+        """The session is ending: journal the rows that finished ahead, then nothing more
+        (RunDirectory.seal: a row finishing later is not kept), so what a line says was kept
+        is what the journals hold when the process exits."""
+        self.journal_finished(wait=wait)
+        for run in self.runs.values():
+            run.rundir.seal()
+
+    def kept(self) -> int:
+        """Work items the runs' journals hold for good (sealed first): every stop line's count."""
+        return sum(run.rundir.kept() for run in self.runs.values())
 
     def phase(self, doing: str) -> contextlib.AbstractContextManager[None]:
         """A start-up milestone around a phase that can take a while (milestones.py)."""

@@ -434,6 +434,15 @@ class Journal:
             raise
         self._size += len(data)
 
+    def seal(self) -> None:
+        """The final flush: write what is queued now and take no record after it (submit
+        raises). Returns once every record submitted is written or failed, so the file holds
+        all it will ever hold from this process: what a stop line may count."""
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+            self._durable.wait_for(lambda: self._settled >= self._submitted)
+
     def close(self) -> None:
         """Commit what is queued, stop the committer and close the descriptor; later appends
         raise."""

@@ -499,11 +499,14 @@ class RunDirectory:
         """
         try:
             normalized = normalize_record(record, where="work result")
-            commit = self._journal.submit([normalized])
-        except (RunDirectoryError, OSError):
+        except RunDirectoryError:
             return  # append journals it itself, and raises there
         key = (normalized["row_index"], normalized["run_index"])
-        with self._staging:
+        with self._staging:  # submitted and noted at once: kept() never sees one and not the other
+            try:
+                commit = self._journal.submit([normalized])
+            except (RunDirectoryError, OSError):
+                return  # append raises it (or the journal is sealed: the session has ended)
             self._staged[key] = (normalized, commit)
             if trajectory is not None:
                 self._handed[key] = (normalized["rollout_id"], trajectory)
@@ -576,15 +579,33 @@ class RunDirectory:
 
     def _adopt_staged(self) -> None:
         """Record what the journal holds of rows never appended (the session ended first),
-        so the snapshots agree with the journal."""
-        with self._staging:
-            staged, self._staged = list(self._staged.values()), {}
-        for record, commit in staged:
-            try:
-                commit.wait()
-            except (RunDirectoryError, OSError):
-                continue  # cut back off: not in the journal
-            self._adopt(record, reused=False)
+        so the snapshots agree with the journal. A Ctrl-C waits: a record taken out of
+        ``_staged`` and not adopted yet would be missing from :meth:`kept`."""
+        with interrupt_held():
+            with self._staging:
+                staged, self._staged = list(self._staged.values()), {}
+            for record, commit in staged:
+                try:
+                    commit.wait()
+                except (RunDirectoryError, OSError):
+                    continue  # cut back off: not in the journal
+                self._adopt(record, reused=False)
+
+    def seal(self) -> None:
+        """Journal nothing more (the session is ending): write what is queued, refuse later
+        records (a row finishing now is not kept: :meth:`stage` drops it) and adopt every
+        staged one the journal took, so ``records`` is exactly what the journal holds."""
+        with self._mutex, interrupt_held():
+            self._journal.seal()
+            self._adopt_staged()
+
+    def kept(self) -> int:
+        """How many work items the journal holds for good (it is sealed first): the one
+        count a line that stops the session states, and what a resume will not run again.
+        Safe in a SIGINT handler: the main thread holds none of its locks outside
+        ``interrupt_held`` (the journal's, ``_staging``), and ``_mutex`` is re-entrant."""
+        self.seal()
+        return len(self.records)
 
     def settle(self, key: WorkKey) -> None:
         """Check one recorded item's trajectory and write its projections now.
@@ -830,7 +851,7 @@ class RunDirectory:
     def close(self) -> None:
         """Close the journal and release the run lock (idempotent)."""
         self._closed = True
-        with self._mutex:
+        with self._mutex, interrupt_held():  # a Ctrl-C's kept() must not find the lock held
             self._journal.close()
             self._lock.release()
 

@@ -1306,6 +1306,38 @@ def test_a_staged_row_never_appended_is_indexed_as_the_journal_holds_it(tmp_path
     reopened.close()
 
 
+def test_kept_is_what_the_journal_holds_and_nothing_is_journalled_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count a stop line states: rows staged and never appended (nobody waits for them:
+    an hour's window here) are written by the seal and counted; a row finishing after it
+    is not journalled; an attempt journalled twice is one work item."""
+    from pytest_osmosis.results import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "GROUP_WINDOW_S", 3600.0)
+    run = open_run(tmp_path)
+    first = staged(run, 0)
+    run.append(first)
+    run.append({**first, "rollout_id": uuid.uuid4().hex})  # row 0 run again (a retry)
+    staged(run, 1)
+    staged(run, 2)
+    journal = run.path / "events.jsonl"
+    assert len(read_lines(journal)) == 2  # rows 1 and 2 wait in the window
+    assert run.kept() == 3
+    assert [line["row_index"] for line in read_lines(journal)] == [0, 0, 1, 2]
+    staged(run, 3)  # finished after the seal: dropped, not written at close
+    with pytest.raises(RunDirectoryError, match="closed"):
+        run.append(staged(run, 4))
+    assert run.kept() == 3
+    run.close()
+    assert run.kept() == 3
+    assert len(read_lines(journal)) == 4
+    reopened = RunDirectory.open(tmp_path, "run-1", make_inputs(), PROVENANCE)
+    assert len(reopened.records) == 3
+    assert reopened.pending([(r, 0) for r in range(5)]) == {(3, 0), (4, 0)}
+    reopened.close()
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names descriptors by /proc")
 def test_a_failed_group_commit_fails_each_of_its_rows_and_is_cut_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
