@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from pytest_osmosis.plugin.collect import EvalItem
     from pytest_osmosis.plugin.milestones import Milestones
     from pytest_osmosis.results import RunDirectory, RunLog
+    from pytest_osmosis.results.index import WrittenTrajectory
     from pytest_osmosis.results.source_run import SourceRun
 
 
@@ -628,6 +629,7 @@ class EvalSession:
         # A remote worker writes into its scratch directory (its report carries the files).
         run_dir = plan.run_dir if self._scratch is None else self._scratch / plan.run_name
         storage_faults: list[str] = []
+        written: list[WrittenTrajectory] = []  # handed to the run directory (stage, settle)
 
         def save_trajectory(
             rollout_id: str,
@@ -650,10 +652,12 @@ class EvalSession:
             )
             trial_dir = os.path.join(run_dir, "rollout_trials", rollout_id)  # a str: per row
             try:
-                write_trajectory(trial_dir, redact_trajectory(doc, redactor))
+                wrote = write_trajectory(trial_dir, redact_trajectory(doc, redactor))
             except OSError as exc:  # a full disk: the controller stops, this row stays pending
                 storage_faults.append(f"cannot write a trajectory in {trial_dir}: {exc}")
                 return False
+            if wrote is not None:
+                written.append(wrote)
             return True
 
         prepare: Callable[[str], Path | None] = lambda rid: prepare_trial_dir(run_dir, rid)  # noqa: E731
@@ -684,19 +688,23 @@ class EvalSession:
 
             rollout_id = str(result["rollout_id"])
             self._trial_files[rollout_id] = pack_trial(run_dir / "rollout_trials" / rollout_id)
-        self.stage(plan, result)
+        self.stage(plan, result, written[-1] if written else None)
         return result
 
-    def stage(self, plan: EvalPlan, result: dict[str, Any]) -> None:
+    def stage(
+        self, plan: EvalPlan, result: dict[str, Any], trajectory: WrittenTrajectory | None = None
+    ) -> None:
         """Hand a finished row to its run's journal now (group commit, RunDirectory.stage):
         the controller's record then only waits for its fsync. Only where the run is ours
-        (the row's process in one process, the controller as a worker's report arrives)."""
+        (the row's process in one process, the controller as a worker's report arrives).
+        *trajectory*: what this process wrote of the row's trajectory, so settling the row
+        neither reads nor parses it again."""
         run = self.runs.get(plan.config_path)
         if run is None or self.faulted or run.storage_fault or result.get("storage_fault"):
             return
         if outcome.is_infrastructure(result):
             return  # pytest-rerunfailures may run it again: only its last report is journalled
-        run.rundir.stage(result)
+        run.rundir.stage(result, trajectory)
 
     def abandon_runs(self) -> None:
         """The session stops before any row: leave no trace of the runs it opened.

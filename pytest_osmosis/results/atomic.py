@@ -156,13 +156,23 @@ def _open_temp(directory: str, name: str, mode: int) -> tuple[int, str]:
             continue
 
 
+#: A file as the run directory tells versions apart: inode, size, mtime and ctime (ns).
+Signature = tuple[int, int, int, int]
+
+
+def signature_of(st: os.stat_result) -> Signature:
+    """The :data:`Signature` of a ``stat`` result."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def atomic_write_bytes(
     path: str | Path,
     data: bytes | Iterable[bytes],
     *,
     mode: int = FILE_MODE,
     durable: bool = True,
-) -> None:
+    identify: bool = False,
+) -> Signature | None:
     """Replace *path* with *data* atomically (mode 0600 by default).
 
     *data* may be pieces (an index's lines): written in blocks of 256 KB, so a
@@ -171,6 +181,9 @@ def atomic_write_bytes(
     ``durable`` adds the fsyncs that make the new content survive a power loss;
     files that are rebuilt from the journal anyway (projections, trajectories)
     skip them, since two fsyncs per file would dominate a fast run's cost.
+    ``identify`` returns the file's signature as the rename left it (the rename changes
+    its ctime), or None when the path no longer shows the file written (replaced or
+    changed at once).
     """
     directory, name = os.path.split(os.fspath(path))
     directory = directory or "."
@@ -179,6 +192,7 @@ def atomic_write_bytes(
     except FileNotFoundError:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = _open_temp(directory, name, mode)
+    written: os.stat_result | None = None
     try:
         try:
             if mode != FILE_MODE:
@@ -190,6 +204,7 @@ def atomic_write_bytes(
                     write_all(fd, block)
             if durable:
                 os.fsync(fd)
+            written = os.fstat(fd) if identify else None
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -199,6 +214,21 @@ def atomic_write_bytes(
         raise
     if durable:
         fsync_dir(Path(directory))
+    return None if written is None else _as_written(path, written)
+
+
+def _as_written(path: str | Path, written: os.stat_result) -> Signature | None:
+    """*path*'s signature if it is still the file *written* (fstat'ed before the rename)."""
+    try:
+        now = os.stat(path)
+    except OSError:
+        return None
+    same = (now.st_ino, now.st_size, now.st_mtime_ns)
+    return (
+        signature_of(now)
+        if same == (written.st_ino, written.st_size, written.st_mtime_ns)
+        else None
+    )
 
 
 def pretty_json(payload: Any) -> str:

@@ -7,10 +7,12 @@ construction: fixed key order, ``None`` never written (the key is omitted).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_osmosis.results import stdjson as json
+from pytest_osmosis.results.atomic import Signature
 
 INDEX_FILENAME = "index.jsonl"
 SUMMARY_FILENAME = "summary.jsonl"
@@ -126,3 +128,30 @@ def valid_trajectory(data: bytes, *, rollout_id: str) -> dict[str, Any] | None:
     if atif_rollout_identity(payload) != rollout_id:
         return None
     return payload
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenTrajectory:
+    """A ``trajectory.json`` as its writer left it, handed to the run directory (settle).
+
+    ``data``: the bytes written; ``signature``: the file's as the rename left it;
+    ``identity`` and ``tokens``: :func:`atif_rollout_identity` and :func:`atif_total_tokens`
+    of the document those bytes encode. While the file on disk still has that signature,
+    :func:`valid_trajectory` of it is ``identity == rollout_id`` (the writer wrote a JSON
+    object) and its projection is a copy of ``data``: nothing is read or parsed again.
+    A file changed since (another signature) is read and checked as any other.
+    """
+
+    data: bytes
+    signature: Signature
+    identity: str | None
+    tokens: int | None
+
+    @classmethod
+    def of(
+        cls, document: Mapping[str, Any], data: bytes, signature: Signature | None
+    ) -> WrittenTrajectory | None:
+        """What the writer of *document* as *data* hands over (None: no signature taken)."""
+        if signature is None:
+            return None
+        return cls(data, signature, atif_rollout_identity(document), atif_total_tokens(document))

@@ -28,12 +28,14 @@ from pytest_osmosis.core.outcome import is_retried
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atomic import (
     FILE_MODE,
+    Signature,
     atomic_write_bytes,
     atomic_write_json,
     format_utc,
     fsync_dir,
     interrupt_held,
     remove_stale_temporaries,
+    signature_of,
 )
 from pytest_osmosis.results.index import (
     CANONICAL_TRAJECTORY_FILENAME,
@@ -42,6 +44,7 @@ from pytest_osmosis.results.index import (
     PROGRESS_FILENAME,
     SUMMARY_FILENAME,
     TRIALS_DIRNAME,
+    WrittenTrajectory,
     atif_total_tokens,
     build_index_row,
     read_valid_trajectory,
@@ -54,6 +57,7 @@ from pytest_osmosis.results.journal import (
     Journal,
     WorkKey,
     normalize_record,
+    normalized_as,
     replay_journal,
 )
 from pytest_osmosis.results.manifest import (
@@ -193,17 +197,24 @@ class _Entry:
     projected_trajectory: bool = False
 
 
-def _signature_key(signature: tuple[int, int, int, int] | None) -> int | None:
+def _signature_key(signature: Signature | None) -> int | None:
     """What an :class:`_Entry` keeps of a stat signature: equal signatures, equal keys."""
     return None if signature is None else hash(signature)
 
 
-def _stat_signature(path: str | Path) -> tuple[int, int, int, int] | None:
+def _stat_signature(path: str | Path) -> Signature | None:
     try:
-        st = os.stat(path)
+        return signature_of(os.stat(path))
     except OSError:
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _raw_key(record: Any) -> WorkKey | None:
+    """A result's work key as given, if it is one (checked or not: only looked up)."""
+    if not isinstance(record, Mapping):
+        return None
+    row, attempt = record.get("row_index"), record.get("run_index")
+    return (row, attempt) if type(row) is int and type(attempt) is int else None
 
 
 def _read_previous_index(path: Path) -> tuple[dict[WorkKey, dict[str, Any]], int | None]:
@@ -269,6 +280,9 @@ class RunDirectory:
         self._dirty: set[WorkKey] = set(records)
         #: Records handed to the journal as their row finished, not yet recorded here.
         self._staged: dict[WorkKey, tuple[dict[str, Any], Commit]] = {}
+        #: What the row's process wrote of a staged row's trajectory, until it is settled
+        #: (rollout id, what was written): settle neither reads nor parses it again.
+        self._handed: dict[WorkKey, tuple[str, WrittenTrajectory]] = {}
         self._staging = threading.Lock()
         #: Held while checking trajectories and writing projections (settle, refresh);
         #: never while journalling, so recording a row does not wait for another's copy.
@@ -473,13 +487,15 @@ class RunDirectory:
                 result.add(key)
         return result
 
-    def stage(self, record: Mapping[str, Any]) -> None:
+    def stage(self, record: Mapping[str, Any], trajectory: WrittenTrajectory | None = None) -> None:
         """Hand a finished row's record to the journal now, without waiting for the disk.
 
         Called on the event loop as the row finishes, so rows that finish together share
-        one fsync; :meth:`append` of the same record later only waits for it. A record
-        that is never appended (the session ended before pytest reported its row) is in
-        the journal all the same, as the rows that finished ahead always were.
+        one fsync; :meth:`append` of the same record later only waits for it (and does not
+        validate it again). A record that is never appended (the session ended before
+        pytest reported its row) is in the journal all the same, as the rows that finished
+        ahead always were. *trajectory*: what was written of the row's trajectory, which
+        :meth:`settle` checks and copies while the file is unchanged.
         """
         try:
             normalized = normalize_record(record, where="work result")
@@ -492,6 +508,10 @@ class RunDirectory:
             except (RunDirectoryError, OSError):
                 return  # append raises it (or the journal is sealed: the session has ended)
             self._staged[key] = (normalized, commit)
+            if trajectory is not None:
+                self._handed[key] = (normalized["rollout_id"], trajectory)
+            else:
+                self._handed.pop(key, None)
 
     def append(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Journal one work result durably (fsync) and make it the key's latest.
@@ -509,7 +529,16 @@ class RunDirectory:
         ``reused``: recorded from another run without running (the index row says so).
         A record :meth:`stage` already handed over is waited for, not written again.
         """
-        normalized = [normalize_record(record, where="work result") for record in records]
+        with self._staging:  # a staged record's check is not made twice (normalized_as)
+            peeked = [
+                self._staged.get(key) if (key := _raw_key(record)) else None for record in records
+            ]
+        normalized = [
+            found[0]
+            if found is not None and normalized_as(record, found[0])
+            else normalize_record(record, where="work result")
+            for record, found in zip(records, peeked, strict=True)
+        ]
         with self._mutex, interrupt_held():
             commits: list[Commit] = []
             fresh: list[dict[str, Any]] = []
@@ -517,7 +546,7 @@ class RunDirectory:
                 for record in normalized:
                     key = (record["row_index"], record["run_index"])
                     staged = self._staged.pop(key, None)
-                    if staged is not None and staged[0] == record:
+                    if staged is not None and (staged[0] is record or staged[0] == record):
                         commits.append(staged[1])
                     elif staged is None and key in self._executed and self.records[key] == record:
                         pass  # adopted from the stage already (refresh): the same attempt
@@ -591,13 +620,18 @@ class RunDirectory:
             self._settle_now(key)
 
     def _settle_now(self, key: WorkKey) -> None:
+        with self._staging:
+            handed = self._handed.pop(key, None)
         with self._projecting:
             record = self.records.get(key)
             if record is None:
                 return
+            written = (
+                handed[1] if handed is not None and handed[0] == record["rollout_id"] else None
+            )
             try:
                 read: list[bytes] = []  # the trajectory's bytes, checked once and copied
-                self._verdict(key, record["rollout_id"], read)
+                self._verdict(key, record["rollout_id"], read, written)
                 self._project([key], project_all=False, trajectory_data=read[0] if read else None)
             except OSError:
                 # A full disk can fail even the warning about a failed copy. The result is
@@ -613,19 +647,35 @@ class RunDirectory:
         # A string: one per row at every refresh, where pathlib's joins cost more than the stat.
         return os.path.join(self.path, TRIALS_DIRNAME, rollout_id, CANONICAL_TRAJECTORY_FILENAME)
 
-    def _verdict(self, key: WorkKey, rollout_id: str, read: list[bytes] | None = None) -> _Entry:
+    def _verdict(
+        self,
+        key: WorkKey,
+        rollout_id: str,
+        read: list[bytes] | None = None,
+        written: WrittenTrajectory | None = None,
+    ) -> _Entry:
         """The key's entry, its verdict on *rollout_id*'s trajectory re-checked every refresh,
         but parsed again only when the file changed.
 
         Given ``read``, the bytes it parsed are appended there when they were read as the
         projection reads them (not through a link): the caller copies those, not a re-read.
+        Given what was *written* there, and the file still as written (its signature), the
+        verdict and the bytes are the writer's: the file is neither read nor parsed.
         """
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry()
         path = self._trajectory_path(rollout_id)
-        signature = _signature_key(_stat_signature(path))
+        stat = _stat_signature(path)
+        signature = _signature_key(stat)
         if entry.checked == rollout_id and entry.signature == signature:
+            return entry
+        if written is not None and stat is not None and written.signature == stat:
+            valid = written.identity == rollout_id  # valid_trajectory: the writer's JSON object
+            entry.checked, entry.signature, entry.valid = rollout_id, signature, valid
+            entry.tokens = written.tokens if valid else None
+            if read is not None:
+                read.append(written.data)
             return entry
         document = None
         if signature is not None:

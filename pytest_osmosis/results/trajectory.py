@@ -26,7 +26,11 @@ from pytest_osmosis.core.errors import RunDirectoryError
 from pytest_osmosis.results import stdjson as json
 from pytest_osmosis.results.atif import FinalMetrics, Metrics, Step, ToolCall
 from pytest_osmosis.results.atomic import atomic_write_bytes, write_all
-from pytest_osmosis.results.index import CANONICAL_TRAJECTORY_FILENAME, TRIALS_DIRNAME
+from pytest_osmosis.results.index import (
+    CANONICAL_TRAJECTORY_FILENAME,
+    TRIALS_DIRNAME,
+    WrittenTrajectory,
+)
 from pytest_osmosis.results.journal import is_single_path_segment
 
 #: ``agent.name`` of every SDK-produced document; the platform keys on it.
@@ -118,17 +122,20 @@ def format_trajectory_json(document: Mapping[str, Any]) -> str:
     )
 
 
-def write_trajectory(trial_dir: str | Path, doc: Mapping[str, Any]) -> None:
+def write_trajectory(trial_dir: str | Path, doc: Mapping[str, Any]) -> WrittenTrajectory | None:
     """Atomically write *doc* as ``trial_dir/trajectory.json`` (no trailing newline).
 
     Not fsync'd, like the SDK's: the journal is the durable record, and a lost
     trajectory only drops ``trajectory_filename`` from the index. Raises
     ``ValueError`` for a non-finite number (the SDK then writes no trajectory).
+    Returns what was written, for the run directory to check and copy without reading
+    the file again (None when the file was replaced at once).
     """
     data = format_trajectory_json(doc).encode("utf-8")
     # A string join: a Path here (and its str for the write) cost more than the join, per row.
     path = os.path.join(trial_dir, CANONICAL_TRAJECTORY_FILENAME)
-    atomic_write_bytes(path, data, durable=False)
+    signature = atomic_write_bytes(path, data, durable=False, identify=True)
+    return WrittenTrajectory.of(doc, data, signature)
 
 
 # --------------------------------------------------------------------------- #
@@ -251,7 +258,9 @@ def build_trajectory(
         "agent": agent,
         "steps": [_step_document(step) for step in steps],
         "final_metrics": final_metrics,
-        "extra": _free_form({"osmosis": {k: v for k, v in osmosis.items() if v is not None}}),
+        "extra": _free_form(
+            {"osmosis": {k: v for k, v in osmosis.items() if v is not None}}, "extra"
+        ),
     }
 
 
@@ -263,30 +272,69 @@ def _step_document(step: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         if name == "extra":
-            value = _free_form(value)
+            value = _free_form(value, "extra", step)
         elif name == "tool_calls":
-            value = [{**call, "arguments": _free_form(call["arguments"])} for call in value]
+            value = [
+                {
+                    **call,
+                    "arguments": _free_form(
+                        call["arguments"], f"tool_calls.{index}.arguments", step
+                    ),
+                }
+                for index, call in enumerate(value)
+            ]
         elif name == "observation":
             value = {
                 "results": [
-                    {**result, "extra": _free_form(result["extra"])}
+                    {**result, "extra": _free_form(result["extra"], "observation.extra", step)}
                     if "extra" in result
                     else result
                     for result in value["results"]
                 ]
             }
         elif name == "metrics" and "extra" in value:
-            value = {**value, "extra": _free_form(value["extra"])}
+            value = {**value, "extra": _free_form(value["extra"], "metrics.extra", step)}
         document[name] = value
     return document
 
 
-def _free_form(fields: dict[str, Any]) -> dict[str, Any]:
+def _free_form(
+    fields: dict[str, Any], field: str, step: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A ``dict[str, Any]`` field's value (``extra``, tool arguments) as the models' JSON dump
     wrote it: the user's tuples, datetimes or models made JSON, None kept, and the same
     nesting limit (measured: a model's field counts one level, as the object as ``Any`` does).
-    A value it cannot serialize raises ``PydanticSerializationError`` (a ``ValueError``)."""
-    return cast("dict[str, Any]", _any().dump_python(fields, mode="json", exclude_none=True))
+    A value it cannot serialize raises ``PydanticSerializationError`` (a ``ValueError``); a
+    key no UTF-8 file can hold (a lone surrogate) a ``ValueError`` naming where, *field* (of
+    *step*) and the keys below it, as the model's errors name theirs."""
+    try:
+        return cast("dict[str, Any]", _any().dump_python(fields, mode="json", exclude_none=True))
+    except UnicodeEncodeError as exc:
+        location = [field] if step is None else [f"steps.{step['step_id'] - 1}", field]
+        key = _unencodable_key(fields, location)
+        what = (
+            exc if key is None else f"the key {key!r} is not valid Unicode text (a lone surrogate)"
+        )
+        raise ValueError(f"{'.'.join(location)}: {what}") from None
+
+
+def _unencodable_key(value: Any, location: list[str]) -> str | None:
+    """The first key under *value* UTF-8 cannot encode; the keys above it appended to
+    *location*. None if there is none."""
+    items = value.items() if isinstance(value, Mapping) else enumerate(value)
+    for key, child in items:
+        if isinstance(key, str):
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                return key
+        if isinstance(child, (Mapping, list, tuple)):
+            location.append(str(key))
+            found = _unencodable_key(child, location)
+            if found is not None:
+                return found
+            location.pop()
+    return None
 
 
 @functools.cache

@@ -748,9 +748,9 @@ def test_a_rollout_replacing_json_dumps_changes_none_of_our_files(tmp_path: Path
     finally:
         json.dumps = real
     assert stdjson.dumps is real
-    assert (run.path / "events.jsonl").read_bytes() == journal_line(normalize_record(
-        record, where="test"
-    ))
+    assert (run.path / "events.jsonl").read_bytes() == journal_line(
+        normalize_record(record, where="test")
+    )
     assert json.loads((run.path / "metrics.json").read_text())["summary"]["total_samples"] == 1
 
 
@@ -1149,6 +1149,96 @@ def staged(run: RunDirectory, row: int) -> dict[str, Any]:
     record.update(status="success", reward=1.0, duration_ms=1.0)
     run.stage(record)
     return record
+
+
+def written_row(run: RunDirectory, row: int, **usage: int) -> tuple[dict[str, Any], Any]:
+    """A row as the session finishes it: its trajectory written, then its record staged with
+    what was written (the loop thread's part); pytest has not reported it yet."""
+    rollout_id = uuid.uuid4().hex
+    artifacts_dir = prepare_trial_dir(run.path, rollout_id)
+    assert artifacts_dir is not None
+    doc = _trajectory_of(
+        [{"role": "user", "content": f"row {row}"}, {"role": "assistant", "content": "ok"}],
+        rollout_id=rollout_id,
+        step_usage=[usage] if usage else None,
+    )
+    written = write_trajectory(artifacts_dir.parent, doc)
+    assert written is not None
+    record = {"row_index": row, "run_index": 0, "rollout_id": rollout_id}
+    record.update(status="success", reward=1.0, duration_ms=1.0)
+    run.stage(record, written)
+    return record, written
+
+
+def test_settle_copies_the_trajectory_its_writer_handed_over_without_reading_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trajectory just written is neither read nor parsed again when its row is
+    settled: its verdict and its projection come from what the writer handed over, and
+    the index says what a check of the file would."""
+    from pytest_osmosis.results import journal as journal_module
+    from pytest_osmosis.results import projection as projection_module
+    from pytest_osmosis.results import rundir as rundir_module
+
+    run = open_run(tmp_path)
+    record, written = written_row(run, 0, prompt_tokens=30, completion_tokens=4)
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("read or checked again")
+
+    for module, name in (
+        (rundir_module, "valid_trajectory"),
+        (rundir_module, "read_valid_trajectory"),
+        (rundir_module, "read_regular_file"),
+        (projection_module, "read_regular_file"),
+        (rundir_module, "normalize_record"),  # checked as it was staged: not again
+        (journal_module, "normalize_record"),
+    ):
+        monkeypatch.setattr(module, name, refused)
+    run.append({**record, "config": "an extra key, dropped"})  # a report's copy of the result
+    run.settle((0, 0))
+    monkeypatch.undo()
+    projection = run.path / "trajectories" / "row_0_run_0.json"
+    trial = run.path / "rollout_trials" / record["rollout_id"]
+    assert projection.read_bytes() == written.data == (trial / "trajectory.json").read_bytes()
+    refresh(run, status="running")
+    (row,) = read_lines(run.path / "index.jsonl")
+    assert (row["trajectory_filename"], row["tokens"]) == ("trajectory.json", 34)
+    run.close()
+
+
+@pytest.mark.parametrize("change", ["replaced", "rewritten", "removed", "linked"])
+def test_a_trajectory_changed_after_it_was_written_is_checked_at_settle(
+    tmp_path: Path, change: str
+) -> None:
+    """What the writer handed over stands only for the file it wrote: a trajectory replaced,
+    rewritten in place, removed or swapped for a link before its row is settled is read
+    and checked as it is now (the index drops it, no projection copies the old bytes)."""
+    run = open_run(tmp_path)
+    record, written = written_row(run, 0)
+    path = run.path / "rollout_trials" / record["rollout_id"] / "trajectory.json"
+    other = json.loads(written.data)
+    other["session_id"] = other["extra"]["osmosis"]["rollout_id"] = "f" * 32
+    if change == "replaced":  # another file renamed over it, naming another rollout
+        (path.parent / "other.json").write_text(json.dumps(other))
+        os.replace(path.parent / "other.json", path)
+    elif change == "rewritten":  # the same file, cut short
+        with open(path, "r+b") as handle:
+            handle.truncate(len(written.data) // 2)
+    elif change == "removed":
+        path.unlink()
+    else:  # swapped for a link to another rollout's document
+        (path.parent / "elsewhere.json").write_text(json.dumps(other))
+        path.unlink()
+        path.symlink_to("elsewhere.json")
+    run.append(record)
+    run.settle((0, 0))
+    assert not (run.path / "trajectories" / "row_0_run_0.json").exists()
+    refresh(run, status="running")
+    (row,) = read_lines(run.path / "index.jsonl")
+    assert "trajectory_filename" not in row
+    assert not (run.path / "trajectories" / "row_0_run_0.json").exists()
+    run.close()
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="names descriptors by /proc")
@@ -1713,6 +1803,22 @@ def test_a_rollouts_odd_values_are_coerced_or_refused_as_the_schema_says() -> No
             [{"role": "assistant", "content": "x"}],
             step_usage=[{"prompt_tokens": 1, "cost_usd": float("inf")}],
         )
+    # A key no UTF-8 file can hold (a lone surrogate) is refused the same way, naming where.
+    tool_call = {"id": "c1", "function": {"name": "f", "arguments": {"ok": {"\ud800k": 1}}}}
+    with pytest.raises(ValueError) as surrogate:
+        _trajectory_of(
+            [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [tool_call]}]
+        )
+    assert _one_line(surrogate.value) == (
+        "steps.1.tool_calls.0.arguments.ok: the key '\\ud800k' is not valid Unicode text "
+        "(a lone surrogate)"
+    )
+    with pytest.raises(ValueError) as surrogate:
+        _trajectory_of([{"role": "user", "content": "x"}], sample_metrics={"\udcff": 1.0})
+    assert _one_line(surrogate.value) == (
+        "extra.osmosis.sample_metrics: the key '\\udcff' is not valid Unicode text "
+        "(a lone surrogate)"
+    )
     with pytest.raises(ValueError) as empty:
         _trajectory_of([])
     assert _one_line(empty.value) == (
