@@ -774,9 +774,9 @@ def test_rows_pytest_skips_do_not_stop_later_rows_running_ahead(
     pytester: pytest.Pytester, model_env: ModelServer
 ) -> None:
     """A conftest skips rows 1-19 in its setup hook, which no mark foretells, once each has
-    started: they ran ahead (row 0's item started them) and nobody takes their results. The last two rows can only finish
-    together (each waits for the other), so the second must run ahead while pytest waits for
-    the first. Before, the skipped rows' results held the whole run-ahead window (8 x
+    started: they ran ahead (row 0's item started them) and nobody takes their results. The
+    last two rows can only finish together (each waits for the other), so the second must
+    run ahead while pytest waits for the first. Before, the skipped rows' results held the whole run-ahead window (8 x
     concurrency 2 = 16) for good: the second row never started and the first timed out."""
     rows: list[dict[str, Any]] = [{"user_prompt": f"q{i}", "ground_truth": "ok"} for i in range(20)]
     rows += [

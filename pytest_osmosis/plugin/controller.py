@@ -111,16 +111,13 @@ class Controller:
                 self.stopped = (line, pytest.ExitCode.INTERRUPTED)
                 return
         pending = self.session.models.pending  # where each model's bridge runs (models.py)
+        models: list[str] = []  # one entry a run with rows pending
         for run in self.session.runs.values():
             count = len(run.rundir.pending(run_keys(run.plan)))
             if count:
                 model = run.plan.settings.model_path
                 pending[model] = pending.get(model, 0) + count
-        models = [
-            run.plan.settings.model_path
-            for run in self.session.runs.values()
-            if run.rundir.pending(run_keys(run.plan))
-        ]
+                models.append(model)
         self._check_gate(models)
         gate = self.session.options.gate
         if (
