@@ -376,18 +376,30 @@ from pytest_osmosis.plugin.session import EvalSession
 from pytest_osmosis.results.rundir import RunDirectory
 
 go, tried = threading.Event(), threading.Event()
+ahead = {2: threading.Event(), 3: threading.Event(), 5: threading.Event()}
 _execute, _refresh = EvalSession._execute, RunDirectory.refresh
+
+
+def _rows_ahead_finished():
+    assert all(done.wait(300) for done in ahead.values()), "rows 2, 3 and 5 never finished"
 
 
 async def _execute_row_4_late(self, item):
     # Row 4 runs ahead but finishes only once the session's end has written the snapshots.
+    # Row 1 (the failure -x stops on) finishes only once rows 2, 3 and 5 have: on a loaded
+    # machine they were still running at the stop, and a row in flight then is not kept.
+    loop = asyncio.get_running_loop()
     if item.row_index == 4:
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        await loop.run_in_executor(None, go.wait)
     try:
         return await _execute(self, item)  # stages its record on the way out
     finally:
         if item.row_index == 4:
             tried.set()
+        elif item.row_index in ahead:
+            ahead[item.row_index].set()
+        elif item.row_index == 1:
+            await loop.run_in_executor(None, _rows_ahead_finished)
 
 
 def _refresh_then_row_4(self, **kwargs):
