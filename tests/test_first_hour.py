@@ -699,3 +699,43 @@ def test_runs_html_plots_small_and_incomplete_runs_on_lines_of_their_own(
         "calc on calc, 2 attempts",
         "calc on calc, 2 attempts (incomplete)",
     ]
+
+
+# -- 9: a rollout written as a package of its own (session 12's walk) ---------------------------
+
+
+def test_a_rollout_auto_sends_to_a_server_without_uv_is_named_with_why_and_the_ways_out(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollout's ``pyproject.toml`` naming what this environment lacks (``osmosis-ai``, as
+    real rollouts do) sends it to a server of its own under ``auto``; without uv the line
+    said only "uv is needed ...": not which rollout, not why it was not run in process, and
+    the way out by an ini option's name rather than the command line's."""
+    import sys
+    import sysconfig
+
+    scripts = {sysconfig.get_path("scripts"), str(Path(sys.executable).parent)}
+    if any((Path(folder) / "uv").is_file() for folder in scripts):
+        pytest.skip("uv is installed beside this interpreter: the session would find it")
+    _workspace(pytester.path)
+    rollout = pytester.path / "rollouts" / "calc"
+    (rollout / "pyproject.toml").write_text(
+        '[project]\nname = "calc"\nversion = "0.1.0"\n'
+        'dependencies = ["no-such-distribution-anywhere>=1"]\n'
+    )
+    monkeypatch.setenv("PATH", str(pytester.path / "no-tools-here"))  # and so no uv on PATH
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN)
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # the config's collection error
+    assert (
+        f"{rollout}: runs on a server of its own (its pyproject.toml needs "
+        "no-such-distribution-anywhere>=1 (not installed)), and uv is needed to build a "
+        "rollout's own environment from its pyproject.toml (as `osmosis eval run` does): pip "
+        "install 'pytest-osmosis[server]', name an interpreter that has osmosis-ai with "
+        "--osmosis-server-python PYTHON, or run the rollout in this environment with "
+        "--osmosis-execution in-process"
+    ) in result.stdout.lines, result.stdout.str()
+    # ... and the way out it names works: the rollout never imports what it declared.
+    again = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-execution", "in-process", *PLAIN
+    )
+    again.assert_outcomes(passed=2)
