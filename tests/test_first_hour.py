@@ -739,3 +739,28 @@ def test_a_rollout_auto_sends_to_a_server_without_uv_is_named_with_why_and_the_w
         "--osmosis-eval", "--osmosis-execution", "in-process", *PLAIN
     )
     again.assert_outcomes(passed=2)
+
+
+def test_a_placeholder_in_model_path_is_told_it_is_not_expanded(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model_path = "${MODEL}"`` (the contract has no placeholders, nor has the SDK) got
+    LiteLLM's "LLM Provider NOT provided ... huggingface/starcoder" paragraph; the line now
+    says that the TOML is not expanded and where a model chosen at run time goes."""
+    write_workspace(
+        pytester.path, rows=calc_rows([("What is 2 + 2?", "4")]), model_path="${EVAL_MODEL}"
+    )
+    monkeypatch.setenv("EVAL_MODEL", "openai/test-model")  # set, and still not read
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines + result.outlines if line.startswith("ERROR:")]
+    assert errors == [
+        "ERROR: model preflight failed for '${EVAL_MODEL}': not a LiteLLM model id; "
+        "it is read as written, never expanded from the environment (as `osmosis eval run` "
+        "reads the eval TOML): choose the model at run time with --osmosis-model MODEL"
+    ]
+    assert list((pytester.path / ".osmosis" / "evals").glob("[!.]*")) == []  # no run
+    chosen = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-model", "openai/test-model", *PLAIN
+    )
+    chosen.assert_outcomes(passed=1)
