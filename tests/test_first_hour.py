@@ -764,3 +764,14 @@ def test_a_placeholder_in_model_path_is_told_it_is_not_expanded(
         "--osmosis-eval", "--osmosis-model", "openai/test-model", *PLAIN
     )
     chosen.assert_outcomes(passed=1)
+
+
+def test_help_says_what_confirm_does_without_a_terminal(pytester: pytest.Pytester) -> None:
+    """The help said "(skipped when stdin is not a terminal)", which reads as "the run is
+    skipped" as easily as "the question is": in CI the run goes on (README, Seeing the plan
+    before spending)."""
+    out = " ".join(pytester.runpytest("--help").stdout.str().split())
+    assert (
+        "--osmosis-confirm print the plan and ask before the first model call: only y goes "
+        "on (when stdin is not a terminal nothing is asked and the run goes on)" in out
+    )
