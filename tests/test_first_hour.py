@@ -775,3 +775,31 @@ def test_help_says_what_confirm_does_without_a_terminal(pytester: pytest.Pyteste
         "--osmosis-confirm print the plan and ask before the first model call: only y goes "
         "on (when stdin is not a terminal nothing is asked and the run goes on)" in out
     )
+
+
+def test_run_from_a_rollouts_own_directory_says_where_the_workspace_is(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``cd rollouts/calc`` (to ``pip install -e .`` it), then ``pytest --osmosis-eval``: it
+    said only "no tests ran". A ``-k`` that deselects every item is still silent."""
+    _workspace(pytester.path)
+    (pytester.path / "configs" / "eval" / "other.toml").write_text(
+        (pytester.path / "configs" / "eval" / "calc.toml").read_text()
+    )
+    rollout = pytester.path / "rollouts" / "calc"
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN, rollout)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    said = [line for line in result.stdout.lines if line.startswith("osmosis:")]
+    assert said == [
+        "osmosis: no configs/eval/*.toml under rollouts/calc; the workspace at . has 2 eval "
+        "configs: run pytest --osmosis-eval there, or name one: pytest configs/eval/calc.toml"
+    ]
+    nowhere = tmp_path_factory.mktemp("elsewhere")  # outside the workspace
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN, nowhere)
+    said = [line for line in result.stdout.lines if line.startswith("osmosis:")]
+    assert len(said) == 1
+    assert said[0].startswith("osmosis: no configs/eval/*.toml under ")
+    assert said[0].endswith("elsewhere0, nor in a directory above it")
+    deselected = pytester.runpytest_subprocess("--osmosis-eval", "--co", "-k", "nothing", *PLAIN)
+    assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert not [line for line in deselected.stdout.lines if "no configs/eval" in line]
