@@ -803,3 +803,42 @@ def test_run_from_a_rollouts_own_directory_says_where_the_workspace_is(
     deselected = pytester.runpytest_subprocess("--osmosis-eval", "--co", "-k", "nothing", *PLAIN)
     assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     assert not [line for line in deselected.stdout.lines if "no configs/eval" in line]
+
+
+_REWARD_AS_WORD = """
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+
+
+class Echo(AgentWorkflow):
+    async def run(self, ctx):
+        return [*ctx.prompt, {"role": "assistant", "content": "4"}]
+
+
+class Wordy(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward("high")
+
+
+backend = LocalBackend(workflow=Echo, grader=Wordy)
+"""
+
+
+def test_a_reward_the_api_refuses_shows_the_rollouts_line_not_the_apis_insides(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """``ctx.set_reward("high")``: the headline named the problem, but the traceback went on
+    through pydantic's ``main.py`` (what ``set_reward`` validates with), frames no rollout
+    author can act on. It ends at the rollout's own call now, with the exception itself."""
+    write_workspace(
+        pytester.path,
+        rows=calc_rows([("What is 2 + 2?", "4")]),
+        rollout_source=_REWARD_AS_WORD,
+    )
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN)
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    section = out[out.index("ERROR at setup of row_0_run_0") : out.index("osmosis: calc")]
+    frames = re.findall(r'^  File "([^"]+)", line \d+, in (\w+)$', section, re.MULTILINE)
+    assert frames == [(str(pytester.path / "rollouts" / "calc" / "main.py"), "grade")], section
+    assert "validation_error: grader raised ValidationError: reward: " in section
+    assert "ValidationError: 1 validation error for RolloutSample" in section

@@ -13,6 +13,7 @@ import copy
 import logging
 import math
 import sys
+import sysconfig
 import time
 import traceback
 import uuid
@@ -487,14 +488,44 @@ def _user_traceback(exc: BaseException) -> str:
     while current is not None:
         chain.append(current)
         current = current.__cause__ or current.__context__
+    api = _api_dirs()
     for part in chain:
-        kept = [f for f in part.stack if not f.filename.startswith(_PACKAGE_DIR)]
+        kept = _rollout_frames(part.stack, api)
         if _CARETS_PARSE:
             for frame in kept:  # no ``^^^`` line: no ast.parse here
                 for column in ("colno", "end_colno"):
                     setattr(frame, column, None)
         part.stack = traceback.StackSummary.from_list(kept)
     return "".join(te.format()).rstrip()
+
+
+def _api_dirs() -> tuple[str, ...]:
+    """Where the rollout API's code lives: this package, and the SDK when
+    ``pytest_osmosis.rollout`` hands out its objects."""
+    dirs = [_PACKAGE_DIR]
+    sdk = getattr(sys.modules.get("osmosis_ai"), "__file__", None)
+    if sdk:
+        dirs.append(str(Path(sdk).resolve().parent))
+    return tuple(dirs)
+
+
+_STDLIB = tuple({sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")})
+
+
+def _rollout_frames(
+    stack: traceback.StackSummary, api: tuple[str, ...]
+) -> list[traceback.FrameSummary]:
+    """The frames without the API's own; and once the rollout's code has called the API
+    (``set_reward("high")``), nothing below that call: pydantic validating the reward is
+    the API's implementation, not what the rollout's author can act on."""
+    kept: list[traceback.FrameSummary] = []
+    for frame in stack:
+        if frame.filename.startswith(api):
+            if any(not seen.filename.startswith(_STDLIB) for seen in kept):
+                break  # called by the rollout (or a library it called), not by the runner
+            continue
+        kept.append(frame)
+    return kept
 
 
 #: Python 3.11 finds a traceback's ``^^^`` marks with ``ast.parse``, and two threads
