@@ -510,22 +510,31 @@ def _api_dirs() -> tuple[str, ...]:
 
 
 _STDLIB = tuple({sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")})
+_INSTALLED = tuple({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
 
 
 def _rollout_frames(
     stack: traceback.StackSummary, api: tuple[str, ...]
 ) -> list[traceback.FrameSummary]:
     """The frames without the API's own; and once the rollout's code has called the API
-    (``set_reward("high")``), nothing below that call: pydantic validating the reward is
-    the API's implementation, not what the rollout's author can act on."""
+    (``set_reward("high")``), nothing below that call, unless the API called the rollout's
+    code back: pydantic validating the reward is the API's implementation, not what the
+    rollout's author can act on, but a tool the API calls is the author's."""
     kept: list[traceback.FrameSummary] = []
-    for frame in stack:
+    for index, frame in enumerate(stack):
         if frame.filename.startswith(api):
-            if any(not seen.filename.startswith(_STDLIB) for seen in kept):
-                break  # called by the rollout (or a library it called), not by the runner
+            called = any(not seen.filename.startswith(_STDLIB) for seen in kept)
+            if called and not any(_authored(below, api) for below in stack[index:]):
+                break  # the rest is the API's implementation and the libraries it uses
             continue
         kept.append(frame)
     return kept
+
+
+def _authored(frame: traceback.FrameSummary, api: tuple[str, ...]) -> bool:
+    """A frame of code the rollout's author wrote: neither the API, the standard library
+    nor an installed library (a rollout installed with ``pip install -e`` stays authored)."""
+    return not frame.filename.startswith((*api, *_STDLIB, *_INSTALLED))
 
 
 #: Python 3.11 finds a traceback's ``^^^`` marks with ``ast.parse``, and two threads
