@@ -338,8 +338,14 @@ class EvalHooks:
         for item in items:
             if isinstance(item, EvalItem):
                 by_config.setdefault(item.path, []).append(item)
-        for run in self.session.runs.values():
+        chosen = [group[0].parent.plan for group in by_config.values()]
+        selected = {plan.config_path for plan in chosen}
+        for path, run in self.session.runs.items():
             run.to_run = 0  # a config none of whose items were selected runs nothing
+            run.selected = path in selected
+        workeroutput = getattr(config, "workeroutput", None)
+        if workeroutput is not None:  # the controller lets go of the runs no worker selected
+            workeroutput["osmosis_selected"] = [self.session.reported_config(p) for p in chosen]
         finished: set[Path] = set()
         for path, group in by_config.items():
             plan = group[0].parent.plan
@@ -734,6 +740,10 @@ class XdistControllerHooks:
         """A worker is down: its rows are not in flight (budgets); its list of a finished
         run's deselected items (for --junitxml)."""
         self.controller.worker_gone(node)
+        selected = getattr(node, "workeroutput", {}).get("osmosis_selected")
+        if selected is not None:  # every worker collects the same; one that said is enough
+            for path, run in self.session.runs.items():
+                run.selected = bool(run.selected) or str(path) in selected
         entries = getattr(node, "workeroutput", {}).get("osmosis_recorded")
         if entries and not any(run.recorded_items for run in self.session.runs.values()):
             self.controller.keep_recorded(entries)

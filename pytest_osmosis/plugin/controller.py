@@ -479,6 +479,8 @@ class Controller:
             recorded = dict.fromkeys(OUTCOMES, 0)
             earlier = []
             for run in self.session.runs.values():
+                if run.selected is False:  # no run of this session (drop_unselected)
+                    continue
                 threshold = run.plan.settings.pass_threshold
                 total += run.pending_at_start if run.to_run is None else run.to_run
                 for key in run.rundir.resumed_keys - run.rerun:
@@ -553,6 +555,7 @@ class Controller:
         if self.progress is not None:
             self.progress.stop()  # before anything below prints
         try:
+            self.session.drop_unselected()  # no runs of this session (-k nothing of theirs)
             stopped_before = {path for path, run in self.session.runs.items() if run.storage_fault}
             # Nothing paid for is lost, however the session ends; nothing is journalled after
             # this either, so the snapshots and the lines below count what the journals hold.

@@ -184,8 +184,15 @@ class Rollouts:
 
     def stop_all(self, executor: Executor) -> None:
         """Stop every rollout server of this process (their whole process groups)."""
-        for dispatch in self._dispatches.values():
-            try:
-                executor.call(dispatch.stop(), timeout=15)
-            except Exception:  # noqa: BLE001 - shutting down; the lifeline ends them too
-                pass
+        for config_path in self._dispatches:
+            self.stop(config_path, executor)
+
+    def stop(self, config_path: Path, executor: Executor) -> None:
+        """Stop the rollout server of one config, if it has one running."""
+        dispatch = self._dispatches.get(config_path)
+        if dispatch is None:
+            return
+        try:
+            executor.call(dispatch.stop(), timeout=15)
+        except Exception:  # noqa: BLE001 - shutting down; the lifeline ends them too
+            pass

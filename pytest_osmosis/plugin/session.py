@@ -132,6 +132,9 @@ class ControllerRun:
     #: those of them an earlier session recorded (re-run by --osmosis-retry-failed).
     to_run: int | None = None
     rerun: set[tuple[int, int]] = field(default_factory=set)
+    #: Whether pytest selected any of its items (-k, --deselect, --lf; None: not known).
+    #: One it selected none of is no run of this session (EvalSession.drop_unselected).
+    selected: bool | None = None
     #: (node id, key) of recorded items a finished run deselected, for --junitxml.
     recorded_items: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
     executed: int = 0
@@ -716,10 +719,30 @@ class EvalSession:
         if self._executor is not None:
             self.rollouts.stop_all(self._executor)  # before their run directories go
         for run in runs:
+            self.let_go(run)
+
+    def drop_unselected(self) -> None:
+        """Let go of the runs none of whose items pytest selected (``-k nothing``): they
+        are no runs of this session, as if it had stopped before any row of theirs
+        (``abandon_runs``). One that ``--osmosis-reuse`` recorded into is kept."""
+        for path, run in list(self.runs.items()):
+            if run.selected is False and not run.reused:
+                del self.runs[path]
+                if self._executor is not None:  # before its run directory goes
+                    self.rollouts.stop(path, self._executor)
+                self.let_go(run, take_back_log=True)
+
+    def let_go(self, run: ControllerRun, *, take_back_log: bool = False) -> None:
+        """Close a run this session recorded nothing into; the run directory it created is
+        removed. *take_back_log*: a resumed run's ``logs.txt`` loses what this session
+        wrote there too (its "pending" line), so the run is byte for byte as it was."""
+        if take_back_log:
+            run.log.take_back()
+        else:
             run.log.close()
-            run.rundir.close()
-            if run.created:
-                shutil.rmtree(run.rundir.path, ignore_errors=True)
+        run.rundir.close()
+        if run.created:
+            shutil.rmtree(run.rundir.path, ignore_errors=True)
 
     def close(self) -> None:
         if self._executor is not None:

@@ -8,6 +8,7 @@ processes (xdist workers) may append to one log without interleaving.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Mapping
@@ -26,8 +27,11 @@ class RunLog:
         self.path = path
         self.redactor = redactor if redactor is not None else Redactor()
         path.parent.mkdir(parents=True, exist_ok=True)
+        existed = path.exists()
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
         self._lock = threading.Lock()
+        #: Its size when opened, None if this made it (take_back goes back to that).
+        self.opened_size = os.fstat(self._fd).st_size if existed else None
 
     @staticmethod
     def format_line(level: str, step: str, message: str, details: Mapping[str, Any]) -> str:
@@ -72,6 +76,16 @@ class RunLog:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+    def take_back(self) -> None:
+        """Close, leaving the file as it was when opened: a session that lets a resumed run
+        go (EvalSession.let_go) leaves nothing of its own in it."""
+        self.close()
+        with contextlib.suppress(OSError):
+            if self.opened_size is None:
+                os.unlink(self.path)
+            else:
+                os.truncate(self.path, self.opened_size)
 
     def __enter__(self) -> RunLog:
         return self
