@@ -106,15 +106,19 @@ def test_a_resumed_run_of_an_unselected_config_is_left_as_it_was(
 def test_last_failed_runs_only_the_config_that_failed(
     pytester: pytest.Pytester, model_env: ModelServer
 ) -> None:
-    """``--lf`` after a session where only wordcount failed selects none of sentiment's."""
+    """``--lf`` after a session where only wordcount failed selects none of sentiment's:
+    its finished run, resumed by name, is left as it was."""
     write_workspace(pytester.path, name="sentiment")
     rows = calc_rows([("What is 2 + 2?", "4"), ("What is 1 + 1?", "2", "workflow_raise")])
     write_workspace(pytester.path, name="wordcount", dataset="mixed", rows=rows)
-    cache = ("--osmosis-eval", "-p", "no:randomly")
-    pytester.runpytest(*cache).assert_outcomes(passed=3, errors=1)
-    runs = _runs(pytester.path)
-    again = pytester.runpytest(*cache, "--lf")
-    again.assert_outcomes(errors=1)
-    new = sorted(set(_runs(pytester.path)) - set(runs))
-    assert len(new) == 1 and new[0].startswith("wordcount"), new
-    assert "sentiment" not in _after_the_rows(again)
+    named = ("--osmosis-eval", "-p", "no:randomly", "--osmosis-name", "nightly")
+    pytester.runpytest(*named).assert_outcomes(passed=3, errors=1)
+    assert _runs(pytester.path) == ["nightly-sentiment", "nightly-wordcount"]
+    sentiment = pytester.path / ".osmosis" / "evals" / "nightly-sentiment"
+    before = _tree(sentiment)
+    again = pytester.runpytest(*named, "--osmosis-retry-failed", "--lf")
+    again.assert_outcomes(errors=1)  # the errored row ran again
+    assert _runs(pytester.path) == ["nightly-sentiment", "nightly-wordcount"]
+    assert _tree(sentiment) == before
+    out = _after_the_rows(again)
+    assert "= osmosis: nightly-wordcount =" in out and "nightly-sentiment =" not in out
