@@ -199,6 +199,57 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
     assert len(read_index(run_dir)) == 16
 
 
+TERMINATED_AT_ROW_3 = """
+import os
+import signal
+
+reported = []
+
+
+def pytest_runtest_logreport(report):
+    # A CI runner cancels the job once row 3 has been recorded (the controller journals a
+    # row in its own tryfirst hook): SIGTERM to this process, as a runner sends it.
+    if report.when == "call":
+        reported.append(report.nodeid)
+        if len(reported) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_sigterm_stops_like_ctrl_c_with_the_kept_line_and_a_sealed_run(
+    pytester: pytest.Pytester, slow_model: ModelServer, xdist: list[str]
+) -> None:
+    """SIGTERM (a cancelled CI job) killed the process outright: no snapshots, rc -15,
+    and no line saying how many results were kept."""
+    slow_model.delay = 0.0
+    slow_model.hold = "What is 6 + 1"  # row 6 waits on the model: in flight at the stop
+    write_workspace(pytester.path, rows=ROWS[:8], evaluation={"batch_size": 4})
+    pytester.makeconftest(TERMINATED_AT_ROW_3)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "term")
+    try:
+        result = pytester.runpytest_subprocess(*args, *xdist)
+    finally:
+        slow_model.hold = ""
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
+    run_dir = pytester.path / ".osmosis" / "evals" / "term"
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    kept = len(lines)
+    assert 3 <= kept <= 7  # rows 0-2, and rows that finished ahead of the stop; not row 6
+    assert len({(json.loads(x)["row_index"], json.loads(x)["run_index"]) for x in lines}) == kept
+    assert len(read_index(run_dir)) == kept  # sealed: the index shows what the journal holds
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "incomplete"
+    result.stdout.fnmatch_lines(
+        [f"osmosis: stopped early: run the same command again to resume ({kept} of 8 recorded)"]
+    )
+    (pytester.path / "conftest.py").unlink()
+    before = slow_model.requests_total
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=8)  # the kept rows are reported from their records
+    assert slow_model.requests_total - before == (8 - kept) + 1  # the rest, and the preflight
+
+
 BREAKS_ON_FIRST_REPORT = """
 import time
 
@@ -271,11 +322,16 @@ def pytest_keyboard_interrupt(excinfo):
 
 
 def _stop_twice(
-    pytester: pytest.Pytester, slow_model: ModelServer, conftest: str, journalled: int
+    pytester: pytest.Pytester,
+    slow_model: ModelServer,
+    conftest: str,
+    journalled: int,
+    signals: tuple[signal.Signals, signal.Signals] = (signal.SIGINT, signal.SIGINT),
 ) -> int:
     """Ctrl-C while pytest waits on row 3 (held at the model), again once the first is being
     shown and the journal holds ``journalled`` lines; check the one line against the journal
-    the process left, then resume: the rest run, nothing else. Returns the lines kept."""
+    the process left, then resume: the rest run, nothing else. Returns the lines kept.
+    *signals*: the first and the second "Ctrl-C" (SIGTERM: a cancelled CI job)."""
     slow_model.delay = 0.0
     slow_model.hold = "What is 3 + 1"  # row 3 waits on the model until the test lets it go
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 6})
@@ -294,12 +350,12 @@ def _stop_twice(
         while slow_model.holding < 1:
             assert proc.poll() is None and time.monotonic() < deadline, "row 3 never asked"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signals[0])
         marker = pytester.path / "first-interrupt-seen"
         while not marker.exists() or len(events.read_bytes().splitlines()) < journalled:
             assert proc.poll() is None and time.monotonic() < deadline, "no first interrupt"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signals[1])
         out, _ = proc.communicate(timeout=120)
     finally:
         slow_model.hold = ""
@@ -332,6 +388,19 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
 ) -> None:
     """It ended with a raw KeyboardInterrupt traceback and rc -2."""
     _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=0)
+
+
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGTERM)], ids=str
+)
+def test_a_second_sigterm_stops_at_once_in_the_same_one_line(
+    pytester: pytest.Pytester,
+    slow_model: ModelServer,
+    signals: tuple[signal.Signals, signal.Signals],
+) -> None:
+    """A CI runner cancelling a job sends SIGTERM (GitHub Actions: SIGINT, then SIGTERM):
+    the process died of it at once (rc -15) without saying what was kept."""
+    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=0, signals=signals)
 
 
 ROW_4_STAGED_NEVER_SETTLES = (
