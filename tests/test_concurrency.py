@@ -250,6 +250,30 @@ def test_sigterm_stops_like_ctrl_c_with_the_kept_line_and_a_sealed_run(
     assert slow_model.requests_total - before == (8 - kept) + 1  # the rest, and the preflight
 
 
+def test_a_sigterm_held_by_a_journal_append_is_an_interrupt_after_it_where_sigint_is_ignored() -> None:
+    """A job started in the background has SIGINT ignored: a SIGTERM held while a result
+    went into the journal and the index was replayed as SIGINT, and so lost."""
+    from pytest_osmosis.plugin.terminate import forward_sigterm
+    from pytest_osmosis.results.atomic import interrupt_held
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    restore = forward_sigterm()
+    assert restore is not None
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with interrupt_held():
+                signal.raise_signal(signal.SIGTERM)  # handled here, and held to the end
+                done.append("both writes")
+        assert done == ["both writes"]
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            signal.raise_signal(signal.SIGTERM)  # outside a hold: at once
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, before)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
 BREAKS_ON_FIRST_REPORT = """
 import time
 
