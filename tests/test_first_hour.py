@@ -699,3 +699,146 @@ def test_runs_html_plots_small_and_incomplete_runs_on_lines_of_their_own(
         "calc on calc, 2 attempts",
         "calc on calc, 2 attempts (incomplete)",
     ]
+
+
+# -- 9: a rollout written as a package of its own (session 12's walk) ---------------------------
+
+
+def test_a_rollout_auto_sends_to_a_server_without_uv_is_named_with_why_and_the_ways_out(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollout's ``pyproject.toml`` naming what this environment lacks (``osmosis-ai``, as
+    real rollouts do) sends it to a server of its own under ``auto``; without uv the line
+    said only "uv is needed ...": not which rollout, not why it was not run in process, and
+    the way out by an ini option's name rather than the command line's."""
+    import sys
+    import sysconfig
+
+    scripts = {sysconfig.get_path("scripts"), str(Path(sys.executable).parent)}
+    if any((Path(folder) / "uv").is_file() for folder in scripts):
+        pytest.skip("uv is installed beside this interpreter: the session would find it")
+    _workspace(pytester.path)
+    rollout = pytester.path / "rollouts" / "calc"
+    (rollout / "pyproject.toml").write_text(
+        '[project]\nname = "calc"\nversion = "0.1.0"\n'
+        'dependencies = ["no-such-distribution-anywhere>=1"]\n'
+    )
+    monkeypatch.setenv("PATH", str(pytester.path / "no-tools-here"))  # and so no uv on PATH
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN)
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # the config's collection error
+    assert (
+        f"{rollout}: runs on a server of its own (its pyproject.toml needs "
+        "no-such-distribution-anywhere>=1 (not installed)), and uv is needed to build a "
+        "rollout's own environment from its pyproject.toml (as `osmosis eval run` does): pip "
+        "install 'pytest-osmosis[server]', name an interpreter that has osmosis-ai with "
+        "--osmosis-server-python PYTHON, or run the rollout in this environment with "
+        "--osmosis-execution in-process"
+    ) in result.stdout.lines, result.stdout.str()
+    # ... and the way out it names works: the rollout never imports what it declared.
+    again = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-execution", "in-process", *PLAIN
+    )
+    again.assert_outcomes(passed=2)
+
+
+def test_a_placeholder_in_model_path_is_told_it_is_not_expanded(
+    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model_path = "${MODEL}"`` (the contract has no placeholders, nor has the SDK) got
+    LiteLLM's "LLM Provider NOT provided ... huggingface/starcoder" paragraph; the line now
+    says that the TOML is not expanded and where a model chosen at run time goes."""
+    write_workspace(
+        pytester.path, rows=calc_rows([("What is 2 + 2?", "4")]), model_path="${EVAL_MODEL}"
+    )
+    monkeypatch.setenv("EVAL_MODEL", "openai/test-model")  # set, and still not read
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines + result.outlines if line.startswith("ERROR:")]
+    assert errors == [
+        "ERROR: model preflight failed for '${EVAL_MODEL}': not a LiteLLM model id; "
+        "it is read as written, never expanded from the environment (as `osmosis eval run` "
+        "reads the eval TOML): choose the model at run time with --osmosis-model MODEL"
+    ]
+    assert list((pytester.path / ".osmosis" / "evals").glob("[!.]*")) == []  # no run
+    chosen = pytester.runpytest_subprocess(
+        "--osmosis-eval", "--osmosis-model", "openai/test-model", *PLAIN
+    )
+    chosen.assert_outcomes(passed=1)
+
+
+def test_help_says_what_confirm_does_without_a_terminal(pytester: pytest.Pytester) -> None:
+    """The help said "(skipped when stdin is not a terminal)", which reads as "the run is
+    skipped" as easily as "the question is": in CI the run goes on (README, Seeing the plan
+    before spending)."""
+    out = " ".join(pytester.runpytest("--help").stdout.str().split())
+    assert (
+        "--osmosis-confirm print the plan and ask before the first model call: only y goes "
+        "on (when stdin is not a terminal nothing is asked and the run goes on)" in out
+    )
+
+
+def test_run_from_a_rollouts_own_directory_says_where_the_workspace_is(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``cd rollouts/calc`` (to ``pip install -e .`` it), then ``pytest --osmosis-eval``: it
+    said only "no tests ran". A ``-k`` that deselects every item is still silent."""
+    _workspace(pytester.path)
+    (pytester.path / "configs" / "eval" / "other.toml").write_text(
+        (pytester.path / "configs" / "eval" / "calc.toml").read_text()
+    )
+    rollout = pytester.path / "rollouts" / "calc"
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN, rollout)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    said = [line for line in result.stdout.lines if line.startswith("osmosis:")]
+    assert said == [
+        "osmosis: no configs/eval/*.toml under rollouts/calc; the workspace at . has 2 eval "
+        "configs: run pytest --osmosis-eval there, or name one: pytest configs/eval/calc.toml"
+    ]
+    nowhere = tmp_path_factory.mktemp("elsewhere")  # outside the workspace
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN, nowhere)
+    said = [line for line in result.stdout.lines if line.startswith("osmosis:")]
+    assert len(said) == 1
+    assert said[0].startswith("osmosis: no configs/eval/*.toml under ")
+    assert said[0].endswith("elsewhere0, nor in a directory above it")
+    deselected = pytester.runpytest_subprocess("--osmosis-eval", "--co", "-k", "nothing", *PLAIN)
+    assert deselected.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    assert not [line for line in deselected.stdout.lines if "no configs/eval" in line]
+
+
+_REWARD_AS_WORD = """
+from pytest_osmosis.rollout import AgentWorkflow, Grader, LocalBackend
+
+
+class Echo(AgentWorkflow):
+    async def run(self, ctx):
+        return [*ctx.prompt, {"role": "assistant", "content": "4"}]
+
+
+class Wordy(Grader):
+    async def grade(self, ctx):
+        ctx.set_reward("high")
+
+
+backend = LocalBackend(workflow=Echo, grader=Wordy)
+"""
+
+
+def test_a_reward_the_api_refuses_shows_the_rollouts_line_not_the_apis_insides(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """``ctx.set_reward("high")``: the headline named the problem, but the traceback went on
+    through pydantic's ``main.py`` (what ``set_reward`` validates with), frames no rollout
+    author can act on. It ends at the rollout's own call now, with the exception itself."""
+    write_workspace(
+        pytester.path,
+        rows=calc_rows([("What is 2 + 2?", "4")]),
+        rollout_source=_REWARD_AS_WORD,
+    )
+    result = pytester.runpytest_subprocess("--osmosis-eval", *PLAIN)
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    section = out[out.index("ERROR at setup of row_0_run_0") : out.index("osmosis: calc")]
+    frames = re.findall(r'^  File "([^"]+)", line \d+, in (\w+)$', section, re.MULTILINE)
+    assert frames == [(str(pytester.path / "rollouts" / "calc" / "main.py"), "grade")], section
+    assert "validation_error: grader raised ValidationError: reward: " in section
+    assert "ValidationError: 1 validation error for RolloutSample" in section

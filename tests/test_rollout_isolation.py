@@ -162,11 +162,19 @@ def test_same_named_packages_each_rollout_runs_its_own_code(
     assert len(digests) == 2
 
 
+@pytest.mark.parametrize(
+    "selection", [("--osmosis-eval",), ("configs/eval/b.toml",)], ids=["both", "b-alone"]
+)
 def test_a_package_installed_from_another_rollout_is_refused(
-    pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
+    model_env: ModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    selection: tuple[str, ...],
 ) -> None:
     """``pip install -e rollouts/a`` (src layout) makes ``multiply_rollout`` resolve to a's
-    copy for every importer: b would run a's code under b's digest."""
+    copy for every importer: b would run a's code under b's digest. Running b's config
+    alone is refused too, so the line advises what helps (it once said "run their configs
+    in separate sessions", which a session of b alone had already done)."""
     for name in ("a", "b"):
         package = pytester.path / "rollouts" / name / "src" / "multiply_rollout"
         package.mkdir(parents=True)
@@ -189,12 +197,18 @@ def test_a_package_installed_from_another_rollout_is_refused(
     # What an editable install of rollout a puts on the path (a .pth line).
     monkeypatch.syspath_prepend(str(pytester.path / "rollouts" / "a" / "src"))
 
-    result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
+    result = pytester.runpytest(*selection, "-p", "no:cacheprovider")
 
     result.assert_outcomes(errors=1)
-    result.stdout.fnmatch_lines(
-        ["*rollouts 'b' and 'a': package 'multiply_rollout' imported by rollout 'b'*"]
-    )
+    installed = pytester.path / "rollouts" / "a" / "src" / "multiply_rollout" / "__init__.py"
+    assert (
+        f"{pytester.path / 'rollouts' / 'b' / 'main.py'}: rollouts 'b' and 'a': package "
+        f"'multiply_rollout' imported by rollout 'b' resolves to {installed} (installed from "
+        "rollout 'a'), so rollout 'b' would run code of rollout 'a' under its own source "
+        "digest: ship a copy of the package inside rollouts/b/, or move the shared package "
+        "out of rollouts/ and install it from there"
+    ) in result.stdout.str()
+    assert "separate sessions" not in result.stdout.str()
 
 
 def test_lazy_import_at_run_time_resolves_to_the_importing_rollout(tmp_path: Path) -> None:

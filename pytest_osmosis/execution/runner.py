@@ -13,6 +13,7 @@ import copy
 import logging
 import math
 import sys
+import sysconfig
 import time
 import traceback
 import uuid
@@ -487,14 +488,53 @@ def _user_traceback(exc: BaseException) -> str:
     while current is not None:
         chain.append(current)
         current = current.__cause__ or current.__context__
+    api = _api_dirs()
     for part in chain:
-        kept = [f for f in part.stack if not f.filename.startswith(_PACKAGE_DIR)]
+        kept = _rollout_frames(part.stack, api)
         if _CARETS_PARSE:
             for frame in kept:  # no ``^^^`` line: no ast.parse here
                 for column in ("colno", "end_colno"):
                     setattr(frame, column, None)
         part.stack = traceback.StackSummary.from_list(kept)
     return "".join(te.format()).rstrip()
+
+
+def _api_dirs() -> tuple[str, ...]:
+    """Where the rollout API's code lives: this package, and the SDK when
+    ``pytest_osmosis.rollout`` hands out its objects."""
+    dirs = [_PACKAGE_DIR]
+    sdk = getattr(sys.modules.get("osmosis_ai"), "__file__", None)
+    if sdk:
+        dirs.append(str(Path(sdk).resolve().parent))
+    return tuple(dirs)
+
+
+_STDLIB = tuple({sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")})
+_INSTALLED = tuple({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+
+
+def _rollout_frames(
+    stack: traceback.StackSummary, api: tuple[str, ...]
+) -> list[traceback.FrameSummary]:
+    """The frames without the API's own; and once the rollout's code has called the API
+    (``set_reward("high")``), nothing below that call, unless the API called the rollout's
+    code back: pydantic validating the reward is the API's implementation, not what the
+    rollout's author can act on, but a tool the API calls is the author's."""
+    kept: list[traceback.FrameSummary] = []
+    for index, frame in enumerate(stack):
+        if frame.filename.startswith(api):
+            called = any(not seen.filename.startswith(_STDLIB) for seen in kept)
+            if called and not any(_authored(below, api) for below in stack[index:]):
+                break  # the rest is the API's implementation and the libraries it uses
+            continue
+        kept.append(frame)
+    return kept
+
+
+def _authored(frame: traceback.FrameSummary, api: tuple[str, ...]) -> bool:
+    """A frame of code the rollout's author wrote: neither the API, the standard library
+    nor an installed library (a rollout installed with ``pip install -e`` stays authored)."""
+    return not frame.filename.startswith((*api, *_STDLIB, *_INSTALLED))
 
 
 #: Python 3.11 finds a traceback's ``^^^`` marks with ``ast.parse``, and two threads

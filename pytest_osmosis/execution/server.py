@@ -195,7 +195,12 @@ class RolloutServer:
             return [self.interpreter, CHILD, "-", str(self.entrypoint)]
         if not environment.has_own_environment(self.rollout_dir):
             return [sys.executable, CHILD, bootstrap, str(self.entrypoint)]
-        uv = environment.find_uv()
+        try:
+            uv = environment.find_uv()
+        except RolloutLoadError as exc:  # name the rollout, and why it is not in process
+            raise ServerStartError(
+                f"{self.rollout_dir}: runs on a server of its own ({self.why}), and {exc}"
+            ) from None
         sync = [uv, "sync", "--project", str(self.rollout_dir)]
         python = environment.pick_interpreter(self.rollout_dir)
         if python is not None:

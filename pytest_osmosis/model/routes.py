@@ -97,7 +97,17 @@ def resolve_route(model_path: str) -> ModelRoute:
 
 
 def not_a_model_id(model_path: str, detail: str) -> str:
-    """The preflight's one line for a model id no LiteLLM provider serves."""
+    """The preflight's one line for a model id no LiteLLM provider serves.
+
+    A ``$`` is a placeholder that a user expected to be expanded (``"${MODEL}"``): the eval
+    TOML is read as written, by ``osmosis eval run`` too, so the line says where a model
+    chosen at run time goes instead of repeating LiteLLM's provider list."""
+    if "$" in model_path:
+        return (
+            f"model preflight failed for {model_path!r}: not a LiteLLM model id; "
+            "it is read as written, never expanded from the environment (as `osmosis eval "
+            "run` reads the eval TOML): choose the model at run time with --osmosis-model MODEL"
+        )
     return (
         f"model preflight failed for {model_path!r}: not a LiteLLM model id; "
         "use 'provider/model' (e.g. openai/gpt-5-mini, anthropic/claude-sonnet-4-5) "

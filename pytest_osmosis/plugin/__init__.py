@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_osmosis.plugin.discover import is_eval_config, named_paths, unused_eval_configs
+from pytest_osmosis.plugin.discover import (
+    is_eval_config,
+    named_paths,
+    no_eval_configs_here,
+    unused_eval_configs,
+)
 from pytest_osmosis.plugin.options import (
     RUBRIC_OPTIONS,
     add_options,
@@ -92,8 +97,14 @@ _RERUN_KEY = pytest.StashKey[tuple[list[str], str]]()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    """Nothing collected where eval configs are, the plugin off: say how to turn it on."""
-    if exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED or enabled(config):
+    """Nothing collected where eval configs are, the plugin off: say how to turn it on; the
+    plugin on where there are none: say where they are (discover.py::no_eval_configs_here)."""
+    if exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED:
+        return
+    if enabled(config):
+        where = None if config.getoption("osmosis_regrade") else no_eval_configs_here(config)
+        if where:
+            terminalreporter.write_line(where)
         return
     found = unused_eval_configs(config)
     if found:

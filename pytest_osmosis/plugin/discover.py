@@ -32,6 +32,37 @@ def unused_eval_configs(config: pytest.Config) -> str | None:
     return None
 
 
+def no_eval_configs_here(config: pytest.Config) -> str | None:
+    """The plugin on but no ``configs/eval/*.toml`` under the paths pytest was given (run from
+    a rollout's own directory, say): the line that says so, naming the workspace above them
+    that has some. None when there are configs (a ``-k`` that deselected every item)."""
+    named = named_paths(config)
+    if find_eval_configs(config, named):
+        return None
+    base = config.invocation_params.dir
+    shown = ", ".join(_shown(path, base) for path in named)
+    for path in named:
+        start = path if path.is_dir() else path.parent
+        for parent in (start, *start.parents):
+            configs = sorted(parent.glob("configs/eval/*.toml"))
+            if configs:
+                some = f"{len(configs)} eval config{'s' if len(configs) != 1 else ''}"
+                return (
+                    f"osmosis: no configs/eval/*.toml under {shown}; the workspace at "
+                    f"{_shown(parent, base)} has {some}: run pytest --osmosis-eval there, or "
+                    f"name one: pytest {_shown(configs[0], base)}"
+                )
+    return f"osmosis: no configs/eval/*.toml under {shown}, nor in a directory above it"
+
+
+def _shown(path: Path, base: Path) -> str:
+    """``path`` as typed from ``base``: relative below it or within a workspace above it."""
+    import os
+
+    relative = os.path.relpath(path, base)
+    return relative if Path(relative).parts[:4].count("..") < 4 else str(path)
+
+
 def named_paths(config: pytest.Config) -> list[Path]:
     """The paths given on the command line (node ids cut to their file), resolved."""
     base = config.invocation_params.dir

@@ -222,7 +222,8 @@ OPTIONS = (
     Option(
         "confirm",
         "--osmosis-confirm",
-        "print the plan and ask before the first model call (skipped when stdin is not a terminal)",
+        "print the plan and ask before the first model call: only y goes on (when stdin is "
+        "not a terminal nothing is asked and the run goes on)",
         is_flag=True,
         override=False,
     ),

@@ -92,8 +92,9 @@ def find_uv() -> str:
     if found is None:
         raise RolloutLoadError(
             "uv is needed to build a rollout's own environment from its pyproject.toml "
-            "(as `osmosis eval run` does): pip install 'pytest-osmosis[server]', or name an "
-            "existing interpreter with osmosis_server_python"
+            "(as `osmosis eval run` does): pip install 'pytest-osmosis[server]', name an "
+            "interpreter that has osmosis-ai with --osmosis-server-python PYTHON, or run the "
+            "rollout in this environment with --osmosis-execution in-process"
         )
     return found
 

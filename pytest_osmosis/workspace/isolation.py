@@ -309,9 +309,10 @@ def _refuse_foreign(rollout: Rollout, name: str) -> None:
     top = name.partition(".")[0]
     raise RolloutLoadError(
         f"rollouts {rollout.name!r} and {other!r}: package {top!r} imported by rollout "
-        f"{rollout.name!r} resolves to {path} (installed from rollout {other!r}); one "
-        "session cannot give each rollout its own copy: run their configs in separate "
-        "sessions or ship the package inside each rollout"
+        f"{rollout.name!r} resolves to {path} (installed from rollout {other!r}), so "
+        f"rollout {rollout.name!r} would run code of rollout {other!r} under its own source "
+        f"digest: ship a copy of the package inside rollouts/{rollout.name}/, or move the "
+        "shared package out of rollouts/ and install it from there"
     )
 
 
