@@ -29,6 +29,10 @@ UNCAPPED = calc_rollout('AgentWorkflowConfig(name="calc")')  # advertises no in-
 
 def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model: ModelServer) -> None:
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8}, rollout_source=UNCAPPED)
+    # The first rows' calls wait until 8 are at the model at once: on a loaded machine the
+    # first could be answered (0.4 s) before the eighth was sent. An event, not a race (the
+    # timeout stops a hang); the later calls still take 0.4 s, so a ninth would overlap.
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 8, "What is", 600.0
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=16)
     # The preflight is alone; then eight rows wait on the model at once, never more.
@@ -40,6 +44,9 @@ def test_command_line_concurrency_overrides_batch_size(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 8})
+    # Calls wait until 3 are at the model at once (an event: on a loaded machine the first
+    # could be answered before the third was sent); later ones still take 0.4 s each.
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 3, "What is", 600.0
     result = pytester.runpytest(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-concurrency", "3"
     )
