@@ -130,24 +130,58 @@ def test_default_in_flight_is_what_osmosis_eval_run_picks(
     assert model_env.peak_in_flight == expected
 
 
+ROWS_2_3_AHEAD_4_ON_IN_FLIGHT = """
+import asyncio
+
+from pytest_osmosis.plugin.session import EvalSession
+
+_execute = EvalSession._execute
+finished = {}
+
+
+def _finished(row):
+    return finished.setdefault(row, asyncio.Event())
+
+
+async def _execute_in_order(self, item):
+    # Rows 4 and later are still in flight at the stop; rows 2 and 3 have finished ahead:
+    # row 1 (the failure -x stops on) finishes only once they have. Left to the scheduler,
+    # a loaded machine decided which of rows 2..7 had finished by the stop.
+    if item.row_index >= 4:
+        await asyncio.Event().wait()  # until the stop cancels it
+    try:
+        return await _execute(self, item)
+    finally:
+        if item.row_index in (2, 3):
+            _finished(item.row_index).set()
+        elif item.row_index == 1:
+            await asyncio.wait_for(asyncio.gather(_finished(2).wait(), _finished(3).wait()), 300)
+
+
+EvalSession._execute = _execute_in_order
+"""
+
+
 def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     rows = [dict(r) for r in ROWS[:10]]
     rows[1]["ground_truth"] = "wrong"
     write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 4})
+    pytester.makeconftest(ROWS_2_3_AHEAD_4_ON_IN_FLIGHT)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "stop")
-    result = pytester.runpytest(*args, "-x")
+    result = pytester.runpytest_subprocess(*args, "-x")
     result.assert_outcomes(passed=1, failed=1)
     run_dir = pytester.path / ".osmosis" / "evals" / "stop"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
     index = read_index(run_dir)
     recorded = {(r["row_index"], r["run_index"]) for r in index}
-    # Rows 2..3 in flight were cancelled, never failed; one that had finished ahead is kept
-    # (it was paid for), with its real outcome.
-    assert {(0, 0), (1, 0)} <= recorded <= {(0, 0), (1, 0), (2, 0), (3, 0)}
+    # Rows 4.. in flight were cancelled, never failed; rows 2 and 3, finished ahead, are
+    # kept (they were paid for), with their real outcome.
+    assert recorded == {(0, 0), (1, 0), (2, 0), (3, 0)}
     assert [r["status"] for r in index] == ["success"] * len(index)
+    (pytester.path / "conftest.py").unlink()
     before = slow_model.requests_total
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=9, failed=1)
