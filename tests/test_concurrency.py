@@ -196,6 +196,9 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
     pytester: pytest.Pytester, slow_model: ModelServer, tmp_path: Path
 ) -> None:
     slow_model.delay = 1.0
+    # The last row waits on the model until the test lets it go: the Ctrl-C comes before the
+    # run could end, however long the test takes to see 3 rows journalled and send it.
+    slow_model.hold = "What is 15 + 1"
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 2})
     env = dict(os.environ)
     proc = subprocess.Popen(
@@ -223,7 +226,10 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
         assert proc.poll() is None and time.monotonic() < deadline, "no 3 rows journalled"
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        slow_model.hold = ""
     assert proc.returncode == 2, out.decode()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
