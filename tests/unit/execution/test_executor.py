@@ -47,9 +47,9 @@ def _settled(executor: Executor, running: int = 0) -> tuple[int, int]:
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        in_flight, held = executor.call(snapshot())
-        if in_flight == running:
-            return held
+        seen: tuple[int, tuple[int, int]] = executor.call(snapshot())
+        if seen[0] == running:
+            return seen[1]
         time.sleep(0.005)
     raise AssertionError("the executor never settled")
 
