@@ -45,16 +45,15 @@ def _armed(meta):
 
 
 async def _after_replacement(meta):
-    """Crash only once the controller has taken the collection of a worker replacing a
-    crashed one (two workers and one replacement; the test's conftest notes each).
+    """Crash only once a worker replacing a crashed one has imported this rollout.
 
-    Two crashes close together hit a race in xdist's loadscope scheduler; that race has
-    its own tests. (A second after the replacement imported this rollout was not always
-    enough on a loaded machine.) The controller handles the crash after the collection.
+    (Controller + two workers + one replacement.) Two crashes close together hit a race
+    in xdist's loadscope scheduler; that race has its own tests.
     """
-    path = Path(os.environ["FAULT_COLLECTED"])
-    for _ in range(6000):  # only stops a hang: the answer is an event
-        if path.exists() and len(set(path.read_text().split())) >= 3:
+    path = Path(os.environ["FAULT_IMPORTS"])
+    for _ in range(600):
+        if path.exists() and len(set(path.read_text().split())) >= 4:
+            await asyncio.sleep(1.0)
             return
         await asyncio.sleep(0.1)
 
@@ -80,6 +79,10 @@ async def _alone(question):
     while _RUNNING - {question}:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
+
+
+if os.environ.get("FAULT_IMPORTS"):
+    _note({"log": os.environ["FAULT_IMPORTS"]}, str(os.getpid()))
 
 
 class FaultWorkflow(AgentWorkflow):
@@ -307,24 +310,12 @@ CRASH_BEHAVIOURS = [
 CRASH_TYPES = {2: "worker_crashed", 4: "agent_error", 6: "worker_crashed", 8: "validation_error"}
 
 
-NOTE_COLLECTIONS = """
-import os
-
-
-def pytest_xdist_node_collection_finished(node, ids):
-    # The controller took this worker's collection (a replacement's too).
-    with open(os.environ["FAULT_COLLECTED"], "a") as out:
-        out.write(node.gateway.id + "\\n")
-"""
-
-
 def test_crashed_workers_rows_are_recorded_uploadable_and_retried_exactly(
     pytester: pytest.Pytester, model_env: ModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = pytester.path
     (root / "armed").touch()
-    monkeypatch.setenv("FAULT_COLLECTED", str(root / "collected.log"))
-    pytester.makeconftest(NOTE_COLLECTIONS)
+    monkeypatch.setenv("FAULT_IMPORTS", str(root / "imports.log"))
     write_workspace(
         root,
         rows=fault_rows(CRASH_BEHAVIOURS, root),
