@@ -29,6 +29,10 @@ UNCAPPED = calc_rollout('AgentWorkflowConfig(name="calc")')  # advertises no in-
 
 def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model: ModelServer) -> None:
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8}, rollout_source=UNCAPPED)
+    # The first rows' calls wait until 8 are at the model at once: on a loaded machine the
+    # first could be answered (0.4 s) before the eighth was sent. An event, not a race (the
+    # timeout stops a hang); the later calls still take 0.4 s, so a ninth would overlap.
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 8, "What is", 600.0
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=16)
     # The preflight is alone; then eight rows wait on the model at once, never more.
@@ -40,6 +44,9 @@ def test_command_line_concurrency_overrides_batch_size(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 8})
+    # Calls wait until 3 are at the model at once (an event: on a loaded machine the first
+    # could be answered before the third was sent); later ones still take 0.4 s each.
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 3, "What is", 600.0
     result = pytester.runpytest(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-concurrency", "3"
     )
@@ -123,24 +130,58 @@ def test_default_in_flight_is_what_osmosis_eval_run_picks(
     assert model_env.peak_in_flight == expected
 
 
+ROWS_2_3_AHEAD_4_ON_IN_FLIGHT = """
+import asyncio
+
+from pytest_osmosis.plugin.session import EvalSession
+
+_execute = EvalSession._execute
+finished = {}
+
+
+def _finished(row):
+    return finished.setdefault(row, asyncio.Event())
+
+
+async def _execute_in_order(self, item):
+    # Rows 4 and later are still in flight at the stop; rows 2 and 3 have finished ahead:
+    # row 1 (the failure -x stops on) finishes only once they have. Left to the scheduler,
+    # a loaded machine decided which of rows 2..7 had finished by the stop.
+    if item.row_index >= 4:
+        await asyncio.Event().wait()  # until the stop cancels it
+    try:
+        return await _execute(self, item)
+    finally:
+        if item.row_index in (2, 3):
+            _finished(item.row_index).set()
+        elif item.row_index == 1:
+            await asyncio.wait_for(asyncio.gather(_finished(2).wait(), _finished(3).wait()), 300)
+
+
+EvalSession._execute = _execute_in_order
+"""
+
+
 def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     rows = [dict(r) for r in ROWS[:10]]
     rows[1]["ground_truth"] = "wrong"
     write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 4})
+    pytester.makeconftest(ROWS_2_3_AHEAD_4_ON_IN_FLIGHT)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "stop")
-    result = pytester.runpytest(*args, "-x")
+    result = pytester.runpytest_subprocess(*args, "-x")
     result.assert_outcomes(passed=1, failed=1)
     run_dir = pytester.path / ".osmosis" / "evals" / "stop"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
     index = read_index(run_dir)
     recorded = {(r["row_index"], r["run_index"]) for r in index}
-    # Rows 2..3 in flight were cancelled, never failed; one that had finished ahead is kept
-    # (it was paid for), with its real outcome.
-    assert {(0, 0), (1, 0)} <= recorded <= {(0, 0), (1, 0), (2, 0), (3, 0)}
+    # Rows 4.. in flight were cancelled, never failed; rows 2 and 3, finished ahead, are
+    # kept (they were paid for), with their real outcome.
+    assert recorded == {(0, 0), (1, 0), (2, 0), (3, 0)}
     assert [r["status"] for r in index] == ["success"] * len(index)
+    (pytester.path / "conftest.py").unlink()
     before = slow_model.requests_total
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=9, failed=1)
@@ -155,6 +196,9 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
     pytester: pytest.Pytester, slow_model: ModelServer, tmp_path: Path
 ) -> None:
     slow_model.delay = 1.0
+    # The last row waits on the model until the test lets it go: the Ctrl-C comes before the
+    # run could end, however long the test takes to see 3 rows journalled and send it.
+    slow_model.hold = "What is 15 + 1"
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 2})
     env = dict(os.environ)
     proc = subprocess.Popen(
@@ -182,7 +226,10 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
         assert proc.poll() is None and time.monotonic() < deadline, "no 3 rows journalled"
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        slow_model.hold = ""
     assert proc.returncode == 2, out.decode()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
@@ -411,7 +458,9 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     """It ended with a raw KeyboardInterrupt traceback and rc -2."""
-    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=0)
+    # One row journalled before the second Ctrl-C: it comes as soon as the first is being
+    # shown, and on a loaded machine no row might have finished by then (none kept).
+    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=1)
 
 
 @pytest.mark.parametrize(
@@ -719,8 +768,11 @@ def test_a_rate_limited_provider_is_paced_not_hammered(
     )
     # 20 requests/s with room for 8 at once, and rows that would ask four times as fast
     # (16 in flight, 0.2 s answers): 429s from the first wave on, even on a slow machine.
+    # The first wave's calls reach the rate limit together (an event: a loaded machine can
+    # send fewer than 20 a second, and the limit then never refused one).
     model_server.delay = 0.2
     model_server.limit_rate(20, burst=8)
+    model_server.gather, model_server.gather_on, model_server.gather_timeout = 16, "What is", 600.0
     args = ["--osmosis-eval", "-p", "no:cacheprovider"]
     if xdist:
         result = pytester.runpytest_subprocess(*args, "-n", "2")
