@@ -161,7 +161,7 @@ class Bridge:
         self._listener: _Listener | None = None
         self._unserved: set[Any] = set()
         """Connections accepted that have not sent a complete request yet (see _reap)."""
-        self._open: dict[asyncio.BaseProtocol, asyncio.BaseTransport] = {}
+        self._connections: dict[asyncio.BaseProtocol, asyncio.Transport] = {}
         """Every connection made and not yet lost, by its protocol: `close` closes them all."""
         self.max_connections = _connection_cap()
         """Connections served at once; more are answered 503 (the process's fds are bounded)."""
@@ -222,7 +222,7 @@ class Bridge:
         loop = asyncio.get_running_loop()
         server = runner.server
         assert server is not None
-        handler_class = _tracked_handler(self._open)
+        handler_class = _tracked_handler(self._connections)
         listener = _Listener(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
 
@@ -234,7 +234,7 @@ class Bridge:
             if len(server.connections) >= self.max_connections:
                 cap = self.max_connections
                 self.exhausted(f"the osmosis bridge is serving its maximum of {cap} connections")
-                return _Busy(self._open)
+                return _Busy(self._connections)
             handler = _as_class(server(), handler_class)
             self._unserved.add(handler)
             due = loop.time() + IDLE_TIMEOUT_S
@@ -306,9 +306,9 @@ class Bridge:
         """Abort every connection still open and wait until the loop has let each go."""
         await asyncio.sleep(0)  # a connection made before the server closed: connection_made
         for _ in range(100):
-            if not self._open:
+            if not self._connections:
                 return
-            for transport in list(self._open.values()):
+            for transport in list(self._connections.values()):
                 transport.abort()
             await asyncio.sleep(0)  # connection_lost runs on the loop's next pass
 
@@ -922,14 +922,14 @@ class _Busy(asyncio.Protocol):
     """A connection over `Bridge.max_connections`: one 503, then closed."""
 
     def __init__(self, open_connections: dict[Any, Any]) -> None:
-        self._open = open_connections
+        self._connections = open_connections
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._open.pop(self, None)
+        self._connections.pop(self, None)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self._open[self] = transport
+        self._connections[self] = transport
         detail = b"the osmosis bridge is serving its maximum number of connections"
         transport.write(
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
