@@ -107,12 +107,12 @@ KEEP_ALIVE_ADVERTISED_S = 15
 well before KEEP_ALIVE_S."""
 BODY_TIMEOUT_S = 60.0
 """A body not received within this long is answered 408 (a slow client, not a slow model)."""
+"""Deeper request JSON is refused (400): copying and forwarding it would exhaust the stack."""
 CLOSE_GRACE_S = 1.0
 """How long `Bridge.close` lets a call in flight finish (twice: answered, then cancelled)
 before it closes the connection: the bridge closes when the session stops, so a call still
 in flight is one whose row is being stopped anyway. Well within the session's own bound on
 the close (plugin/models.py), so the close is never abandoned half-way."""
-"""Deeper request JSON is refused (400): copying and forwarding it would exhaust the stack."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
