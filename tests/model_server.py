@@ -128,7 +128,8 @@ class ModelServer:
         self.gather = 0
         """When > 1, each request whose last user message contains `gather_on` waits until
         this many such are in flight at once (then all go on), or `gather_timeout` seconds:
-        a peak it reaches is reached for sure, not by a race."""
+        a peak it reaches is reached for sure, not by a race. The rate limit sees them
+        after the wait, all at once, however slowly a loaded machine sent them."""
         self.gather_on = ""
         self.gather_timeout = 30.0
         self.hold = ""
@@ -398,12 +399,6 @@ class ModelServer:
                 wanted = "a 'messages' list" if chat else "an 'input' string or list"
                 return _error(400, f"body must be an object with {wanted}")
             path = "/v1/chat/completions" if chat else "/v1/responses"
-            wait = self._admit()
-            if wait is not None:  # a provider refuses at once, before any work
-                return _error(429, "rate limit exceeded", {"Retry-After": f"{wait:.3f}"})
-            self.requests.append((path, body))
-            if chat:
-                self.bodies.append(body)
             last_user = next(
                 (
                     _text_of(m.get("content"))
@@ -413,7 +408,13 @@ class ModelServer:
                 "",
             )
             if self.gather > 1 and self.gather_on in last_user:
-                await self._gather()
+                await self._gather()  # before the rate limit: the wave arrives at once
+            wait = self._admit()
+            if wait is not None:  # a provider refuses at once, before any work
+                return _error(429, "rate limit exceeded", {"Retry-After": f"{wait:.3f}"})
+            self.requests.append((path, body))
+            if chat:
+                self.bodies.append(body)
             if self.hold and self.hold in last_user:
                 with self._lock:
                     self.holding += 1

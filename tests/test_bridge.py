@@ -423,7 +423,10 @@ def test_route_kwargs_override_what_the_rollout_sends(
 def test_tokens_are_accounted_per_rollout_under_concurrency(
     harness: Harness, model_server: ModelServer
 ) -> None:
+    # The first call waits at the model for a second (an event: 50 ms answers alone left the
+    # overlap to the scheduler); the rest take 50 ms each.
     model_server.delay = 0.05
+    model_server.gather, model_server.gather_on, model_server.gather_timeout = 2, "word", 600.0
     clients = {rid: harness.sdk(rid) for rid in ("a", "b", "c")}
     plan = [("a", i) for i in range(8)] + [("b", i) for i in range(5)] + [("c", 0)]
 

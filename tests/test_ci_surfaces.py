@@ -640,6 +640,28 @@ def test_reruns_run_again_only_infrastructure_errors_and_record_once(
     result.stdout.fnmatch_lines(["*RERUN configs/eval/calc.toml::row_2_run_0*"])
 
 
+@MODES
+def test_rerun_reports_let_go_of_the_result_once_logged(
+    pytester: pytest.Pytester, model_env: Any, xdist: tuple[str, ...]
+) -> None:
+    """A report pytest-rerunfailures logs for an execution it runs again kept that
+    execution's result to the end of the session (pytest holds every report), when every
+    other report let go of its own at logfinish."""
+    write_workspace(pytester.path, rows=RERUN_ROWS[:3:2], rollout_source=RERUN_ROLLOUT)
+    model_env.fail_on = {"FLAKY5XX": (503, 3)}  # row 1 (the provider's): one 503 at the row
+    pytester.makeconftest(HOLDING)
+    result = run(pytester, xdist, "--osmosis-name", "rr", "--reruns", "1")
+    result.assert_outcomes(passed=2)
+    assert result.parseoutcomes()["rerun"] == 1
+    seen = json.loads((pytester.path / "holding.json").read_text())
+    assert sorted(seen["logged"]) == [  # each execution's report carried it while logged
+        ["row_0_run_0", "call", "success"],
+        ["row_1_run_0", "call", "success"],
+        ["row_1_run_0", "setup", "failed"],
+    ]
+    assert seen["held"] == []
+
+
 def test_reruns_keep_the_users_rerun_except(pytester: pytest.Pytester, model_env: Any) -> None:
     write_workspace(pytester.path, rows=ROWS)
     pytester.makeini("[pytest]\nrerun_except =\n    SomethingOfMine\n")

@@ -29,6 +29,10 @@ UNCAPPED = calc_rollout('AgentWorkflowConfig(name="calc")')  # advertises no in-
 
 def test_items_overlap_up_to_the_batch_size(pytester: pytest.Pytester, slow_model: ModelServer) -> None:
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 8}, rollout_source=UNCAPPED)
+    # The first rows' calls wait until 8 are at the model at once: on a loaded machine the
+    # first could be answered (0.4 s) before the eighth was sent. An event, not a race (the
+    # timeout stops a hang); the later calls still take 0.4 s, so a ninth would overlap.
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 8, "What is", 600.0
     result = pytester.runpytest("--osmosis-eval", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=16)
     # The preflight is alone; then eight rows wait on the model at once, never more.
@@ -40,6 +44,9 @@ def test_command_line_concurrency_overrides_batch_size(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 8})
+    # Calls wait until 3 are at the model at once (an event: on a loaded machine the first
+    # could be answered before the third was sent); later ones still take 0.4 s each.
+    slow_model.gather, slow_model.gather_on, slow_model.gather_timeout = 3, "What is", 600.0
     result = pytester.runpytest(
         "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-concurrency", "3"
     )
@@ -123,24 +130,58 @@ def test_default_in_flight_is_what_osmosis_eval_run_picks(
     assert model_env.peak_in_flight == expected
 
 
+ROWS_2_3_AHEAD_4_ON_IN_FLIGHT = """
+import asyncio
+
+from pytest_osmosis.plugin.session import EvalSession
+
+_execute = EvalSession._execute
+finished = {}
+
+
+def _finished(row):
+    return finished.setdefault(row, asyncio.Event())
+
+
+async def _execute_in_order(self, item):
+    # Rows 4 and later are still in flight at the stop; rows 2 and 3 have finished ahead:
+    # row 1 (the failure -x stops on) finishes only once they have. Left to the scheduler,
+    # a loaded machine decided which of rows 2..7 had finished by the stop.
+    if item.row_index >= 4:
+        await asyncio.Event().wait()  # until the stop cancels it
+    try:
+        return await _execute(self, item)
+    finally:
+        if item.row_index in (2, 3):
+            _finished(item.row_index).set()
+        elif item.row_index == 1:
+            await asyncio.wait_for(asyncio.gather(_finished(2).wait(), _finished(3).wait()), 300)
+
+
+EvalSession._execute = _execute_in_order
+"""
+
+
 def test_stop_on_first_failure_leaves_in_flight_rows_pending_and_resume_finishes(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     rows = [dict(r) for r in ROWS[:10]]
     rows[1]["ground_truth"] = "wrong"
     write_workspace(pytester.path, rows=rows, evaluation={"batch_size": 4})
+    pytester.makeconftest(ROWS_2_3_AHEAD_4_ON_IN_FLIGHT)
     args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "stop")
-    result = pytester.runpytest(*args, "-x")
+    result = pytester.runpytest_subprocess(*args, "-x")
     result.assert_outcomes(passed=1, failed=1)
     run_dir = pytester.path / ".osmosis" / "evals" / "stop"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
     index = read_index(run_dir)
     recorded = {(r["row_index"], r["run_index"]) for r in index}
-    # Rows 2..3 in flight were cancelled, never failed; one that had finished ahead is kept
-    # (it was paid for), with its real outcome.
-    assert {(0, 0), (1, 0)} <= recorded <= {(0, 0), (1, 0), (2, 0), (3, 0)}
+    # Rows 4.. in flight were cancelled, never failed; rows 2 and 3, finished ahead, are
+    # kept (they were paid for), with their real outcome.
+    assert recorded == {(0, 0), (1, 0), (2, 0), (3, 0)}
     assert [r["status"] for r in index] == ["success"] * len(index)
+    (pytester.path / "conftest.py").unlink()
     before = slow_model.requests_total
     result = pytester.runpytest(*args)
     result.assert_outcomes(passed=9, failed=1)
@@ -155,6 +196,9 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
     pytester: pytest.Pytester, slow_model: ModelServer, tmp_path: Path
 ) -> None:
     slow_model.delay = 1.0
+    # The last row waits on the model until the test lets it go: the Ctrl-C comes before the
+    # run could end, however long the test takes to see 3 rows journalled and send it.
+    slow_model.hold = "What is 15 + 1"
     write_workspace(pytester.path, rows=ROWS, evaluation={"batch_size": 2})
     env = dict(os.environ)
     proc = subprocess.Popen(
@@ -182,7 +226,10 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
         assert proc.poll() is None and time.monotonic() < deadline, "no 3 rows journalled"
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        slow_model.hold = ""
     assert proc.returncode == 2, out.decode()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["eval_run"]["status"] == "incomplete"
@@ -197,6 +244,81 @@ def test_sigint_cancels_in_flight_rows_and_keeps_what_finished(
     result.assert_outcomes(passed=16)
     assert slow_model.requests_total - before == (16 - done) + 1
     assert len(read_index(run_dir)) == 16
+
+
+TERMINATED_AT_ROW_3 = """
+import os
+import signal
+
+reported = []
+
+
+def pytest_runtest_logreport(report):
+    # A CI runner cancels the job once row 3 has been recorded (the controller journals a
+    # row in its own tryfirst hook): SIGTERM to this process, as a runner sends it.
+    if report.when == "call":
+        reported.append(report.nodeid)
+        if len(reported) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_sigterm_stops_like_ctrl_c_with_the_kept_line_and_a_sealed_run(
+    pytester: pytest.Pytester, slow_model: ModelServer, xdist: list[str]
+) -> None:
+    """SIGTERM (a cancelled CI job) killed the process outright: no snapshots, rc -15,
+    and no line saying how many results were kept."""
+    slow_model.delay = 0.0
+    slow_model.hold = "What is 6 + 1"  # row 6 waits on the model: in flight at the stop
+    write_workspace(pytester.path, rows=ROWS[:8], evaluation={"batch_size": 4})
+    pytester.makeconftest(TERMINATED_AT_ROW_3)
+    args = ("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "term")
+    try:
+        result = pytester.runpytest_subprocess(*args, *xdist)
+    finally:
+        slow_model.hold = ""
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
+    run_dir = pytester.path / ".osmosis" / "evals" / "term"
+    lines = (run_dir / "events.jsonl").read_text().splitlines()
+    kept = len(lines)
+    assert 3 <= kept <= 7  # rows 0-2, and rows that finished ahead of the stop; not row 6
+    assert len({(json.loads(x)["row_index"], json.loads(x)["run_index"]) for x in lines}) == kept
+    assert len(read_index(run_dir)) == kept  # sealed: the index shows what the journal holds
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["eval_run"]["status"] == "incomplete"
+    result.stdout.fnmatch_lines(
+        [f"osmosis: stopped early: run the same command again to resume ({kept} of 8 recorded)"]
+    )
+    (pytester.path / "conftest.py").unlink()
+    before = slow_model.requests_total
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=8)  # the kept rows are reported from their records
+    assert slow_model.requests_total - before == (8 - kept) + 1  # the rest, and the preflight
+
+
+def test_a_sigterm_held_by_a_journal_append_is_an_interrupt_after_it_where_sigint_is_ignored() -> None:
+    """A job started in the background has SIGINT ignored: a SIGTERM held while a result
+    went into the journal and the index was replayed as SIGINT, and so lost."""
+    from pytest_osmosis.plugin.terminate import forward_sigterm
+    from pytest_osmosis.results.atomic import interrupt_held
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    restore = forward_sigterm()
+    assert restore is not None
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with interrupt_held():
+                signal.raise_signal(signal.SIGTERM)  # handled here, and held to the end
+                done.append("both writes")
+        assert done == ["both writes"]
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            signal.raise_signal(signal.SIGTERM)  # outside a hold: at once
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, before)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 BREAKS_ON_FIRST_REPORT = """
@@ -271,11 +393,16 @@ def pytest_keyboard_interrupt(excinfo):
 
 
 def _stop_twice(
-    pytester: pytest.Pytester, slow_model: ModelServer, conftest: str, journalled: int
+    pytester: pytest.Pytester,
+    slow_model: ModelServer,
+    conftest: str,
+    journalled: int,
+    signals: tuple[signal.Signals, signal.Signals] = (signal.SIGINT, signal.SIGINT),
 ) -> int:
     """Ctrl-C while pytest waits on row 3 (held at the model), again once the first is being
     shown and the journal holds ``journalled`` lines; check the one line against the journal
-    the process left, then resume: the rest run, nothing else. Returns the lines kept."""
+    the process left, then resume: the rest run, nothing else. Returns the lines kept.
+    *signals*: the first and the second "Ctrl-C" (SIGTERM: a cancelled CI job)."""
     slow_model.delay = 0.0
     slow_model.hold = "What is 3 + 1"  # row 3 waits on the model until the test lets it go
     write_workspace(pytester.path, rows=ROWS[:6], evaluation={"batch_size": 6})
@@ -294,12 +421,12 @@ def _stop_twice(
         while slow_model.holding < 1:
             assert proc.poll() is None and time.monotonic() < deadline, "row 3 never asked"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signals[0])
         marker = pytester.path / "first-interrupt-seen"
         while not marker.exists() or len(events.read_bytes().splitlines()) < journalled:
             assert proc.poll() is None and time.monotonic() < deadline, "no first interrupt"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signals[1])
         out, _ = proc.communicate(timeout=120)
     finally:
         slow_model.hold = ""
@@ -331,7 +458,22 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line_with_exit_2(
     pytester: pytest.Pytester, slow_model: ModelServer
 ) -> None:
     """It ended with a raw KeyboardInterrupt traceback and rc -2."""
-    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=0)
+    # One row journalled before the second Ctrl-C: it comes as soon as the first is being
+    # shown, and on a loaded machine no row might have finished by then (none kept).
+    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=1)
+
+
+@pytest.mark.parametrize(
+    "signals", [(signal.SIGTERM, signal.SIGTERM), (signal.SIGINT, signal.SIGTERM)], ids=str
+)
+def test_a_second_sigterm_stops_at_once_in_the_same_one_line(
+    pytester: pytest.Pytester,
+    slow_model: ModelServer,
+    signals: tuple[signal.Signals, signal.Signals],
+) -> None:
+    """A CI runner cancelling a job sends SIGTERM (GitHub Actions: SIGINT, then SIGTERM):
+    the process died of it at once (rc -15) without saying what was kept."""
+    _stop_twice(pytester, slow_model, SLOW_TO_SHOW_AN_INTERRUPT, journalled=0, signals=signals)
 
 
 ROW_4_STAGED_NEVER_SETTLES = (
@@ -626,8 +768,11 @@ def test_a_rate_limited_provider_is_paced_not_hammered(
     )
     # 20 requests/s with room for 8 at once, and rows that would ask four times as fast
     # (16 in flight, 0.2 s answers): 429s from the first wave on, even on a slow machine.
+    # The first wave's calls reach the rate limit together (an event: a loaded machine can
+    # send fewer than 20 a second, and the limit then never refused one).
     model_server.delay = 0.2
     model_server.limit_rate(20, burst=8)
+    model_server.gather, model_server.gather_on, model_server.gather_timeout = 16, "What is", 600.0
     args = ["--osmosis-eval", "-p", "no:cacheprovider"]
     if xdist:
         result = pytester.runpytest_subprocess(*args, "-n", "2")

@@ -288,3 +288,102 @@ def test_the_dataset_replaced_mid_run_stops_in_one_line_rows_pending(
     journal = read_journal(only_run_dir(pytester.path))  # what a resume carries forward
     assert (0, 0) in journal and len(journal) < 64
     assert all(record["status"] == "success" for record in journal.values())
+
+
+#: Each process of the session under test lists, once pytest is done with it (unconfigure:
+#: after every hook of the session), the files it still holds open under data/.
+OPEN_AT_THE_END = """
+import json
+import os
+import signal
+from pathlib import Path
+
+reported = []
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("STOP_BY") == "SIGTERM" and report.when == "call":
+        reported.append(report.nodeid)
+        if len(reported) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def pytest_unconfigure(config):
+    data = str(Path("data").resolve())
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(data):
+            held.append(target)
+    role = config.workerinput["workerid"] if hasattr(config, "workerinput") else "main"
+    Path(f"open-at-end-{role}.json").write_text(json.dumps(held))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists /proc/self/fd")
+@pytest.mark.parametrize(
+    ("stop", "args", "status"),
+    [
+        pytest.param(stop, args, status, id=stop)
+        for stop, args, status in [
+            ("finished", (), pytest.ExitCode.OK),
+            ("-x", ("-x",), pytest.ExitCode.TESTS_FAILED),
+            ("SIGTERM", (), pytest.ExitCode.INTERRUPTED),
+            ("xdist", ("-n", "2"), pytest.ExitCode.OK),
+        ]
+    ],
+)
+def test_the_dataset_file_is_closed_when_the_session_ends(
+    pytester: pytest.Pytester,
+    model_env: ModelServer,
+    monkeypatch: pytest.MonkeyPatch,
+    stop: str,
+    args: tuple[str, ...],
+    status: pytest.ExitCode,
+) -> None:
+    """The descriptor rows are read through stayed open until garbage collection, and the
+    dataset is memoised for the process: a long-lived process (an embedding runner, an
+    in-process pytester) held one per dataset after its session had ended."""
+    rows = [{"user_prompt": f"What is {i} + 1?", "ground_truth": str(i + 1)} for i in range(6)]
+    if stop == "-x":
+        rows[2]["ground_truth"] = "wrong"
+    write_workspace(pytester.path, rows=rows)
+    pytester.makeconftest(OPEN_AT_THE_END)
+    monkeypatch.setenv("STOP_BY", stop)
+    result = pytester.runpytest_subprocess("--osmosis-eval", "-p", "no:cacheprovider", *args)
+    assert result.ret == status, result.stdout.str()
+    written = sorted(pytester.path.glob("open-at-end-*.json"))
+    roles = ["gw0", "gw1", "main"] if stop == "xdist" else ["main"]
+    assert [p.stem.rsplit("-", 1)[1] for p in written] == roles
+    for path in written:
+        assert json.loads(path.read_text()) == [], path.name
+
+
+def _held(path: Path) -> int:
+    """How many descriptors of this process are open on ``path``."""
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found += os.readlink(f"/proc/self/fd/{fd}") == str(path)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists /proc/self/fd")
+def test_a_closed_dataset_reads_a_row_again_by_opening_the_file_again(tmp_path: Path) -> None:
+    path = write(tmp_path, "d.jsonl", jsonl({"user_prompt": "a", "ground_truth": "1"}))
+    dataset = open_ds(path)
+    assert _held(path) == 0  # the scan's handle is closed; rows open the file on demand
+    first = dataset.row(0)
+    assert _held(path) == 1
+    dataset.close()
+    assert _held(path) == 0
+    dataset.close()  # twice is nothing
+    assert dataset.row(0) == first
+    assert _held(path) == 1
+    dataset.close()
+    assert _held(path) == 0

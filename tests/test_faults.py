@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from model_server import ModelServer
 from sdk_planner import sdk_judge
-from workspaces import only_run_dir, read_index, write_workspace
+from workspaces import Background, only_run_dir, read_index, wait_until, write_workspace
 
 pytest_plugins = ["pytester"]
 
@@ -374,13 +374,28 @@ def test_a_prefetched_row_that_crashes_is_the_one_recorded(
         rollout_source=FAULT_ROLLOUT,
         evaluation={"batch_size": 8},  # a worker runs its queued rows ahead
     )
-    model_env.delays = {"What is 0 + 100?": 3.0}  # row 0 still waits when row 2 dies
+    # Row 0 waits on the model until it runs again elsewhere, which it does only once row
+    # 2 has killed their worker: the worker's main thread still waits for it then. (A 3 s
+    # answer left that to the scheduler; and at the rollout's advertised 4 in flight, rows
+    # 0 and 2 went to different workers, where row 2 was its worker's first item.)
+    row_0 = "What is 0 + 100?"
+    model_env.hold = row_0
     tmp = root / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))  # where the controller makes its blame directory
-    result = pytester.runpytest_subprocess(
-        "--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "pin", "-n", "2"
+    session = Background(
+        pytester,
+        *("--osmosis-eval", "-p", "no:cacheprovider", "--osmosis-name", "pin", "-n", "2"),
+        *("--osmosis-concurrency", "8"),  # 4 a worker: rows 0-3 are one worker's shard
     )
+    try:
+        wait_until(
+            lambda: [b["messages"][-1]["content"] for b in model_env.bodies].count(row_0) == 2,
+            "row 0 runs again after its worker died",
+        )
+    finally:
+        model_env.hold = ""
+    result = session.join()
     out = result.stdout.str()
     assert "INTERNALERROR" not in out, out
     run_dir = root / ".osmosis" / "evals" / "pin"

@@ -368,6 +368,25 @@ def test_a_status_line_updates_at_most_four_times_a_second(tmp_path: Path) -> No
     assert status.updates == before  # nothing changed and no time passed: no redraw
 
 
+def test_the_last_result_is_drawn_at_once(tmp_path: Path) -> None:
+    """Within a quarter second of the last redraw: the session's end may come before the
+    ticker's next turn, and the line must not have ended on a count short of the run."""
+    clock = [1000.0]
+    term = Terminal(tmp_path / "tty")
+    progress = Progress(FakeReporter(), total=2, mode="line", clock=lambda: clock[0])
+    status = StatusLine(term.pinned, progress.snapshot, clock=lambda: clock[0])
+    progress.status = status
+    status.tick(force=True)
+    clock[0] += 0.01
+    progress.add(RESULTS[0])
+    assert status.updates == 1  # the rate holds it back
+    clock[0] += 0.01
+    progress.add(RESULTS[1])
+    assert status.updates == 2
+    assert shown(term.screen()) == [status_line(progress.snapshot(clock[0]))]
+    assert shown(term.screen())[0].startswith("osmosis 2/2  ")
+
+
 # ------------------------------------------------------------- sessions, off a terminal
 
 

@@ -248,3 +248,43 @@ def test_a_row_logging_between_items_shows_in_its_own_report(
     logged = {name: case.findtext("system-out") or "" for name, case in cases.items()}
     assert "row 1" not in logged["row_0_run_0"], repr(logged["row_0_run_0"])
     assert "WARNING calc.rollout row 1 thread" in logged["row_1_run_0"], logged
+
+
+# The user's test lowers the root logger's level with ``caplog.set_level`` while row 1 logs
+# (pytest's thread is in that test): its own INFO record is its own, and row 1's INFO
+# record must not join row 1's section only because of where pytest's thread was.
+USER_TEST_AT_INFO = """
+import logging
+
+import between
+
+
+def test_user(caplog):
+    caplog.set_level(logging.INFO)
+    logging.getLogger("user").warning("the user's own")
+    logging.getLogger("user").info("the user's info")
+    between.LOG.set()
+    assert between.LOGGED.wait(300), "row 1 did not log"
+    assert [r.getMessage() for r in caplog.records] == ["the user's own", "the user's info"]
+    assert "row 1" not in caplog.text
+"""
+
+
+def test_a_level_another_test_set_with_caplog_does_not_reach_a_row_s_records(
+    pytester: pytest.Pytester, model_env: Any
+) -> None:
+    """Row 1's section held its INFO record when row 1 happened to log while a test of the
+    user's had lowered the root logger's level (``caplog.set_level``, undone at that test's
+    teardown), and not otherwise: what a row's report shows hung on where pytest was."""
+    _workspace(pytester, USER_CONFTEST)
+    (pytester.path / "test_user.py").write_text(USER_TEST_AT_INFO)
+    result = pytester.runpytest("--osmosis-eval", *PLAIN, "configs", "test_user.py")
+    result.assert_outcomes(passed=3)
+    out = "\n".join(result.outlines)
+    user = _lines(_passes(result.outlines)["test_user"])
+    assert user == [
+        "Captured log call",
+        "WARNING user the user's own",
+        "INFO user the user's info",
+    ], out
+    _row_1_sections(result, ROW_1_WARNINGS)  # as at the session's level: no INFO record

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import weakref
 from array import array
 from collections.abc import Iterator, Mapping
@@ -112,13 +113,29 @@ def _read_span(fd: int, start: int, size: int) -> bytes:
 class _JsonlRows:
     """Line number and byte span of each kept row; the file is re-read per row."""
 
-    __slots__ = ("path", "identity", "sha256", "lines", "starts", "ends", "_fd", "__weakref__")
+    __slots__ = (
+        "path",
+        "identity",
+        "sha256",
+        "lines",
+        "starts",
+        "ends",
+        "_fd",
+        "_closer",
+        "_lock",
+        "__weakref__",
+    )
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        #: Opened at the first row read and kept (closed when the store goes): its rows
-        #: are read with ``pread``, after a ``stat`` of the path says it is still this file.
+        #: Opened at the first row read and kept until ``close`` (the session's end; the
+        #: store itself is memoised across sessions): its rows are read with ``pread``,
+        #: after a ``stat`` of the path says it is still this file.
         self._fd: int | None = None
+        self._closer: weakref.finalize[Any, Any] | None = None  # closes it if never closed
+        #: A read and ``close`` never overlap: a descriptor closed under a read may be
+        #: another file's by the time it is read.
+        self._lock = threading.Lock()
         self.identity: Identity = (0, 0, 0, 0)
         self.sha256 = ""
         self.lines = array("q")
@@ -138,7 +155,8 @@ class _JsonlRows:
             # row (an open, fstat, pread and close each row were four).
             if identity(os.stat(self.path)) != self.identity:
                 raise self._changed()
-            line = _read_span(self._descriptor(), start, self.ends[position] - start)
+            with self._lock:
+                line = _read_span(self._descriptor(), start, self.ends[position] - start)
         except OSError as exc:
             raise DatasetChangedError(
                 f"{read_error(self.path, exc)} during the run; stopped, the rows not run are "
@@ -150,17 +168,22 @@ class _JsonlRows:
         return payload
 
     def _descriptor(self) -> int:
+        """The kept descriptor, opened if need be (under ``_lock``)."""
         if self._fd is None:
             fd = os.open(self.path, os.O_RDONLY)
             if identity(os.fstat(fd)) != self.identity:  # replaced just now
                 os.close(fd)
                 raise self._changed()
-            if self._fd is None:  # another thread may have opened it meanwhile
-                self._fd = fd
-                weakref.finalize(self, os.close, fd)
-            else:
-                os.close(fd)
+            self._fd = fd
+            self._closer = weakref.finalize(self, os.close, fd)
         return self._fd
+
+    def close(self) -> None:
+        """Close the kept descriptor now (a later row read opens it again)."""
+        with self._lock:
+            closer, self._closer, self._fd = self._closer, None, None
+        if closer is not None:
+            closer()  # closes it once, and never again at collection
 
     def _changed(self) -> DatasetChangedError:
         return DatasetChangedError(

@@ -23,7 +23,10 @@ Identity = tuple[int, int, int, int]
 
 
 class RowStore(Protocol):
-    """Rebuilds the raw mapping of a kept candidate, by its position among the candidates."""
+    """Rebuilds the raw mapping of a kept candidate, by its position among the candidates.
+
+    A store that keeps a file open between reads also has ``close()`` (called when the
+    session ends; a read after it opens the file again): ``SelectedDataset.close``."""
 
     def raw(self, position: int) -> Mapping[str, Any]: ...
 

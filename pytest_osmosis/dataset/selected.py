@@ -93,6 +93,14 @@ class SelectedDataset:
             raise DatasetError(f"{row_place(self.path, source, None)}: {problem}") from None
         return EvalDatasetRow(row_index, source, messages, label, metadata)
 
+    def close(self) -> None:
+        """Release what reading rows keeps open (the JSONL file's descriptor) now, not at
+        garbage collection: a dataset is memoised for the process, so it outlives the
+        session. A row read after this opens the file again (and checks it is the same)."""
+        close = getattr(self._store, "close", None)
+        if close is not None:
+            close()
+
     def row_digests(self, rows: Iterable[int] | None = None) -> dict[int, str]:
         """Dataset row -> :func:`row_digest` of the selected *rows* (row_index; default all)."""
         chosen = range(len(self)) if rows is None else rows

@@ -8,6 +8,12 @@ Which row emitted a record is decided once, in the thread that emits it
 row's records, formatted, under :data:`streams.LOG`, and :meth:`RowLogs.not_a_row_s` is the
 filter that keeps them out of everyone else's capturing handlers. Handlers that show
 records as they happen (live logs, a log file) are left alone.
+
+A level the test pytest's thread runs set for itself (``caplog.set_level``, undone at its
+teardown) is that test's, not the rows': a row's record is kept only if its logger's level
+as it was before allows it (:attr:`RowLogs.lent`), so a row's report does not hang on where
+pytest was when the row logged. A level raised that way still stops a row's record at its
+logger: a record never made cannot be kept.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Mapping
 
 from pytest_osmosis.execution.streams import LOG, RowOutput
 
@@ -29,6 +36,9 @@ class RowLogs:
         # Every handler asks about the same record in turn, in the emitting thread: the
         # first answer is the one all get (the row may be taken in between).
         self._last = threading.local()
+        #: Loggers whose level a test set for itself, by name (None or "": the root) -> the
+        #: level before (pytest's caplog keeps this mapping; plugin/row_output.py lends it).
+        self.lent: Mapping[str | None, int] = {}
 
     def owner(self, record: logging.LogRecord) -> str | None:
         """The node id of the kept row whose code emitted ``record`` (call in its thread)."""
@@ -38,6 +48,23 @@ class RowLogs:
         key = self.output.owner()
         self._last.decided = (weakref.ref(record), key)
         return key
+
+    def at_rest(self, record: logging.LogRecord) -> bool:
+        """Whether ``record``'s logger allows it at the levels before any lent (as
+        ``Logger.getEffectiveLevel`` walks, with each lent logger's level before)."""
+        lent = self.lent
+        if not lent:
+            return True
+        before = {logging.getLogger(name or None): level for name, level in list(lent.items())}
+        found = logging.root.manager.loggerDict.get(record.name, logging.root)
+        logger: logging.Logger | None = found if isinstance(found, logging.Logger) else None
+        logger = logger or logging.root
+        while logger is not None:
+            level = before.get(logger, logger.level)
+            if level:
+                return record.levelno >= level
+            logger = logger.parent
+        return True
 
     def not_a_row_s(self, record: logging.LogRecord) -> bool:
         """A handler filter: False for a record a kept row's code emitted."""
@@ -57,6 +84,6 @@ class RowLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         key = self.logs.owner(record)
-        if key is not None:
+        if key is not None and self.logs.at_rest(record):
             # A formatting error propagates (no handleError), as pytest's handler raises it.
             self.logs.output.keep_as(key, LOG, self.format(record) + "\n")

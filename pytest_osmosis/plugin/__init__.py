@@ -165,6 +165,11 @@ def _start_session(config: pytest.Config, is_worker: bool, milestones: Milestone
     from pytest_osmosis.plugin.redaction import install_redaction
 
     install_redaction(config)
+    from pytest_osmosis.plugin.terminate import forward_sigterm
+
+    restore = forward_sigterm()  # SIGTERM (a cancelled CI job) stops the session as Ctrl-C does
+    if restore is not None:
+        config.add_cleanup(restore)
     register_roles(config, session)
     register_ci(config, session, values["github"])
 

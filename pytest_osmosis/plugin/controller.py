@@ -43,6 +43,9 @@ class Controller:
         #: would drop a row's progress.
         self._unshown: dict[str, tuple[dict[str, Any], pytest.TestReport]] = {}
         self._letterless: pytest.TestReport | None = None  # live progress: see letterless
+        #: pytest-rerunfailures' reports of executions it runs again, by node id: they carry
+        #: that execution's result until logfinish too (pytest keeps them to the end).
+        self._reruns: dict[str, list[pytest.TestReport]] = {}
         from pytest_osmosis.plugin.options import progress_mode
 
         self.progress_option = progress_mode(session.config)
@@ -292,6 +295,8 @@ class Controller:
         from pytest_osmosis.results.atomic import interrupt_held
 
         if is_rerun(report):  # pytest-rerunfailures runs it again: the last attempt counts
+            if getattr(report, "osmosis", None) is not None:  # let go at logfinish, as below
+                self._reruns.setdefault(report.nodeid, []).append(report)
             return
         result = getattr(report, "osmosis", None)
         if self.progress is not None and self.progress.replaces_letters:
@@ -448,12 +453,13 @@ class Controller:
         of each row's result there was ~0.5 KB a row for nobody.
         """
         self._letterless = None
+        for rerun in self._reruns.pop(nodeid, ()):
+            let_go(rerun)
         shown = self._unshown.pop(nodeid, None)
         if shown is not None:
             result, report = shown
             self._show(result)
-            report.__dict__.pop("osmosis", None)
-            report.__dict__.pop("osmosis_files", None)
+            let_go(report)
 
     def _show(self, result: dict[str, Any]) -> None:
         self._progress().add(result)
@@ -548,7 +554,7 @@ class Controller:
     def finish(self, session: pytest.Session) -> None:
         """Write the final snapshot, then apply the gate; the session is closed either way."""
         self._letterless = None
-        for nodeid in list(self._unshown):  # an item whose report pytest never finished
+        for nodeid in [*self._unshown, *self._reruns]:  # items pytest never finished
             self.after_report(nodeid)
         if self.progress is not None:
             self.progress.stop()  # before anything below prints
@@ -847,3 +853,10 @@ def finalize_run(run: ControllerRun, *, cancelled: bool) -> dict[str, Any]:
     run.log.close()
     run.rundir.close()
     return result
+
+
+def let_go(report: pytest.TestReport) -> None:
+    """A logged report drops the result it carried (every plugin has read it by logfinish):
+    pytest keeps every report, reruns' included, to the end of the session."""
+    report.__dict__.pop("osmosis", None)
+    report.__dict__.pop("osmosis_files", None)

@@ -86,6 +86,11 @@ class Plans:
             return self.options.overrides
         return self.regrade.overrides(self.options.overrides)
 
+    def close(self) -> None:
+        """The session ends: every plan's dataset lets go of the file it reads rows from."""
+        for plan in self.plans.values():
+            plan.dataset.close()
+
     def plan_errors(self) -> list[tuple[Path, OsmosisError]]:
         """The configs that could not be planned, and why (collection reports them)."""
         return list(self.errors.items())

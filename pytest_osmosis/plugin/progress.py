@@ -256,7 +256,9 @@ class Progress:
             self._first_result = now
         if self.mode == "line":
             if self.status is not None:
-                self.status.tick(now)
+                # The last result is drawn at once, whatever the rate: the ticker may get no
+                # turn before the session's end takes the line down (a loaded machine).
+                self.status.tick(now, force=self.done >= self.total)
         elif self.mode == "log":
             if self.verbosity == 0:
                 self._write(f"osmosis: {row_text(result, outcome)}  [{self.line(now)}]")
@@ -477,7 +479,8 @@ def _cells(text: str) -> int:
 
 
 class StatusLine:
-    """The pinned status line: redrawn when its content changed, at most 4 times a second.
+    """The pinned status line: redrawn when its content changed, at most 4 times a second
+    (the run's last result at once: ``Progress.add`` forces it).
 
     ``tick`` is the only way it updates; rows finishing call it, and a ticker thread calls
     it every quarter second so elapsed time, ETA and rows in flight move while no row

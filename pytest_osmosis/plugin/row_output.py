@@ -13,7 +13,9 @@ A row's ``logging`` records are its own the same way (execution/row_logs.py): ke
 the handlers pytest's logging plugin captures an item's records with (its report's and
 ``caplog``'s), kept for the row at ``--log-level`` in the plugin's format, and shown as
 ``Captured log setup``, also under ``-s``. Live logs and ``--log-file`` still get them as
-they happen; without the logging plugin (``-p no:logging``) nothing changes.
+they happen; without the logging plugin (``-p no:logging``) nothing changes. A level a test
+sets with ``caplog.set_level`` is lent to that test alone (:class:`CaplogLevels`): rows
+running meanwhile keep their records at the levels before.
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ class RowCapture:
         root = logging.getLogger()
         root.addHandler(ours)
         self._undo.append(functools.partial(root.removeHandler, ours))
+        lending = CaplogLevels(logs)
+        config.pluginmanager.register(lending, "osmosis-caplog-levels")
+        self._undo.append(functools.partial(config.pluginmanager.unregister, lending))
         live = getattr(plugin, "log_cli_handler", None)
         if isinstance(live, logging.Handler) and "handle" not in vars(live):
             handle = live.handle
@@ -130,3 +135,31 @@ class RowCapture:
         """What row ``nodeid`` wrote, by stream, and logged, for its item's report; the
         row's code is no longer routed (a task it left running prints as any other code)."""
         return self.output.take(nodeid)
+
+
+class CaplogLevels:
+    """Hooks that tell the rows' records which logger levels the running test set for itself.
+
+    ``caplog.set_level`` changes process-wide loggers until that test's teardown, while
+    rows run ahead on the loop thread: which of a row's records its report showed hung on
+    which test pytest's thread was in. pytest's ``LogCaptureFixture`` notes each logger's
+    level before it set one (``_initial_logger_levels``, a dict since pytest 3.5, filled as
+    the test calls ``set_level``); that live mapping is lent to :class:`RowLogs` while the
+    fixture is up. A pytest without it lends nothing, and rows log as before.
+    """
+
+    def __init__(self, logs: RowLogs) -> None:
+        self.logs = logs
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any]) -> Any:
+        yield
+        if fixturedef.argname != "caplog" or not fixturedef.cached_result:
+            return
+        levels = getattr(fixturedef.cached_result[0], "_initial_logger_levels", None)
+        if isinstance(levels, dict):
+            self.logs.lent = levels
+
+    def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any]) -> None:
+        if fixturedef.argname == "caplog":
+            self.logs.lent = {}  # its levels are back (caplog's teardown restored them)

@@ -728,6 +728,7 @@ class EvalSession:
             self.models.close(executor)
             executor.close()
             self._executor = None
+        self.plans.close()  # after the rows: none reads the dataset any more
         self.row_output.uninstall()
         let_streams_close()
         self.models.close_caches()

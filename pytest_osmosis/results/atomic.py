@@ -33,7 +33,8 @@ _holding = False
 
 @contextlib.contextmanager
 def interrupt_held() -> Iterator[None]:
-    """Hold a Ctrl-C (SIGINT) that arrives inside the block until the block has ended.
+    """Hold a Ctrl-C (SIGINT, or SIGTERM: plugin/terminate.py) that arrives inside the block
+    until the block has ended.
 
     For a pair of writes that must both happen or neither: a result in the journal but
     not in the run's records leaves the index one row short. Only the main thread
@@ -49,7 +50,7 @@ def interrupt_held() -> Iterator[None]:
         yield  # a handler not installed from Python, which we cannot put back
         return
     held: list[Any] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
     _holding = True
     try:
         yield
@@ -57,10 +58,11 @@ def interrupt_held() -> Iterator[None]:
         _holding = False
         signal.signal(signal.SIGINT, previous)
         if held:
+            signum, frame = held[0]
             if callable(previous):
-                previous(signal.SIGINT, held[0])
-            else:
-                signal.raise_signal(signal.SIGINT)
+                previous(signal.SIGINT, frame)
+            else:  # SIGTERM with SIGINT ignored: its own handler makes it a KeyboardInterrupt
+                signal.raise_signal(signum)
 
 
 def fsync_dir(directory: Path) -> None:

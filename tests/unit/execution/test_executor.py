@@ -36,16 +36,20 @@ def _settled(executor: Executor, running: int = 0) -> tuple[int, int]:
     """(started and not taken, of them finished), once only ``running`` rows run and no
     other will start.
 
-    A finishing row's callback runs on the loop thread and starts the next one there, so
-    one more pass of the loop after ``in_flight()`` drops settles it. The deadline is only
-    how long a broken executor may hang this test, never what it asserts.
+    Read on the loop thread, between two of its callbacks: a finishing row's callback
+    frees its slot and starts the next row there, and read from this thread the count
+    could fall in between (twice in a row, on an unlucky switch of threads). The deadline
+    is only how long a broken executor may hang this test, never what it asserts.
     """
+
+    async def snapshot() -> tuple[int, tuple[int, int]]:
+        return executor.in_flight(), executor.held()
+
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if executor.in_flight() == running:
-            executor.call(asyncio.sleep(0))
-            if executor.in_flight() == running:
-                return executor.held()
+        seen: tuple[int, tuple[int, int]] = executor.call(snapshot())
+        if seen[0] == running:
+            return seen[1]
         time.sleep(0.005)
     raise AssertionError("the executor never settled")
 
