@@ -13,12 +13,14 @@ failure reads (`errors`) live beside this server, which only serves.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import hmac
 import json
 import logging
 import secrets
 import select
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -106,6 +108,11 @@ well before KEEP_ALIVE_S."""
 BODY_TIMEOUT_S = 60.0
 """A body not received within this long is answered 408 (a slow client, not a slow model)."""
 """Deeper request JSON is refused (400): copying and forwarding it would exhaust the stack."""
+CLOSE_GRACE_S = 1.0
+"""How long `Bridge.close` lets a call in flight finish (twice: answered, then cancelled)
+before it closes the connection: the bridge closes when the session stops, so a call still
+in flight is one whose row is being stopped anyway. Well within the session's own bound on
+the close (plugin/models.py), so the close is never abandoned half-way."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -150,8 +157,12 @@ class Bridge:
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self._server: asyncio.AbstractServer | None = None
+        self._closing = False
+        self._listener: _Listener | None = None
         self._unserved: set[Any] = set()
         """Connections accepted that have not sent a complete request yet (see _reap)."""
+        self._connections: dict[asyncio.BaseProtocol, asyncio.Transport] = {}
+        """Every connection made and not yet lost, by its protocol: `close` closes them all."""
         self.max_connections = _connection_cap()
         """Connections served at once; more are answered 503 (the process's fds are bounded)."""
         self.exhaustions = 0
@@ -201,26 +212,37 @@ class Bridge:
         app.middlewares.append(seen)
         app.on_response_prepare.append(_advertise_keep_alive)
         runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, keepalive_timeout=KEEP_ALIVE_S
+            app,
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=KEEP_ALIVE_S,
+            shutdown_timeout=CLOSE_GRACE_S,
         )
         await runner.setup()
         loop = asyncio.get_running_loop()
         server = runner.server
         assert server is not None
+        handler_class = _tracked_handler(self._connections)
+        listener = _Listener(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
 
         def accept() -> asyncio.BaseProtocol:
             """A connection beyond the bound is answered 503 and closed, never queued."""
+            if self._closing:  # accepted just before the close, which closed it: no transport
+                raise ConnectionAbortedError("the osmosis bridge has closed")
+            listener.take()
             if len(server.connections) >= self.max_connections:
                 cap = self.max_connections
                 self.exhausted(f"the osmosis bridge is serving its maximum of {cap} connections")
-                return _Busy()
-            handler = _closing_only_idle(server())
+                return _Busy(self._connections)
+            handler = _as_class(server(), handler_class)
             self._unserved.add(handler)
             due = loop.time() + IDLE_TIMEOUT_S
             loop.call_at(due, self._reap, handler, due)
             return handler
 
-        self._server = await loop.create_server(accept, "127.0.0.1", 0, backlog=1024)
+        self._server = await loop.create_server(accept, sock=listener, backlog=1024)
+        self._listener = listener
         self._runner = runner
         self._base = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         if self._rows_direct:  # their price is read from LiteLLM's file: off the rows' loop
@@ -256,15 +278,39 @@ class Bridge:
             transport.close()
 
     async def close(self) -> None:
-        """Stop listening; the embedded model (if any) lives on for the process."""
+        """Stop listening and close every connection; the embedded model (if any) lives on.
+
+        No connection of ours is left open for the garbage collector: one collected after
+        its asyncio server closed raised ``TypeError`` in ``Server._wakeup`` on Python
+        3.13.0 (an unraisable exception pytest reports), and leaked a descriptor on any.
+        """
+        self._closing = True
         server, self._server = self._server, None
         if server is not None:
-            server.close()
+            server.close()  # listens no more
+        if self._listener is not None:
+            self._listener.drop_untaken()
         runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        try:
+            if runner is not None:
+                await runner.cleanup()  # calls in flight get CLOSE_GRACE_S, then are cancelled
+        finally:
+            # aiohttp's shutdown closes the connections it knew when it began, unless it was
+            # cancelled; one made since (accepted just before the server closed), one closed
+            # with unsent bytes, and a 503 answer are closed here, even when we are cancelled.
+            await self._close_connections()
         if self._direct is not None:
             await self._direct.close()
+
+    async def _close_connections(self) -> None:
+        """Abort every connection still open and wait until the loop has let each go."""
+        await asyncio.sleep(0)  # a connection made before the server closed: connection_made
+        for _ in range(100):
+            if not self._connections:
+                return
+            for transport in list(self._connections.values()):
+                transport.abort()
+            await asyncio.sleep(0)  # connection_lost runs on the loop's next pass
 
     def open_rollout(
         self, rollout_id: str, cache: CachedAttempt | None = None
@@ -808,12 +854,63 @@ def _idle_only_handler() -> type:
     return IdleOnlyHandler
 
 
-def _closing_only_idle(handler: _Protocol) -> _Protocol:
-    """*handler* as an ``IdleOnlyHandler``; aiohttp's own where its layout differs."""
+class _Listener(socket.socket):
+    """The bridge's listening socket. It holds each connection the loop accepts until the
+    bridge's protocol factory takes it (`take`): one accepted just before the bridge closed
+    is closed by the bridge (`drop_untaken`; the factory then refuses it), never made into a
+    transport of a closed server, whose collection raised in ``Server._wakeup`` on Python
+    3.13.0 (CPython gh-109564). A loop that accepts without ``accept()`` (uvloop) holds none.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._untaken: collections.deque[socket.socket] = collections.deque()
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        conn, address = super().accept()
+        self._untaken.append(conn)
+        return conn, address
+
+    def take(self) -> None:
+        """The factory took the oldest connection (asyncio makes them in accept order)."""
+        if self._untaken:
+            self._untaken.popleft()
+
+    def drop_untaken(self) -> None:
+        while self._untaken:
+            self._untaken.popleft().close()
+
+
+def _tracked_handler(open_connections: dict[Any, Any]) -> type | None:
+    """An ``IdleOnlyHandler`` that notes its connection in *open_connections* while it is
+    open (one class per bridge); None where aiohttp's handler cannot be subclassed."""
     try:
-        handler.__class__ = _idle_only_handler()
-    except (TypeError, ImportError):
-        pass
+        base = _idle_only_handler()
+    except ImportError:
+        return None
+
+    class TrackedHandler(base):  # type: ignore[misc, valid-type]
+        __slots__ = ()
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            open_connections[self] = transport
+            super().connection_made(transport)
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            open_connections.pop(self, None)
+            super().connection_lost(exc)
+
+    return TrackedHandler
+
+
+def _as_class(handler: _Protocol, cls: type | None) -> _Protocol:
+    """*handler* as an instance of *cls* (a subclass of its own); as it is where aiohttp's
+    layout differs."""
+    if cls is not None:
+        try:
+            handler.__class__ = cls
+        except TypeError:
+            pass
     return handler
 
 
@@ -824,8 +921,15 @@ class _SlowBody(Exception):
 class _Busy(asyncio.Protocol):
     """A connection over `Bridge.max_connections`: one 503, then closed."""
 
+    def __init__(self, open_connections: dict[Any, Any]) -> None:
+        self._connections = open_connections
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._connections.pop(self, None)
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self._connections[self] = transport
         detail = b"the osmosis bridge is serving its maximum number of connections"
         transport.write(
             b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
