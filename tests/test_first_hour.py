@@ -339,6 +339,36 @@ def test_with_several_configs_the_retry_command_names_the_config(
     )
 
 
+def test_the_next_commands_keep_every_options_value(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """An option's value is never a node id or a test path, whatever it holds: ``-W
+    ignore::UserWarning`` lost its value (read as a node id, ``::``), and ``--ignore DIR``
+    of a directory that exists lost its (read as a test path), leaving ``-W -W`` and an
+    ``--ignore`` that took the config's path. Each retry command runs as printed."""
+    import shlex
+
+    _low(pytester.path)
+    write_workspace(pytester.path, name="other", rows=calc_rows([("What is 3 * 5?", "16")]))
+    (pytester.path / "notes").mkdir()
+    options = ("-W", "ignore::UserWarning", "--ignore", "notes", "-o", "console_output_style=classic")
+    result = pytester.runpytest("--osmosis-eval", *options, *PLAIN)
+    retries = [line for line in result.outlines if ": retry    pytest " in line]
+    assert len(retries) == 2, result.outlines
+    for line, config in zip(retries, ("calc", "other"), strict=True):
+        command = shlex.split(line.split(": retry    ", 1)[1].split("  (")[0])
+        at = command.index("-W")
+        assert command[at : at + 6] == ["-W", "ignore::UserWarning", *options[2:]], command
+        assert command[-3:] == [
+            f"configs/eval/{config}.toml",
+            command[-2],
+            "--osmosis-retry-below-threshold",
+        ], command
+        assert command[-2].startswith(f"--osmosis-name={config}-"), command
+    again = pytester.runpytest(*command[1:])
+    again.assert_outcomes(failed=1)  # the other config's row, retried alone under its name
+
+
 def test_the_resume_command_after_a_selection_finishes_the_run(
     pytester: pytest.Pytester, model_env: ModelServer
 ) -> None:

@@ -25,24 +25,62 @@ _ONCE = ("--osmosis-fresh", "--osmosis-retry-failed", "--osmosis-retry-below-thr
 #: so the command that resumes the run leaves them out (flags alone, then flags with a value).
 _SELECTING = ("--lf", "--last-failed", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip")
 _SELECTING_VALUE = ("-k", "-m", "--deselect")
+#: Options of pytest and its usual plugins whose value is the next argument: the value is
+#: never a test path or a node id, whatever it holds (``-W error::UserWarning``,
+#: ``--ignore tests``). Ours are added from options.py.
+_PYTEST_VALUED = frozenset(
+    (
+        *_SELECTING_VALUE,
+        *("-p", "-c", "--config-file", "-o", "--override-ini", "-W", "--pythonwarnings"),
+        *("--rootdir", "--basetemp", "--confcutdir", "--ignore", "--ignore-glob"),
+        *("--maxfail", "--durations", "--durations-min", "--tb", "-r", "--capture"),
+        *("--import-mode", "--color", "--show-capture", "--junitxml", "--junit-xml"),
+        *("--log-level", "--log-cli-level", "--log-file", "--log-file-level", "--log-format"),
+        *("--log-date-format", "--log-cli-format", "--log-file-format", "--log-disable"),
+        *("-n", "--numprocesses", "--dist", "--tx", "--maxprocesses", "--max-worker-restart"),
+        *("--timeout", "--timeout-method", "--reruns", "--reruns-delay", "--html"),
+    )
+)
+
+
+def _units(args: list[str]) -> list[list[str]]:
+    """``args`` as pytest reads them: an option with its value as one unit (``-W X``), any
+    other argument alone; after ``--`` each argument is a path."""
+    from pytest_osmosis.plugin.options import value_flags
+
+    valued = _PYTEST_VALUED | value_flags()
+    units: list[list[str]] = []
+    position = 0
+    while position < len(args):
+        arg = args[position]
+        if arg == "--":
+            units += [[arg], *([rest] for rest in args[position + 1 :])]
+            break
+        if arg in valued and position + 1 < len(args):
+            units.append(args[position : position + 2])
+            position += 2
+        else:
+            units.append([arg])
+            position += 1
+    return units
+
+
+def _is_path(unit: list[str]) -> bool:
+    """A test path or node id, not an option or an option's value."""
+    return len(unit) == 1 and not unit[0].startswith("-")
 
 
 def _without_selection(args: list[str]) -> list[str]:
     """``args`` minus pytest's item selections (``--lf``, ``-k``, ``-m``, ``--deselect``,
     node ids): what resumes a run runs all of its pending items."""
     kept: list[str] = []
-    skip_value = False
-    for arg in args:
-        if skip_value:
-            skip_value = False
-        elif arg in _SELECTING or "::" in arg:
-            pass
-        elif arg in _SELECTING_VALUE:
-            skip_value = True
-        elif arg.startswith("--deselect=") or arg[:2] in _SELECTING_VALUE:
-            pass  # --deselect=ID, -kEXPR, -mEXPR
-        else:
-            kept.append(arg)
+    for unit in _units(args):
+        first = unit[0]
+        if first in _SELECTING or first in _SELECTING_VALUE or (_is_path(unit) and "::" in first):
+            continue
+        if first.startswith("--deselect=") or first[:2] in _SELECTING_VALUE:
+            continue  # --deselect=ID, -kEXPR, -mEXPR
+        kept += unit
     return kept
 
 
@@ -200,9 +238,10 @@ def _command(session: EvalSession, run: ControllerRun, *extra: str) -> str:
         return shlex.join(["pytest", *args, *named, *extra])
     args = [
         arg
-        for arg in args
-        if not arg.startswith("--osmosis-name")
-        and (arg.startswith("-") or not (params.dir / arg.split("::", 1)[0]).exists())
+        for unit in _units(args)
+        if not unit[0].startswith("--osmosis-name")
+        and not (_is_path(unit) and (params.dir / unit[0].split("::", 1)[0]).exists())
+        for arg in unit
     ]
     args += [_shown(run.plan.config_path, params.dir), f"--osmosis-name={run.plan.run_name}"]
     return shlex.join(["pytest", *args, *extra])

@@ -422,6 +422,11 @@ def add_options(parser: pytest.Parser) -> None:
 _VALUE_FLAGS = frozenset(opt.flag for opt in (*OPTIONS, *RUBRIC_OPTIONS) if not opt.is_flag)
 
 
+def value_flags() -> frozenset[str]:
+    """Our options that take a value as the next argument."""
+    return _VALUE_FLAGS
+
+
 def joined_option_values(
     args: list[str], base: Path, *, even_if_read_right: bool = False
 ) -> list[str] | None:
