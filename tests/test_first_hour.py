@@ -872,3 +872,33 @@ def test_a_reward_the_api_refuses_shows_the_rollouts_line_not_the_apis_insides(
     assert frames == [(str(pytester.path / "rollouts" / "calc" / "main.py"), "grade")], section
     assert "validation_error: grader raised ValidationError: reward: " in section
     assert "ValidationError: 1 validation error for RolloutSample" in section
+
+
+def test_the_next_commands_keep_the_value_of_a_plugins_option(
+    pytester: pytest.Pytester, model_env: ModelServer
+) -> None:
+    """Any plugin's option takes its value as pytest reads it, not only the options a list
+    names: ``--data DIR`` of a conftest (as ``--cov-config .coveragerc`` of pytest-cov), a
+    directory that exists, was read as a test path and left out, so the retry command gave
+    ``--data`` the config's path and ran no config. ``--level`` takes an optional value."""
+    _low(pytester.path)
+    write_workspace(pytester.path, name="other", rows=calc_rows([("What is 3 * 5?", "16")]))
+    (pytester.path / "notes").mkdir()
+    pytester.makeconftest(
+        """
+        def pytest_addoption(parser):
+            parser.addoption("--data")
+            parser.addoption("--level", nargs="?", const="1")
+        """
+    )
+    options = ("--data", "notes", "--level", "notes")
+    result = pytester.runpytest("--osmosis-eval", *options, *PLAIN)
+    retries = [line for line in result.outlines if ": retry    pytest " in line]
+    assert len(retries) == 2, result.outlines
+    for line, config in zip(retries, ("calc", "other"), strict=True):
+        command = shlex.split(line.split(": retry    ", 1)[1].split("  (")[0])
+        at = command.index("--data")
+        assert command[at : at + 4] == list(options), command
+        assert command[-3] == f"configs/eval/{config}.toml", command
+    again = pytester.runpytest(*command[1:])
+    again.assert_outcomes(failed=1)  # the other config's row, retried alone under its name

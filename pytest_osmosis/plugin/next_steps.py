@@ -25,9 +25,9 @@ _ONCE = ("--osmosis-fresh", "--osmosis-retry-failed", "--osmosis-retry-below-thr
 #: so the command that resumes the run leaves them out (flags alone, then flags with a value).
 _SELECTING = ("--lf", "--last-failed", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip")
 _SELECTING_VALUE = ("-k", "-m", "--deselect")
-#: Options of pytest and its usual plugins whose value is the next argument: the value is
-#: never a test path or a node id, whatever it holds (``-W error::UserWarning``,
-#: ``--ignore tests``). Ours are added from options.py.
+#: What ``_units`` falls back on where pytest's parser is laid out differently: options
+#: of pytest and its usual plugins whose value is the next argument. Ours are added from
+#: options.py.
 _PYTEST_VALUED = frozenset(
     (
         *_SELECTING_VALUE,
@@ -41,14 +41,37 @@ _PYTEST_VALUED = frozenset(
         *("--timeout", "--timeout-method", "--reruns", "--reruns-delay", "--html"),
     )
 )
+#: argparse actions that take no value.
+_NO_VALUE = frozenset(
+    ("store_true", "store_false", "store_const", "append_const", "count", "help", "version")
+)
 
 
-def _units(args: list[str]) -> list[list[str]]:
+def _valued(config: pytest.Config) -> dict[str, str | int | None]:
+    """Every option registered with pytest (its own, every plugin's, a conftest's) that
+    takes a value as the next argument -> its ``nargs``: pytest's parser is the one owner
+    of how its arguments read (``--cov-config FILE``, a conftest's ``--data DIR``)."""
+    parser = getattr(config, "_parser", None)
+    groups = getattr(parser, "_groups", None)
+    if not isinstance(groups, list):
+        from pytest_osmosis.plugin.options import value_flags
+
+        return dict.fromkeys(_PYTEST_VALUED | value_flags())
+    found: dict[str, str | int | None] = {}
+    for group in [*groups, getattr(parser, "_anonymous", None)]:
+        for option in getattr(group, "options", ()):
+            attrs = option.attrs()  # pytest 8: addoption's keywords; 9: the argparse Action's
+            action = attrs.get("action")
+            if (action is None or isinstance(action, str)) and action not in _NO_VALUE:
+                if attrs.get("nargs") != 0:
+                    found.update(dict.fromkeys(option.names(), attrs.get("nargs")))
+    return found
+
+
+def _units(args: list[str], config: pytest.Config) -> list[list[str]]:
     """``args`` as pytest reads them: an option with its value as one unit (``-W X``), any
     other argument alone; after ``--`` each argument is a path."""
-    from pytest_osmosis.plugin.options import value_flags
-
-    valued = _PYTEST_VALUED | value_flags()
+    valued = _valued(config)
     units: list[list[str]] = []
     position = 0
     while position < len(args):
@@ -56,7 +79,10 @@ def _units(args: list[str]) -> list[list[str]]:
         if arg == "--":
             units += [[arg], *([rest] for rest in args[position + 1 :])]
             break
-        if arg in valued and position + 1 < len(args):
+        takes = arg in valued and position + 1 < len(args)
+        if takes and valued[arg] == "?":  # an optional value: argparse takes a non-option
+            takes = not args[position + 1].startswith("-")
+        if takes:
             units.append(args[position : position + 2])
             position += 2
         else:
@@ -70,11 +96,11 @@ def _is_path(unit: list[str]) -> bool:
     return len(unit) == 1 and not unit[0].startswith("-")
 
 
-def _without_selection(args: list[str]) -> list[str]:
+def _without_selection(args: list[str], config: pytest.Config) -> list[str]:
     """``args`` minus pytest's item selections (``--lf``, ``-k``, ``-m``, ``--deselect``,
     node ids): what resumes a run runs all of its pending items."""
     kept: list[str] = []
-    for unit in _units(args):
+    for unit in _units(args, config):
         first = unit[0]
         if first in _SELECTING or first in _SELECTING_VALUE or (_is_path(unit) and "::" in first):
             continue
@@ -227,7 +253,7 @@ def _command(session: EvalSession, run: ControllerRun, *extra: str) -> str:
     config = session.config
     params = config.invocation_params
     given = [arg for arg in params.args if arg not in _ONCE]
-    args = _without_selection(given)
+    args = _without_selection(given, config)
     one = len(session.runs) == 1
     if args != given or not (session.options.name and one):  # else: the same command
         # (a value of ours that names a directory made since would read as a test path)
@@ -238,7 +264,7 @@ def _command(session: EvalSession, run: ControllerRun, *extra: str) -> str:
         return shlex.join(["pytest", *args, *named, *extra])
     args = [
         arg
-        for unit in _units(args)
+        for unit in _units(args, config)
         if not unit[0].startswith("--osmosis-name")
         and not (_is_path(unit) and (params.dir / unit[0].split("::", 1)[0]).exists())
         for arg in unit
