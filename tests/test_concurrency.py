@@ -321,6 +321,28 @@ def test_a_sigterm_held_by_a_journal_append_is_an_interrupt_after_it_where_sigin
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_a_sigterm_does_not_run_a_users_own_sigint_handler() -> None:
+    """A conftest's SIGINT handler (a "really quit?" prompt, one that only sets a flag) is
+    for Ctrl-C: SIGTERM ran it, and a cancelled job could wait there for SIGKILL."""
+    from pytest_osmosis.plugin.terminate import forward_sigterm
+
+    asked: list[int] = []
+
+    def really_quit(signum: int, frame: object) -> None:
+        asked.append(signum)
+
+    before = signal.signal(signal.SIGINT, really_quit)
+    restore = forward_sigterm()
+    assert restore is not None
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, before)
+    assert asked == []
+
+
 BREAKS_ON_FIRST_REPORT = """
 import time
 

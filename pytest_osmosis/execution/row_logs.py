@@ -55,12 +55,14 @@ class RowLogs:
         lent = self.lent
         if not lent:
             return True
-        before = {logging.getLogger(name or None): level for name, level in list(lent.items())}
+        # By name, never logging.getLogger: this runs in a handler's emit, holding its lock,
+        # and getLogger takes logging's module lock (dictConfig takes them the other way).
+        before = {(name or logging.root.name): level for name, level in list(lent.items())}
         found = logging.root.manager.loggerDict.get(record.name, logging.root)
         logger: logging.Logger | None = found if isinstance(found, logging.Logger) else None
         logger = logger or logging.root
         while logger is not None:
-            level = before.get(logger, logger.level)
+            level = before.get(logger.name, logger.level)
             if level:
                 return record.levelno >= level
             logger = logger.parent

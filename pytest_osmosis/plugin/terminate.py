@@ -18,12 +18,22 @@ from types import FrameType
 
 
 def as_interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM's handler: do what SIGINT would do now (a KeyboardInterrupt if nothing else)."""
+    """SIGTERM's handler: do what our SIGINT handler would do now; else a KeyboardInterrupt.
+
+    Only a handler of this package is called: a user's own SIGINT handler (a "really
+    quit?" prompt, a flag it sets) is for Ctrl-C, and a cancelled job must still stop."""
     handler = signal.getsignal(signal.SIGINT)
-    if callable(handler) and handler is not signal.default_int_handler:
+    if callable(handler) and _ours(handler):
         handler(signum, frame)
         return
     raise KeyboardInterrupt("SIGTERM")  # also where SIGINT is ignored (a background job)
+
+
+def _ours(handler: Callable[..., object]) -> bool:
+    module = getattr(handler, "__module__", None) or getattr(
+        getattr(handler, "func", None), "__module__", None
+    )
+    return isinstance(module, str) and module.startswith(f"{__package__.partition('.')[0]}.")
 
 
 def forward_sigterm() -> Callable[[], None] | None:
