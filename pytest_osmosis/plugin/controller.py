@@ -485,7 +485,7 @@ class Controller:
             recorded = dict.fromkeys(OUTCOMES, 0)
             earlier = []
             for run in self.session.runs.values():
-                if run.selected is False:  # no run of this session (drop_unselected)
+                if run.unselected:  # no run of this session (drop_unselected)
                     continue
                 threshold = run.plan.settings.pass_threshold
                 total += run.pending_at_start if run.to_run is None else run.to_run

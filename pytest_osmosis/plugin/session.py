@@ -167,6 +167,14 @@ class ControllerRun:
     upload_line: str = ""
     """What ``--osmosis-upload`` did with the run, in one line."""
 
+    @property
+    def unselected(self) -> bool:
+        """pytest selected none of its items though it had some (``-k`` of another config's
+        rows): no run of this session (EvalSession.drop_unselected). Never one that
+        ``--osmosis-reuse`` recorded into, nor one with no items to select (an empty
+        ``--osmosis-shard`` is a finished run of none)."""
+        return self.selected is False and not self.reused and len(self.plan.work_keys()) > 0
+
 
 class EvalSession:
     """One pytest process's eval session: it owns the jobs and runs the rows.
@@ -724,9 +732,9 @@ class EvalSession:
     def drop_unselected(self) -> None:
         """Let go of the runs none of whose items pytest selected (``-k nothing``): they
         are no runs of this session, as if it had stopped before any row of theirs
-        (``abandon_runs``). One that ``--osmosis-reuse`` recorded into is kept."""
+        (``abandon_runs``); which runs those are is ``ControllerRun.unselected``."""
         for path, run in list(self.runs.items()):
-            if run.selected is False and not run.reused:
+            if run.unselected:
                 del self.runs[path]
                 if self._executor is not None:  # before its run directory goes
                     self.rollouts.stop(path, self._executor)
