@@ -86,6 +86,7 @@ class EvalConfigFile(pytest.File):
             plan = session.plans.plan_for(self.path)
             session.rollouts.ready(plan, lambda: session.executor)
         except OsmosisError as exc:
+            session.collection_failed(self.path)  # its run keeps what it logged (logs.txt)
             raise self.CollectError(
                 with_hint(str(exc), how_to_run_the_others(self.config, self.path))
             ) from None

@@ -135,6 +135,9 @@ class ControllerRun:
     #: Whether pytest selected any of its items (-k, --deselect, --lf; None: not known).
     #: One it selected none of is no run of this session (EvalSession.drop_unselected).
     selected: bool | None = None
+    #: Its config failed to collect (a rollout server that never became healthy): the
+    #: run stays, with the logs.txt that says why, though no item of it was selected.
+    collect_failed: bool = False
     #: (node id, key) of recorded items a finished run deselected, for --junitxml.
     recorded_items: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
     executed: int = 0
@@ -172,8 +175,11 @@ class ControllerRun:
         """pytest selected none of its items though it had some (``-k`` of another config's
         rows): no run of this session (EvalSession.drop_unselected). Never one that
         ``--osmosis-reuse`` recorded into, nor one with no items to select (an empty
-        ``--osmosis-shard`` is a finished run of none)."""
-        return self.selected is False and not self.reused and len(self.plan.work_keys()) > 0
+        ``--osmosis-shard`` is a finished run of none), nor one whose config failed to
+        collect (its items were never there to select)."""
+        if self.selected is not False or self.collect_failed or self.reused:
+            return False
+        return len(self.plan.work_keys()) > 0
 
 
 class EvalSession:
@@ -728,6 +734,12 @@ class EvalSession:
             self.rollouts.stop_all(self._executor)  # before their run directories go
         for run in runs:
             self.let_go(run)
+
+    def collection_failed(self, config_path: Path) -> None:
+        """The config at *config_path* failed to collect (``ControllerRun.collect_failed``)."""
+        for path, run in self.runs.items():
+            if path == config_path or path.resolve() == config_path.resolve():
+                run.collect_failed = True
 
     def drop_unselected(self) -> None:
         """Let go of the runs none of whose items pytest selected (``-k nothing``): they
