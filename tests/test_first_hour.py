@@ -339,6 +339,13 @@ def test_with_several_configs_the_retry_command_names_the_config(
     )
 
 
+def _retry_commands(result: pytest.RunResult) -> list[list[str]]:
+    """The retry command of each run of a two-config session, as argv."""
+    retries = [line for line in result.outlines if ": retry    pytest " in line]
+    assert len(retries) == 2, result.outlines
+    return [shlex.split(line.split(": retry    ", 1)[1].split("  (")[0]) for line in retries]
+
+
 def test_the_next_commands_keep_every_options_value(
     pytester: pytest.Pytester, model_env: ModelServer
 ) -> None:
@@ -346,17 +353,13 @@ def test_the_next_commands_keep_every_options_value(
     ignore::UserWarning`` lost its value (read as a node id, ``::``), and ``--ignore DIR``
     of a directory that exists lost its (read as a test path), leaving ``-W -W`` and an
     ``--ignore`` that took the config's path. Each retry command runs as printed."""
-    import shlex
 
     _low(pytester.path)
     write_workspace(pytester.path, name="other", rows=calc_rows([("What is 3 * 5?", "16")]))
     (pytester.path / "notes").mkdir()
     options = ("-W", "ignore::UserWarning", "--ignore", "notes", "-o", "console_output_style=classic")
     result = pytester.runpytest("--osmosis-eval", *options, *PLAIN)
-    retries = [line for line in result.outlines if ": retry    pytest " in line]
-    assert len(retries) == 2, result.outlines
-    for line, config in zip(retries, ("calc", "other"), strict=True):
-        command = shlex.split(line.split(": retry    ", 1)[1].split("  (")[0])
+    for command, config in zip(_retry_commands(result), ("calc", "other"), strict=True):
         at = command.index("-W")
         assert command[at : at + 6] == ["-W", "ignore::UserWarning", *options[2:]], command
         assert command[-3:] == [
@@ -893,10 +896,7 @@ def test_the_next_commands_keep_the_value_of_a_plugins_option(
     )
     options = ("--data", "notes", "--level", "notes")
     result = pytester.runpytest("--osmosis-eval", *options, *PLAIN)
-    retries = [line for line in result.outlines if ": retry    pytest " in line]
-    assert len(retries) == 2, result.outlines
-    for line, config in zip(retries, ("calc", "other"), strict=True):
-        command = shlex.split(line.split(": retry    ", 1)[1].split("  (")[0])
+    for command, config in zip(_retry_commands(result), ("calc", "other"), strict=True):
         at = command.index("--data")
         assert command[at : at + 4] == list(options), command
         assert command[-3] == f"configs/eval/{config}.toml", command
